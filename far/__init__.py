@@ -1,0 +1,50 @@
+"""FAR: Freeze And Reconfigure — fine-tune only the FFN nodes that matter.
+
+    >>> import far
+    >>> primer = far.Primer(model)          # 1. snapshot the FFNs, then train ~10% of the steps
+    >>> far.reconfigure(model, retention=0.4)  # 2-3. select learners, split every FFN
+    >>> far.summary(model)                  # what is trainable now
+    >>> far.restore(model)                  # an ordinary Hugging Face model again
+"""
+
+from far.architectures import BUILTIN_SPECS, FFN, FFNSpec, find_ffns
+from far.config import FARConfig
+from far.layers import SplitLinear
+from far.priming import Primer
+from far.selection import select_learners
+from far.summary import Summary, summary
+from far.surgery import (
+    FARState,
+    freeze_ffns,
+    get_config,
+    is_reconfigured,
+    learners,
+    learners_from_state_dict,
+    reconfigure,
+    reconfigure_with_learners,
+    restore,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BUILTIN_SPECS",
+    "FARConfig",
+    "FFN",
+    "FFNSpec",
+    "FARState",
+    "Primer",
+    "SplitLinear",
+    "Summary",
+    "find_ffns",
+    "freeze_ffns",
+    "get_config",
+    "is_reconfigured",
+    "learners",
+    "learners_from_state_dict",
+    "reconfigure",
+    "reconfigure_with_learners",
+    "restore",
+    "select_learners",
+    "summary",
+]

@@ -1,0 +1,59 @@
+"""A one-screen account of what a (reconfigured) model trains."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from far.layers import INPUT, SplitLinear
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Parameter counts and, for a reconfigured model, learners per FFN."""
+
+    total_parameters: int
+    trainable_parameters: int
+    learners: dict[str, tuple[int, int]] = field(default_factory=dict)  # ffn -> (learners, nodes)
+
+    @property
+    def trainable_fraction(self) -> float:
+        return self.trainable_parameters / max(1, self.total_parameters)
+
+    def __str__(self) -> str:
+        lines = [
+            f"trainable params: {self.trainable_parameters:,} || all params: {self.total_parameters:,} "
+            f"|| trainable%: {100 * self.trainable_fraction:.4f}"
+        ]
+        for name, (k, n) in self.learners.items():
+            lines.append(f"  {name}: {k:,}/{n:,} learner nodes ({100 * k / n:.1f}%)")
+        return "\n".join(lines)
+
+
+def summary(model: nn.Module, *, verbose: bool = True) -> Summary:
+    """Count total and trainable parameters and the learners of every split FFN.
+
+    Args:
+        model: Any model, reconfigured or not.
+        verbose: Print the summary (like PEFT's `print_trainable_parameters`).
+
+    Returns:
+        A `Summary`; `str(summary)` is what is printed.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    params = {id(p): p for p in model.parameters()}.values()  # tied weights count once
+    learners = {
+        name: (m.n_learners, m.n_nodes)
+        for name, m in model.named_modules()
+        if isinstance(m, SplitLinear) and m.role != INPUT
+    }
+    result = Summary(
+        total_parameters=sum(p.numel() for p in params),
+        trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
+        learners=learners,
+    )
+    if verbose:
+        print(result)
+    return result

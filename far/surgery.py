@@ -1,0 +1,261 @@
+"""Surgery: rewrite every FFN into learner and frozen sublayers, and merge it back.
+
+Every public verb validates all of its input before it touches the model, so a call that raises
+leaves the model exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from far.architectures import FFN, FFNSpec, find_ffns
+from far.config import FARConfig
+from far.layers import INPUT, OUTPUT, SplitLinear
+from far.priming import latest_primer
+from far.selection import select_learners
+
+STATE_ATTRIBUTE = "far_state"
+
+
+@dataclass(frozen=True)
+class FARState:
+    """What `reconfigure` did to a model, kept on it as `model.far_state` until `restore`."""
+
+    config: FARConfig
+    frozen_embeddings: tuple[str, ...] = ()  # parameter names that FAR froze, unfrozen on restore
+
+
+def is_reconfigured(model: nn.Module) -> bool:
+    return any(isinstance(m, SplitLinear) for m in model.modules())
+
+
+def get_config(model: nn.Module) -> FARConfig | None:
+    """The `FARConfig` a model was reconfigured with, or None for a plain model."""
+    state = getattr(model, STATE_ATTRIBUTE, None)
+    return state.config if isinstance(state, FARState) else None
+
+
+def _check_model(model: object) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}"
+        )
+    return model
+
+
+def _check_scores(scores: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
+    if not isinstance(scores, Mapping):
+        raise TypeError(f"scores must be a dict of FFN name -> 1-D tensor (as Primer.scores() returns), got {type(scores).__name__}")
+    missing, extra = sorted(set(ffns) - set(scores)), sorted(set(scores) - set(ffns))
+    if missing or extra:
+        raise ValueError(
+            f"scores must have one entry per FFN, keyed by the output projection's name; missing "
+            f"{missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}. "
+            "Use the scores of a Primer created on this same model"
+        )
+    checked = {}
+    for name, ffn in ffns.items():
+        s = scores[name]
+        if not isinstance(s, Tensor) or s.shape != (ffn.n_nodes,) or not s.is_floating_point():
+            shape = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+            raise ValueError(f"scores[{name!r}] must be a 1-D float tensor of {ffn.n_nodes} node scores, got {shape}")
+        if not torch.isfinite(s).all():
+            raise ValueError(f"scores[{name!r}] has NaN or infinite values; priming diverged, lower the learning rate")
+        checked[name] = s.detach().cpu()
+    return checked
+
+
+def _check_learners(learners: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
+    if not isinstance(learners, Mapping) or set(learners) != set(ffns):
+        raise ValueError("learners must map every FFN name (see far.find_ffns) to its learner node indices")
+    checked = {}
+    for name, ffn in ffns.items():
+        idx = torch.as_tensor(learners[name])
+        if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1 or idx.numel() == 0:
+            raise ValueError(f"learners[{name!r}] must be a non-empty 1-D integer tensor")
+        idx = idx.long().cpu().sort().values
+        if idx[0] < 0 or idx[-1] >= ffn.n_nodes or (idx[1:] == idx[:-1]).any():
+            raise ValueError(f"learners[{name!r}] must hold distinct node indices in [0, {ffn.n_nodes})")
+        checked[name] = idx
+    return checked
+
+
+def _scores_from_primer(model: nn.Module, selection: str) -> dict[str, Tensor]:
+    primer = latest_primer(model)
+    if primer is None:
+        raise ValueError(
+            f"selection={selection!r} needs priming scores, and this model was never primed. Create "
+            "far.Primer(model) and run a few training steps first (or use far.finetune), pass "
+            "scores=..., or use selection='random'"
+        )
+    scores = primer.scores()
+    if all(bool((s == 0).all()) for s in scores.values()):
+        raise ValueError(
+            "every priming score is zero: no FFN weight changed since far.Primer(model) was created. "
+            "Run the priming training steps (optimizer.step()) before reconfiguring"
+        )
+    return scores
+
+
+def reconfigure(
+    model: nn.Module,
+    retention: float = 0.4,
+    *,
+    scores: Mapping[str, Tensor] | None = None,
+    selection: str = "per_layer",
+    seed: int = 0,
+    freeze_embeddings: bool = False,
+    spec: FFNSpec | None = None,
+) -> nn.Module:
+    """Freeze and reconfigure every FFN of `model`, in place.
+
+    Each FFN projection becomes a `SplitLinear`: the learner nodes (the `retention` fraction with
+    the largest priming scores) stay trainable, the others are frozen and never get a gradient.
+    Outputs are unchanged. Everything outside the FFNs keeps its `requires_grad`, except the
+    embeddings when `freeze_embeddings=True`.
+
+    Args:
+        model: A plain model whose architecture is built in (see `far.BUILTIN_SPECS`) or
+            described by `spec`.
+        retention: Fraction of each FFN's nodes kept trainable, in (0, 1].
+        scores: `{output_projection_name: (n,) scores}`; default: the scores of the latest
+            `far.Primer` created on this model.
+        selection: "per_layer", "global" or "random" (needs no scores).
+        seed: Seed of the random selection.
+        freeze_embeddings: Also freeze every `nn.Embedding`.
+        spec: FFN layout for architectures that are not built in.
+
+    Returns:
+        The same model object, reconfigured.
+
+    Example:
+        >>> primer = far.Primer(model)
+        >>> ...  # a few ordinary training steps
+        >>> far.reconfigure(model, retention=0.4)
+        >>> far.summary(model)
+    """
+    config = FARConfig(retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
+    _check_model(model)
+    ffns = find_ffns(model, spec)
+    if is_reconfigured(model):
+        raise ValueError("this model is already reconfigured by FAR; call far.restore(model) before reconfiguring it again")
+    if config.selection == "random":
+        chosen = select_learners(config.retention, n_nodes={n: f.n_nodes for n, f in ffns.items()}, selection="random", seed=config.seed)
+    else:
+        scores = _check_scores(_scores_from_primer(model, config.selection) if scores is None else scores, ffns)
+        chosen = select_learners(config.retention, scores=scores, selection=config.selection)
+    return _split(model, ffns, chosen, config)
+
+
+def reconfigure_with_learners(
+    model: nn.Module,
+    learners: Mapping[str, Tensor],
+    config: FARConfig,
+    *,
+    spec: FFNSpec | None = None,
+) -> nn.Module:
+    """Reconfigure `model` in place with explicit learner indices (as `far.learners` returns).
+
+    For reloading a recorded layout; `config` is recorded as given (its selection is not rerun).
+    """
+    _check_model(model)
+    if not isinstance(config, FARConfig):
+        raise TypeError(f"config must be a far.FARConfig, got {type(config).__name__}")
+    ffns = find_ffns(model, spec)
+    if is_reconfigured(model):
+        raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
+    return _split(model, ffns, _check_learners(learners, ffns), config)
+
+
+def _split(model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Tensor], config: FARConfig) -> nn.Module:
+    # Everything was validated by the caller; from here on nothing raises on user input.
+    for ffn in ffns.values():
+        idx = learners[ffn.name]
+        for name in ffn.inputs:
+            _set_module(model, name, SplitLinear.from_linear(model.get_submodule(name), idx, INPUT))
+        _set_module(model, ffn.output, SplitLinear.from_linear(model.get_submodule(ffn.output), idx, OUTPUT))
+    frozen = []
+    if config.freeze_embeddings:
+        for module_name, module in model.named_modules():
+            if isinstance(module, nn.Embedding) and module.weight.requires_grad:
+                module.weight.requires_grad_(False)
+                frozen.append(f"{module_name}.weight")
+    setattr(model, STATE_ATTRIBUTE, FARState(config=config, frozen_embeddings=tuple(frozen)))
+    return model
+
+
+def restore(model: nn.Module) -> nn.Module:
+    """Merge every split FFN back, in place: an ordinary model again.
+
+    Module types, parameter names, shapes and `state_dict` keys are those of the original model;
+    trained learner weights sit in their original rows and columns.
+
+    Returns:
+        The same model object.
+    """
+    _check_model(model)
+    splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitLinear)]
+    if not splits:
+        raise ValueError("this model was never reconfigured by FAR (it has no split FFN layers); there is nothing to restore")
+    for name, module in splits:
+        _set_module(model, name, module.to_linear())
+    state = getattr(model, STATE_ATTRIBUTE, None)
+    if isinstance(state, FARState):
+        for param_name in state.frozen_embeddings:
+            model.get_parameter(param_name).requires_grad_(True)
+    if hasattr(model, STATE_ATTRIBUTE):
+        delattr(model, STATE_ATTRIBUTE)
+    return model
+
+
+def learners(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, Tensor]:
+    """Sorted original indices of every FFN's learner nodes, keyed like the priming scores."""
+    _check_model(model)
+    ffns = find_ffns(model, spec)
+    result = {}
+    for name in ffns:
+        module = model.get_submodule(name)
+        if not isinstance(module, SplitLinear):
+            raise ValueError("this model is not reconfigured by FAR; call far.reconfigure(model, ...) first")
+        result[name] = module.learner_indices()
+    return result
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, module)
+
+
+def learners_from_state_dict(model: nn.Module, state_dict: Mapping[str, Tensor], spec: FFNSpec | None = None) -> dict[str, Tensor]:
+    """Learner indices recorded in the `state_dict` of a reconfigured model of `model`'s architecture.
+
+    With `reconfigure_with_learners`, this rebuilds a saved FAR layout on a plain model before
+    loading the saved weights into it.
+    """
+    result = {}
+    for name in find_ffns(model, spec):
+        order, weight = state_dict.get(f"{name}.node_order"), state_dict.get(f"{name}.learner_weight")
+        if order is None or weight is None:
+            raise ValueError(f"the state dict has no FAR layout for the FFN {name!r} (no {name}.node_order); was it saved from a reconfigured model of this architecture?")
+        result[name] = order[: weight.shape[1]].sort().values  # output projection: nodes are columns
+    return result
+
+
+def freeze_ffns(model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:
+    """Freeze every FFN projection's weight and bias (an ablation: train attention, norms, heads).
+
+    The model is not rewritten; only `requires_grad` changes. Returns the model.
+    """
+    _check_model(model)
+    ffns = find_ffns(model, spec)
+    if is_reconfigured(model):
+        raise ValueError("this model is reconfigured by FAR; freeze the FFNs of a plain model (far.restore(model) first)")
+    for ffn in ffns.values():
+        for name in (*ffn.inputs, ffn.output):
+            for p in model.get_submodule(name).parameters():
+                p.requires_grad_(False)
+    return model

