@@ -1,10 +1,10 @@
 """FAR: Freeze And Reconfigure — fine-tune only the FFN nodes that matter.
 
-    >>> import far
-    >>> primer = far.Primer(model)          # 1. snapshot the FFNs, then train ~10% of the steps
-    >>> far.reconfigure(model, retention=0.4)  # 2-3. select learners, split every FFN
-    >>> far.summary(model)                  # what is trainable now
-    >>> far.restore(model)                  # an ordinary Hugging Face model again
+>>> import far
+>>> primer = far.Primer(model)          # 1. snapshot the FFNs, then train ~10% of the steps
+>>> far.reconfigure(model, retention=0.4)  # 2-3. select learners, split every FFN
+>>> far.summary(model)                  # what is trainable now
+>>> far.restore(model)                  # an ordinary Hugging Face model again
 """
 
 from far.architectures import BUILTIN_SPECS, FFN, FFNSpec, find_ffns

@@ -46,9 +46,7 @@ class FARConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "retention", check_retention(self.retention))
         if self.selection not in SELECTIONS:
-            raise ValueError(
-                f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {self.selection!r}"
-            )
+            raise ValueError(f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {self.selection!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise TypeError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.freeze_embeddings, bool):

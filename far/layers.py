@@ -196,9 +196,7 @@ class SplitLinear(nn.Module):
         return nn.Parameter(merged, requires_grad=self.learner_bias.requires_grad)
 
     def forward(self, x: Tensor) -> Tensor:
-        needs_graph = torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in self.parameters())
-        )
+        needs_graph = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if self.role == INPUT:
             if needs_graph:
                 return _RowSplitLinear.apply(

@@ -41,21 +41,24 @@ def get_config(model: nn.Module) -> FARConfig | None:
 
 def _check_model(model: object) -> nn.Module:
     if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}"
-        )
+        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
     return model
+
+
+def _few(names: list[str]) -> str:
+    return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")
 
 
 def _check_scores(scores: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
     if not isinstance(scores, Mapping):
-        raise TypeError(f"scores must be a dict of FFN name -> 1-D tensor (as Primer.scores() returns), got {type(scores).__name__}")
+        raise TypeError(
+            f"scores must be a dict of FFN name -> 1-D tensor (as Primer.scores() returns), got {type(scores).__name__}"
+        )
     missing, extra = sorted(set(ffns) - set(scores)), sorted(set(scores) - set(ffns))
     if missing or extra:
         raise ValueError(
-            f"scores must have one entry per FFN, keyed by the output projection's name; missing "
-            f"{missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}. "
-            "Use the scores of a Primer created on this same model"
+            "scores must have one entry per FFN, keyed by the output projection's name; missing "
+            f"{_few(missing)}, unexpected {_few(extra)}. Use the scores of a Primer created on this same model"
         )
     checked = {}
     for name, ffn in ffns.items():
@@ -142,9 +145,13 @@ def reconfigure(
     _check_model(model)
     ffns = find_ffns(model, spec)
     if is_reconfigured(model):
-        raise ValueError("this model is already reconfigured by FAR; call far.restore(model) before reconfiguring it again")
+        raise ValueError(
+            "this model is already reconfigured by FAR; call far.restore(model) before reconfiguring it again"
+        )
     if config.selection == "random":
-        chosen = select_learners(config.retention, n_nodes={n: f.n_nodes for n, f in ffns.items()}, selection="random", seed=config.seed)
+        chosen = select_learners(
+            config.retention, n_nodes={n: f.n_nodes for n, f in ffns.items()}, selection="random", seed=config.seed
+        )
     else:
         scores = _check_scores(_scores_from_primer(model, config.selection) if scores is None else scores, ffns)
         chosen = select_learners(config.retention, scores=scores, selection=config.selection)
@@ -200,7 +207,9 @@ def restore(model: nn.Module) -> nn.Module:
     _check_model(model)
     splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitLinear)]
     if not splits:
-        raise ValueError("this model was never reconfigured by FAR (it has no split FFN layers); there is nothing to restore")
+        raise ValueError(
+            "this model was never reconfigured by FAR (it has no split FFN layers); there is nothing to restore"
+        )
     for name, module in splits:
         _set_module(model, name, module.to_linear())
     state = getattr(model, STATE_ATTRIBUTE, None)
@@ -230,7 +239,9 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name), child, module)
 
 
-def learners_from_state_dict(model: nn.Module, state_dict: Mapping[str, Tensor], spec: FFNSpec | None = None) -> dict[str, Tensor]:
+def learners_from_state_dict(
+    model: nn.Module, state_dict: Mapping[str, Tensor], spec: FFNSpec | None = None
+) -> dict[str, Tensor]:
     """Learner indices recorded in the `state_dict` of a reconfigured model of `model`'s architecture.
 
     With `reconfigure_with_learners`, this rebuilds a saved FAR layout on a plain model before
@@ -240,7 +251,10 @@ def learners_from_state_dict(model: nn.Module, state_dict: Mapping[str, Tensor],
     for name in find_ffns(model, spec):
         order, weight = state_dict.get(f"{name}.node_order"), state_dict.get(f"{name}.learner_weight")
         if order is None or weight is None:
-            raise ValueError(f"the state dict has no FAR layout for the FFN {name!r} (no {name}.node_order); was it saved from a reconfigured model of this architecture?")
+            raise ValueError(
+                f"the state dict has no FAR layout for the FFN {name!r} (no {name}.node_order); "
+                "was it saved from a reconfigured model of this architecture?"
+            )
         result[name] = order[: weight.shape[1]].sort().values  # output projection: nodes are columns
     return result
 
@@ -253,7 +267,9 @@ def freeze_ffns(model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:
     _check_model(model)
     ffns = find_ffns(model, spec)
     if is_reconfigured(model):
-        raise ValueError("this model is reconfigured by FAR; freeze the FFNs of a plain model (far.restore(model) first)")
+        raise ValueError(
+            "this model is reconfigured by FAR; freeze the FFNs of a plain model (far.restore(model) first)"
+        )
     for ffn in ffns.values():
         for name in (*ffn.inputs, ffn.output):
             for p in model.get_submodule(name).parameters():

@@ -19,9 +19,18 @@ TINY_CONFIGS = {
     "electra": dict(TINY, embedding_size=24),
     "mpnet": TINY,
     "distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=40, vocab_size=97),
-    "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_inner=40, vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=2),
-    "opt": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=40, vocab_size=97,
-                word_embed_proj_dim=32, pad_token_id=1),
+    "gpt2": dict(
+        n_embd=32, n_layer=2, n_head=4, n_inner=40, vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    ),
+    "opt": dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=40,
+        vocab_size=97,
+        word_embed_proj_dim=32,
+        pad_token_id=1,
+    ),
     "llama": dict(TINY, num_key_value_heads=2, pad_token_id=0),
     "mistral": dict(TINY, num_key_value_heads=2, pad_token_id=0),
     "qwen2": dict(TINY, num_key_value_heads=2, pad_token_id=0),

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_model
+
+import far
+
+
+def test_summary_counts_trainable_and_learners(capsys):
+    model = tiny_model("bert")
+    total = sum(p.numel() for p in model.parameters())
+    far.reconfigure(model, 0.25, selection="random")
+    result = far.summary(model)
+    frozen_per_ffn = 30 * 32 + 30 + 32 * 30  # frozen rows of W_in, their biases, frozen columns of W_out
+    assert result.total_parameters == total
+    assert result.trainable_parameters == total - 2 * frozen_per_ffn
+    assert result.learners == {f"bert.encoder.layer.{i}.output.dense": (10, 40) for i in range(2)}
+    printed = capsys.readouterr().out
+    assert printed.startswith(
+        f"trainable params: {result.trainable_parameters:,} || all params: {total:,} || trainable%:"
+    )
+    assert "10/40 learner nodes (25.0%)" in printed
+
+
+def test_summary_of_a_plain_model_and_quiet_mode(capsys):
+    result = far.summary(tiny_model("gpt2"), verbose=False)
+    assert result.trainable_parameters == result.total_parameters and result.learners == {}
+    assert capsys.readouterr().out == ""
+
+
+def test_summary_needs_a_model():
+    with pytest.raises(TypeError):
+        far.summary(None)
