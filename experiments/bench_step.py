@@ -152,7 +152,8 @@ def peak_rss_of(model_name: str, config: str, batch: int, length: int, bf16: boo
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| model | batch x len | precision | config | step (s) | ratio to full | FLOP-bound ratio | gap | trainable params | peak RSS (MiB) |",
+        "| model | batch x len | precision | config | step (s) | ratio to full | FLOP-bound ratio | gap "
+        "| trainable params | peak RSS (MiB) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
@@ -172,7 +173,8 @@ def markdown(results: list[dict]) -> str:
     for cell in results:
         f = cell["forward"]
         lines.append(
-            f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | {f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} |"
+            f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
+            f"{f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} |"
         )
     return "\n".join(lines)
 
