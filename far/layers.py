@@ -6,8 +6,9 @@ output is unchanged without any gather at run time; `node_order` maps stored pos
 node index and is used only to merge back (`to_linear`).
 
 The matrix products run on the two weight blocks concatenated, so the forward pass and the input
-gradient cost exactly what the original layer costs; the custom backward computes weight
-gradients for the learner block only, which is where FAR saves time.
+gradient cost what the original layer costs; the custom backward computes weight gradients for
+the learner block only, which is where FAR saves time. Under autocast the frozen block is cast
+once and cached, so each step casts only the learners (a plain layer casts all of its weight).
 """
 
 from __future__ import annotations
@@ -24,31 +25,43 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])  # (B, T, f) -> (B*T, f)
 
 
+def compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype the matrix products run in: autocast's when it is on, else the weight's."""
+    if x.is_floating_point() and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return weight.dtype
+
+
 class _RowSplitLinear(torch.autograd.Function):
-    """y = x @ [W_L; W_F]^T + [b_L; b_F]; weight gradients for the learner rows only."""
+    """y = x @ [W_L; W_F]^T + [b_L; b_F]; weight gradients for the learner rows only.
+
+    Frozen blocks arrive already in the compute dtype (cached, see `SplitLinear._frozen`), so
+    under autocast only the learner rows are cast each step. The concatenated weight is saved
+    for the backward pass instead of being rebuilt there.
+    """
 
     @staticmethod
     def forward(ctx, x, w_learn, b_learn, w_frozen, b_frozen):
-        ctx.save_for_backward(x, w_learn, w_frozen)
-        ctx.has_bias = b_learn is not None
-        weight = torch.cat([w_learn, w_frozen])  # (n, d_in), learners first
-        bias = torch.cat([b_learn, b_frozen]) if ctx.has_bias else None
-        return F.linear(x, weight, bias)  # (B, T, n)
+        dtype = w_frozen.dtype
+        weight = torch.cat([w_learn.to(dtype), w_frozen])  # (n, d_in), learners first
+        bias = None if b_learn is None else torch.cat([b_learn.to(dtype), b_frozen])
+        x_c = x.to(dtype)
+        ctx.save_for_backward(x_c, weight)
+        ctx.k, ctx.x_dtype, ctx.has_bias = w_learn.shape[0], x.dtype, b_learn is not None
+        return F.linear(x_c, weight, bias)  # (B, T, n)
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, w_learn, w_frozen = ctx.saved_tensors
-        k = w_learn.shape[0]
-        dtype = grad_y.dtype  # bf16 under autocast: compute the gradients in it too
+        x_c, weight = ctx.saved_tensors
+        grad_y = grad_y.to(weight.dtype)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            weight = torch.cat([w_learn, w_frozen]).to(dtype)
-            grad_x = (grad_y @ weight).to(x.dtype)  # (B, T, d_in)
-        g_learn = _flat(grad_y)[:, :k]  # (B*T, k), a strided view: no copy
+            grad_x = (grad_y @ weight).to(ctx.x_dtype)  # (B, T, d_in)
+        g_learn = _flat(grad_y)[:, : ctx.k]  # (B*T, k), a strided view: no copy
         if ctx.needs_input_grad[1]:
-            grad_w = (g_learn.t() @ _flat(x).to(dtype)).to(w_learn.dtype)  # (k, d_in)
+            grad_w = g_learn.t() @ _flat(x_c)  # (k, d_in); autograd casts it to the weight's dtype
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g_learn.sum(0).to(w_learn.dtype)
+            grad_b = g_learn.sum(0)
         return grad_x, grad_w, grad_b, None, None
 
 
@@ -57,24 +70,24 @@ class _ColumnSplitLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w_learn, w_frozen, bias):
-        ctx.save_for_backward(h, w_learn, w_frozen)
-        ctx.has_bias = bias is not None
-        return F.linear(h, torch.cat([w_learn, w_frozen], dim=1), bias)  # (B, T, d_out)
+        dtype = w_frozen.dtype
+        weight = torch.cat([w_learn.to(dtype), w_frozen], dim=1)  # (d_out, n)
+        h_c = h.to(dtype)
+        ctx.save_for_backward(h_c, weight)
+        ctx.k, ctx.h_dtype, ctx.has_bias = w_learn.shape[1], h.dtype, bias is not None
+        return F.linear(h_c, weight, None if bias is None else bias.to(dtype))  # (B, T, d_out)
 
     @staticmethod
     def backward(ctx, grad_z):
-        h, w_learn, w_frozen = ctx.saved_tensors
-        k = w_learn.shape[1]
-        dtype = grad_z.dtype
+        h_c, weight = ctx.saved_tensors
+        grad_z = grad_z.to(weight.dtype)
         grad_h = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            weight = torch.cat([w_learn, w_frozen], dim=1).to(dtype)
-            grad_h = (grad_z @ weight).to(h.dtype)  # (B, T, n)
+            grad_h = (grad_z @ weight).to(ctx.h_dtype)  # (B, T, n)
         if ctx.needs_input_grad[1]:
-            h_learn = _flat(h)[:, :k].to(dtype)  # (B*T, k)
-            grad_w = (_flat(grad_z).t() @ h_learn).to(w_learn.dtype)  # (d_out, k)
+            grad_w = _flat(grad_z).t() @ _flat(h_c)[:, : ctx.k]  # (d_out, k)
         if ctx.has_bias and ctx.needs_input_grad[3]:
-            grad_b = _flat(grad_z).sum(0).to(w_learn.dtype)
+            grad_b = _flat(grad_z).sum(0)
         return grad_h, grad_w, None, grad_b
 
 
@@ -115,6 +128,7 @@ class SplitLinear(nn.Module):
         else:
             self.bias = bias
         self.register_buffer("node_order", node_order)  # stored position -> original node index
+        self._cast_cache: dict[str, tuple[tuple, Tensor]] = {}  # frozen tensors in a compute dtype
         if role == INPUT:
             self.out_features = node_order.numel()
             self.in_features = learner_weight.shape[1]
@@ -195,18 +209,37 @@ class SplitLinear(nn.Module):
         merged = torch.empty_like(stored).index_copy_(0, self.node_order, stored)
         return nn.Parameter(merged, requires_grad=self.learner_bias.requires_grad)
 
+    def _frozen(self, name: str, dtype: torch.dtype) -> Tensor | None:
+        """A frozen tensor in `dtype`; a cast copy is cached, since frozen values never change.
+
+        The cache is keyed by the tensor's storage and version counter, so `load_state_dict`,
+        `.to()` or any in-place write invalidates it.
+        """
+        tensor = getattr(self, name)
+        if tensor is None or tensor.dtype == dtype:
+            return tensor
+        key = (dtype, tensor.data_ptr(), tensor._version)
+        cached = self._cast_cache.get(name)
+        if cached is None or cached[0] != key:
+            cached = (key, tensor.detach().to(dtype))
+            self._cast_cache[name] = cached
+        return cached[1]
+
     def forward(self, x: Tensor) -> Tensor:
+        dtype = compute_dtype(x, self.learner_weight)
+        w_frozen = self._frozen("frozen_weight", dtype)
         needs_graph = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if self.role == INPUT:
+            b_frozen = self._frozen("frozen_bias", dtype)
             if needs_graph:
-                return _RowSplitLinear.apply(
-                    x, self.learner_weight, self.learner_bias, self.frozen_weight, self.frozen_bias
-                )
-            bias = None if self.learner_bias is None else torch.cat([self.learner_bias, self.frozen_bias])
-            return F.linear(x, torch.cat([self.learner_weight, self.frozen_weight]), bias)
+                return _RowSplitLinear.apply(x, self.learner_weight, self.learner_bias, w_frozen, b_frozen)
+            weight = torch.cat([self.learner_weight.to(dtype), w_frozen])
+            bias = None if b_frozen is None else torch.cat([self.learner_bias.to(dtype), b_frozen])
+            return F.linear(x.to(dtype), weight, bias)
         if needs_graph:
-            return _ColumnSplitLinear.apply(x, self.learner_weight, self.frozen_weight, self.bias)
-        return F.linear(x, torch.cat([self.learner_weight, self.frozen_weight], dim=1), self.bias)
+            return _ColumnSplitLinear.apply(x, self.learner_weight, w_frozen, self.bias)
+        weight = torch.cat([self.learner_weight.to(dtype), w_frozen], dim=1)
+        return F.linear(x.to(dtype), weight, None if self.bias is None else self.bias.to(dtype))
 
     def extra_repr(self) -> str:
         return (

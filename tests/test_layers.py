@@ -88,3 +88,41 @@ def test_no_grad_forward_builds_no_graph():
 def test_bad_role():
     with pytest.raises(ValueError, match="role must be"):
         SplitLinear.from_linear(nn.Linear(2, 3), torch.tensor([0]), "middle")
+
+
+def test_autocast_bf16_matches_the_plain_layer_and_grads_keep_the_weight_dtype():
+    torch.manual_seed(0)
+    up, down = nn.Linear(16, 24), nn.Linear(24, 8)
+    learners = torch.arange(0, 24, 3)
+    split_up, split_down = (
+        SplitLinear.from_linear(up, learners, "input"),
+        SplitLinear.from_linear(down, learners, "output"),
+    )
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = split_down(torch.relu(split_up(x)))
+        ref = down(torch.relu(up(x)))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)  # same bf16 products, same order
+    out.float().sum().backward()
+    assert split_up.learner_weight.grad.dtype == torch.float32 and split_down.learner_weight.grad.dtype == torch.float32
+
+
+def test_cached_frozen_cast_follows_changes_to_the_frozen_weight():
+    torch.manual_seed(0)
+    split = SplitLinear.from_linear(nn.Linear(6, 10), torch.tensor([1, 2]), "input")
+    x = torch.randn(3, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = split(x)
+    state = {k: v.clone() for k, v in split.state_dict().items()}
+    state["frozen_weight"].mul_(2)
+    split.load_state_dict(state)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        second = split(x)
+    assert not torch.equal(first[:, 2:], second[:, 2:])  # frozen rows follow the new values
+    expected = torch.nn.functional.linear(
+        x.bfloat16(),
+        torch.cat([split.learner_weight, split.frozen_weight]).bfloat16(),
+        torch.cat([split.learner_bias, split.frozen_bias]).bfloat16(),
+    )
+    torch.testing.assert_close(second, expected, atol=0, rtol=0)
