@@ -56,6 +56,15 @@ CONFIGS.update(
 )
 
 
+def build_config(name: str, model: torch.nn.Module) -> torch.nn.Module:
+    """Apply a named configuration; `far-<R>` is FAR at any retention R (for sweeps)."""
+    if name in CONFIGS:
+        return CONFIGS[name](model)
+    if name.startswith("far-"):
+        return _far(float(name.removeprefix("far-")))(model)
+    raise ValueError(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, or far-<retention>")
+
+
 def load_model(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if name == "minilm":
@@ -95,7 +104,7 @@ def time_cell(
 ) -> dict:
     prepared = {}
     for name in configs:
-        model = CONFIGS[name](copy.deepcopy(base)).train()
+        model = build_config(name, copy.deepcopy(base)).train()
         prepared[name] = (model, make_optimizer(model))
     data = make_batch(base, batch, length)
     times: dict[str, list[float]] = {name: [] for name in configs}
@@ -139,7 +148,7 @@ def peak_rss_of(model_name: str, config: str, batch: int, length: int, bf16: boo
     """Peak RSS (bytes) of a fresh process that runs `steps` training steps of one configuration."""
     code = (
         "import sys, resource; sys.argv = ['x']; import bench_step as b; "
-        f"m = b.CONFIGS[{config!r}](b.load_model({model_name!r})).train(); o = b.make_optimizer(m); "
+        f"m = b.build_config({config!r}, b.load_model({model_name!r})).train(); o = b.make_optimizer(m); "
         f"d = b.make_batch(m, {batch}, {length}); "
         f"[b.train_step(m, o, d, {bf16}) for _ in range({steps})]; "
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=["minilm"], choices=["minilm", "distilbert"])
     parser.add_argument("--shapes", nargs="+", default=["32x64", "32x128"], help="batch x length, e.g. 32x64")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help=f"of {', '.join(CONFIGS)}, or far-<R>")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS, one process per configuration")
