@@ -1,0 +1,94 @@
+"""`far export`: turn a FAR checkpoint into a plain Hugging Face folder or a learners-only file.
+
+far export --checkpoint ckpt --merge plain-model/
+far export --checkpoint ckpt --learners-only user-42.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from far.atomic import atomic_dir
+from far.saving.learners_file import save_learners
+from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
+from far.surgery import is_reconfigured, restore
+
+# Tokenizer files a Hugging Face folder may hold; copied as they are by --merge.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="merge a FAR checkpoint into a plain model, or extract its learners",
+        description="Export a FAR checkpoint (a folder written by far.save_pretrained) as a plain Hugging Face "
+        "folder that any transformers user loads with AutoModel*, or as a learners-only safetensors file "
+        "that far.load_learners applies to the base model.",
+    )
+    parser.add_argument("--checkpoint", type=Path, required=True, metavar="DIR", help="FAR checkpoint folder")
+    out = parser.add_mutually_exclusive_group(required=True)
+    out.add_argument("--merge", type=Path, metavar="OUT", help="write a plain Hugging Face folder (with tokenizer)")
+    out.add_argument(
+        "--learners-only", type=Path, metavar="OUT.safetensors", help="write only what FAR training changed"
+    )
+    parser.set_defaults(func=run)
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes:,} bytes ({n_bytes / 2**20:.2f} MiB)"
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    checkpoint = args.checkpoint
+    if not (checkpoint / CONFIG_NAME).is_file():
+        raise ValueError(f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it)")
+    if args.merge is not None:
+        if args.merge.exists() and not args.merge.is_dir():
+            raise ValueError(f"--merge {str(args.merge)!r} is a file; name a folder to write the model into")
+        if args.merge.resolve() == checkpoint.resolve():
+            raise ValueError("--merge must name a new folder, not the checkpoint itself")
+    elif args.learners_only.is_dir():
+        raise ValueError(f"--learners-only {str(args.learners_only)!r} is a folder; name a .safetensors file")
+    elif not has_far_layout(weight_files(checkpoint)):
+        raise ValueError(
+            f"--checkpoint {str(checkpoint)!r} holds a plain model, with no FAR learners to export; "
+            "export a checkpoint saved from a reconfigured model (far.save_pretrained after FAR training)"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    model = from_pretrained(args.checkpoint)
+    if args.merge is not None:
+        if is_reconfigured(model):
+            restore(model)
+        copied = [args.checkpoint / name for name in TOKENIZER_FILES if (args.checkpoint / name).is_file()]
+        with atomic_dir(args.merge) as tmp:
+            write_pretrained(model, tmp)
+            for file in copied:
+                shutil.copy2(file, tmp / file.name)
+        files = sorted(p for p in args.merge.iterdir() if p.is_file())
+        print(f"wrote a plain Hugging Face model to {args.merge}: {', '.join(p.name for p in files)}")
+        print(f"size: {_size(sum(p.stat().st_size for p in files))}")
+        return 0
+    path = save_learners(model, args.learners_only)
+    size = path.stat().st_size
+    full = sum(f.stat().st_size for f in weight_files(args.checkpoint))
+    print(f"wrote the learners-only file {path}")
+    print(f"size: {_size(size)}, {100 * size / max(full, 1):.1f}% of the full checkpoint's {_size(full)}")
+    return 0

@@ -1,0 +1,13 @@
+"""Saving and sharing: FAR checkpoints, learner-only files, and merging back to a plain model.
+
+>>> far.save_learners(model, "user-42.safetensors")   # only what FAR training changed
+>>> far.load_learners(base, "user-42.safetensors")    # onto the base it was trained from
+>>> far.save_pretrained(model, "ckpt")                 # full checkpoint, FAR layout kept
+>>> model = far.from_pretrained("ckpt")
+>>> far.restore(model).save_pretrained("plain")        # ordinary Hugging Face checkpoint
+"""
+
+from far.saving.learners_file import LearnersFileError, load_learners, save_learners
+from far.saving.pretrained import from_pretrained, save_pretrained
+
+__all__ = ["LearnersFileError", "from_pretrained", "load_learners", "save_learners", "save_pretrained"]

@@ -1,0 +1,314 @@
+"""Learner-only files: what FAR training changed, as one safetensors file, applied back onto a base.
+
+Layout of a file (format version 1):
+
+- `<ffn>.learner_indices` (k,) int64: sorted original indices of the FFN's learner nodes;
+- `<projection>.learner_weight` (k, in) for input projections, (out, k) for the output projection,
+  in nn.Linear layout and ascending node order; `<projection>.learner_bias` (k,) for input
+  projections with a bias;
+- every other trainable parameter under its own name (heads, norms, attention, embeddings, the
+  output projection's bias).
+
+The metadata records the format, the `FARConfig`, the model type, the FFN layout, a fingerprint
+of the base weights the file was trained from (see `far.saving.fingerprint`) and a sha256 of the
+file's own contents, so a flipped byte or a file for another base is refused before anything is
+loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+from transformers.pytorch_utils import Conv1D
+
+from far.architectures import FFNSpec, find_ffns, model_type
+from far.atomic import atomic_file
+from far.config import FARConfig
+from far.layers import INPUT, SplitLinear
+from far.saving.fingerprint import base_fingerprint, hash_tensors
+from far.surgery import get_config, is_reconfigured, learners, reconfigure_with_learners
+
+FORMAT = "far.learners"
+FORMAT_VERSION = "1"
+_CONTENT_KEY = "content_sha256"
+
+
+class LearnersFileError(ValueError):
+    """A learners file that cannot be applied: corrupted, truncated, foreign or for another base."""
+
+
+def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
+    """Learner weight (and input-projection bias) with nodes in ascending original order."""
+    perm = module.node_order[: module.n_learners].argsort()  # identity for FAR-built layers
+    if module.role == INPUT:
+        bias = None if module.learner_bias is None else module.learner_bias[perm]
+        return module.learner_weight[perm], bias
+    return module.learner_weight[:, perm], None
+
+
+def _content_hash(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
+    fields = {k: v for k, v in metadata.items() if k != _CONTENT_KEY}
+    return hash_tensors(tensors.items(), prefix=json.dumps(fields, sort_keys=True).encode())
+
+
+@torch.no_grad()
+def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | None = None) -> Path:
+    """Write only what FAR training changed to one safetensors file, atomically.
+
+    The file holds every FFN's learner weights and biases with their original node indices, plus
+    every other trainable parameter; frozen FFN nodes and frozen tensors stay with the base model.
+
+    Args:
+        model: A model reconfigured by `far.reconfigure` (typically after training).
+        path: Where to write, e.g. `"user-42.safetensors"`; an existing file is replaced only
+            once the new one is complete.
+        spec: FFN layout for architectures that are not built in.
+
+    Returns:
+        The path written.
+
+    Example:
+        >>> far.save_learners(model, "learners.safetensors")
+        >>> base = AutoModelForSequenceClassification.from_pretrained(base_path)
+        >>> far.load_learners(base, "learners.safetensors")  # now equal to `model`
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    config = get_config(model)
+    if config is None or not is_reconfigured(model):
+        raise ValueError(
+            "save_learners saves what FAR training changed, and this model is not reconfigured by FAR; "
+            "call far.reconfigure(model, ...) before training, or use far.save_pretrained for a full checkpoint"
+        )
+    ffns = find_ffns(model, spec)
+    chosen = learners(model, spec)
+    tensors: dict[str, Tensor] = {}
+    for ffn in ffns.values():
+        tensors[f"{ffn.name}.learner_indices"] = chosen[ffn.name].to("cpu", torch.int64)
+        for name in (*ffn.inputs, ffn.output):
+            weight, bias = _sorted_learner_part(model.get_submodule(name))
+            tensors[f"{name}.learner_weight"] = weight
+            if bias is not None:
+                tensors[f"{name}.learner_bias"] = bias
+    split_params = {
+        f"{module_name}.{p}"
+        for module_name, module in model.named_modules()
+        if isinstance(module, SplitLinear)
+        for p in ("learner_weight", "frozen_weight", "learner_bias", "frozen_bias")
+    }
+    others = [n for n, p in model.named_parameters() if p.requires_grad and n not in split_params]
+    clash = sorted(set(others) & set(tensors))
+    if clash:
+        raise ValueError(f"parameter names {clash[:3]} collide with the learners file layout; rename them")
+    for name in others:
+        tensors[name] = model.get_parameter(name)
+    # Own, contiguous CPU copies: safetensors refuses shared storage and the model may be on GPU.
+    tensors = {k: t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()}
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "far_config": json.dumps(config.to_dict(), sort_keys=True),
+        "retention": repr(config.retention),
+        "selection": config.selection,
+        "model_type": str(model_type(model)),
+        "ffns": json.dumps({ffn.name: list(ffn.inputs) for ffn in ffns.values()}),
+        "base_fingerprint": base_fingerprint(model, ffns, chosen, others),
+    }
+    metadata[_CONTENT_KEY] = _content_hash(metadata, tensors)
+    with atomic_file(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+    return Path(path)
+
+
+def _read(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """Metadata and tensors of a verified learners file; raises before anything is used."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no learners file at {str(path)!r}; write one with far.save_learners(model, path)")
+    try:
+        with safe_open(path, framework="pt") as f:  # safetensors only: nothing is ever unpickled
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as error:  # SafetensorError and OSError alike: the file is unreadable
+        raise LearnersFileError(
+            f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): {error}. "
+            "Write it again with far.save_learners"
+        ) from error
+    if metadata.get("format") != FORMAT:
+        raise LearnersFileError(
+            f"{str(path)!r} has no FAR learners metadata (format={metadata.get('format')!r}); "
+            "only files written by far.save_learners can be loaded"
+        )
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise LearnersFileError(
+            f"{str(path)!r} is a learners file of format version {metadata.get('format_version')!r}, "
+            f"this version of far reads version {FORMAT_VERSION}; upgrade far or re-export the file"
+        )
+    if metadata.get(_CONTENT_KEY) != _content_hash(metadata, tensors):
+        raise LearnersFileError(
+            f"{str(path)!r} is corrupted: its contents do not match the sha256 recorded when it was written"
+        )
+    return metadata, tensors
+
+
+_REQUIRED = ("far_config", "model_type", "ffns", "base_fingerprint")
+
+
+def _parse(path: Path, metadata: Mapping[str, str]) -> tuple[FARConfig, dict[str, list[str]]]:
+    missing = [key for key in _REQUIRED if key not in metadata]
+    if missing:
+        raise LearnersFileError(f"{str(path)!r} lacks the metadata {missing}; write it again with far.save_learners")
+    try:
+        config = FARConfig(**json.loads(metadata["far_config"]))
+        layout = json.loads(metadata["ffns"])
+    except (TypeError, ValueError) as error:
+        raise LearnersFileError(f"{str(path)!r} has invalid metadata: {error}") from error
+    if not isinstance(layout, dict):
+        raise LearnersFileError(f"{str(path)!r} has invalid metadata: 'ffns' is not a JSON object")
+    return config, layout
+
+
+def _linear_shape(module: nn.Module) -> tuple[tuple[int, int], torch.dtype, bool]:
+    """(out, in) in nn.Linear layout, weight dtype, and whether the projection has a bias."""
+    if isinstance(module, SplitLinear):
+        has_bias = (module.learner_bias if module.role == INPUT else module.bias) is not None
+        return (module.out_features, module.in_features), module.learner_weight.dtype, has_bias
+    out_f, in_f = module.weight.shape[::-1] if isinstance(module, Conv1D) else module.weight.shape
+    return (out_f, in_f), module.weight.dtype, module.bias is not None
+
+
+def _expect(path: Path, tensors: Mapping[str, Tensor], key: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    tensor = tensors.get(key)
+    if tensor is None:
+        raise LearnersFileError(f"{str(path)!r} lacks the tensor {key!r} its metadata announces")
+    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+        raise LearnersFileError(
+            f"{str(path)!r}: {key} is {tuple(tensor.shape)} {tensor.dtype}, the model needs {tuple(shape)} {dtype}; "
+            "the file belongs to a model of another size or dtype"
+        )
+
+
+def _check_learner_indices(path: Path, name: str, idx: Tensor, n_nodes: int) -> None:
+    ok = idx.dtype == torch.int64 and idx.dim() == 1 and 0 < idx.numel() <= n_nodes
+    if ok:
+        ok = bool(idx[0] >= 0) and bool(idx[-1] < n_nodes) and bool((idx[1:] > idx[:-1]).all())
+    if not ok:
+        raise LearnersFileError(
+            f"{str(path)!r}: {name}.learner_indices must be sorted distinct int64 node indices in [0, {n_nodes})"
+        )
+
+
+def _check_against_model(
+    path: Path,
+    model: nn.Module,
+    metadata: Mapping[str, str],
+    tensors: Mapping[str, Tensor],
+    spec: FFNSpec | None,
+) -> tuple[FARConfig, dict[str, Tensor], list[str]]:
+    config, layout = _parse(path, metadata)
+    if metadata["model_type"] != str(model_type(model)):
+        raise LearnersFileError(
+            f"{str(path)!r} was saved from a {metadata['model_type']!r} model, this model is "
+            f"{model_type(model)!r}: load it onto the base model it was trained from"
+        )
+    ffns = find_ffns(model, spec)
+    if layout != {ffn.name: list(ffn.inputs) for ffn in ffns.values()}:
+        raise LearnersFileError(
+            f"{str(path)!r} describes other FFNs ({len(layout)}, e.g. {next(iter(layout), None)!r}) than this "
+            f"model has ({len(ffns)}, e.g. {next(iter(ffns))!r}): it belongs to another architecture"
+        )
+    chosen, ffn_keys = {}, set()
+    for ffn in ffns.values():
+        idx = tensors.get(f"{ffn.name}.learner_indices", torch.empty(0))
+        _check_learner_indices(path, ffn.name, idx, ffn.n_nodes)
+        chosen[ffn.name] = idx
+        k = idx.numel()
+        ffn_keys.add(f"{ffn.name}.learner_indices")
+        for name in (*ffn.inputs, ffn.output):
+            (out_f, in_f), dtype, has_bias = _linear_shape(model.get_submodule(name))
+            shape = (k, in_f) if name in ffn.inputs else (out_f, k)
+            _expect(path, tensors, f"{name}.learner_weight", shape, dtype)
+            ffn_keys.add(f"{name}.learner_weight")
+            if name in ffn.inputs and has_bias:
+                _expect(path, tensors, f"{name}.learner_bias", (k,), dtype)
+                ffn_keys.add(f"{name}.learner_bias")
+    # Every other tensor overwrites a whole parameter; inside an FFN only the output bias may be
+    # overwritten, which belongs to no node (a whole FFN weight would overwrite frozen nodes).
+    projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
+    params = {
+        name: p
+        for name, p in model.named_parameters()
+        if name.rpartition(".")[0] not in projections or name in {f"{f.output}.bias" for f in ffns.values()}
+    }
+    others = sorted(set(tensors) - ffn_keys)
+    for name in others:
+        if name not in params:
+            raise LearnersFileError(
+                f"{str(path)!r} holds {name!r}, which is not a parameter of this model that a learners file "
+                "may overwrite; it belongs to another model"
+            )
+        _expect(path, tensors, name, tuple(params[name].shape), params[name].dtype)
+    if is_reconfigured(model):
+        current = learners(model, spec)
+        same = get_config(model) == config and all(torch.equal(current[n].cpu(), chosen[n]) for n in chosen)
+        if not same:
+            raise LearnersFileError(
+                f"this model is reconfigured differently from the one {str(path)!r} was saved from; "
+                "load the file onto the plain base model (far.restore(model) first)"
+            )
+    if base_fingerprint(model, ffns, chosen, others) != metadata["base_fingerprint"]:
+        raise LearnersFileError(
+            f"{str(path)!r} was trained from a different base model: the model's frozen weights do not match the "
+            "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from; "
+            "after FAR priming (which trains every weight) that base is the primed model, not the pretrained one"
+        )
+    return config, chosen, others
+
+
+@torch.no_grad()
+def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | None = None) -> nn.Module:
+    """Apply a file written by `far.save_learners` to its base model, in place.
+
+    A plain base model is reconfigured with the recorded learners first; a model already
+    reconfigured with the same learners and config is updated as it is. Everything is checked
+    before the model is touched: the file's own sha256, its format version, the model type, the
+    FFN layout, every shape and dtype, and the fingerprint of the base weights.
+
+    Args:
+        model: The base model the file was trained from (plain, or reconfigured the same way).
+        path: A learners file.
+        spec: FFN layout for architectures that are not built in.
+
+    Returns:
+        The same model object, now equal to the model that was saved.
+
+    Raises:
+        LearnersFileError (a ValueError): the file is corrupted, truncated, not a FAR learners
+            file, of an unknown version, or belongs to another architecture or base model.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    path = Path(path)
+    metadata, tensors = _read(path)
+    config, chosen, others = _check_against_model(path, model, metadata, tensors, spec)
+    # Everything is verified; from here on nothing raises on bad input.
+    if not is_reconfigured(model):
+        reconfigure_with_learners(model, chosen, config, spec=spec)
+    for ffn in find_ffns(model, spec).values():
+        for name in (*ffn.inputs, ffn.output):
+            module = model.get_submodule(name)
+            perm = module.node_order[: module.n_learners].argsort()  # file row -> stored position
+            dim = 0 if module.role == INPUT else 1
+            device = module.learner_weight.device
+            module.learner_weight.index_copy_(dim, perm, tensors[f"{name}.learner_weight"].to(device))
+            if module.role == INPUT and module.learner_bias is not None:
+                module.learner_bias.index_copy_(0, perm, tensors[f"{name}.learner_bias"].to(device))
+    for name in others:
+        model.get_parameter(name).copy_(tensors[name])
+    return model

@@ -1,0 +1,205 @@
+"""FAR checkpoints: Hugging Face folders that keep a reconfigured model's layout.
+
+A reconfigured model's `state_dict` holds the split layers (`learner_weight`, `frozen_weight`,
+`node_order`, ...), and Hugging Face's own `save_pretrained` writes it as it is. `far.save_pretrained`
+adds what the weights cannot say (the `FARConfig`, under the key `"far"` of config.json) and writes
+the folder atomically; `far.from_pretrained` rebuilds the layout from the weights before loading
+them. A plain model round-trips exactly as with Hugging Face alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import transformers
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, PreTrainedModel
+
+from far.architectures import FFNSpec, find_ffns
+from far.atomic import atomic_dir
+from far.config import FARConfig
+from far.selection import learner_count
+from far.surgery import get_config, is_reconfigured, learners_from_state_dict, reconfigure_with_learners
+
+FAR_KEY = "far"  # config.json entry of a FAR checkpoint
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+
+def write_pretrained(model: PreTrainedModel, folder: Path, **kwargs) -> None:
+    """Write `model` into the (new, empty) `folder` as `save_pretrained` does, plus the FAR entry."""
+    config = get_config(model)
+    if config is not None:
+        # Keep the module names exactly as the split layers have them (no legacy key renaming).
+        kwargs.setdefault("save_original_format", False)
+    model.save_pretrained(folder, **kwargs)
+    config_path = folder / CONFIG_NAME
+    data = json.loads(config_path.read_text())
+    data.pop(FAR_KEY, None)  # a stale entry must never describe a plain model
+    if config is not None:
+        data[FAR_KEY] = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
+    config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_pretrained(model: PreTrainedModel, path: str | os.PathLike, **kwargs) -> Path:
+    """Save a plain or reconfigured model as a Hugging Face folder, atomically.
+
+    A reconfigured model keeps its FAR layout: the split layers' weights (with `node_order`) go to
+    model.safetensors and its `FARConfig` to config.json under `"far"`; `far.from_pretrained`
+    rebuilds it. For an ordinary checkpoint that any transformers user can load, save
+    `far.restore(model)` instead.
+
+    Args:
+        model: A transformers `PreTrainedModel`, plain or reconfigured.
+        path: Output folder; an existing one is replaced only once the new one is complete.
+        **kwargs: Passed on to the model's `save_pretrained` (e.g. `max_shard_size`).
+
+    Returns:
+        The folder written.
+
+    Example:
+        >>> far.save_pretrained(model, "ckpt")           # FAR layout kept
+        >>> model = far.from_pretrained("ckpt")          # reconfigured, ready to train on
+    """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"save_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}")
+    if kwargs.get("push_to_hub"):
+        raise ValueError("far.save_pretrained does not push to the Hub; save the folder, then upload it")
+    if is_reconfigured(model) and get_config(model) is None:
+        raise ValueError(
+            "this model has split FFN layers but no FAR config (model.far_state is missing); "
+            "build it with far.reconfigure or far.from_pretrained"
+        )
+    with atomic_dir(path) as tmp:
+        write_pretrained(model, tmp, **kwargs)
+    return Path(path)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face folder (one file, or the shards of an index)."""
+    index = folder / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / shard for shard in shards]
+    single = folder / WEIGHTS_NAME
+    return [single] if single.is_file() else []
+
+
+def has_far_layout(files: list[Path]) -> bool:
+    """Whether these safetensors files hold split FFN layers (read from their headers only)."""
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            if any(key.endswith(".node_order") for key in f.keys()):
+                return True
+    return False
+
+
+def _model_class(config: transformers.PretrainedConfig) -> type:
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, PreTrainedModel):
+            return cls
+    return AutoModel
+
+
+def _recorded_config(path: Path, entry: object) -> FARConfig | None:
+    """The `FARConfig` recorded in config.json's "far" entry; None when there is no entry."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or entry.get("format_version") != FORMAT_VERSION:
+        version = entry.get("format_version") if isinstance(entry, dict) else None
+        raise ValueError(
+            f"{str(path)!r}: config.json's {FAR_KEY!r} entry has format version {version!r}, this version of far "
+            f"reads version {FORMAT_VERSION}; upgrade far"
+        )
+    try:
+        return FARConfig(**entry["config"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{str(path)!r}: config.json's {FAR_KEY!r} entry is invalid: {error}") from error
+
+
+def _inferred_config(path: Path, chosen: Mapping[str, Tensor], n_nodes: Mapping[str, int]) -> FARConfig:
+    # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
+    retention = sum(len(v) for v in chosen.values()) / sum(n_nodes.values())
+    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in chosen)
+    config = FARConfig(retention=round(retention, 6), selection="per_layer" if uniform else "global")
+    warnings.warn(
+        f"{str(path)!r} has FAR split layers but no {FAR_KEY!r} entry in config.json (it was saved with "
+        f"model.save_pretrained): the layout was rebuilt from the weights, with retention={config.retention} "
+        "inferred and selection/seed/freeze_embeddings unknown (recorded as defaults). Save with "
+        "far.save_pretrained to keep the FAR config",
+        stacklevel=4,
+    )
+    return config
+
+
+def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFNSpec | None, kwargs) -> nn.Module:
+    config = AutoConfig.from_pretrained(path)
+    far_config = _recorded_config(path, getattr(config, FAR_KEY, None))
+    if hasattr(config, FAR_KEY):
+        delattr(config, FAR_KEY)  # else a later save of the restored model would carry a stale entry
+    cls = model_class or _model_class(config)
+    model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config, **kwargs)
+    state_dict: dict[str, Tensor] = {}
+    for file in files:
+        state_dict.update(load_file(file))
+    chosen = learners_from_state_dict(model, state_dict, spec)
+    n_nodes = {name: ffn.n_nodes for name, ffn in find_ffns(model, spec).items()}
+    reconfigure_with_learners(model, chosen, far_config or _inferred_config(path, chosen, n_nodes), spec=spec)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    # Hugging Face drops tied duplicates (e.g. lm_head.weight) on save; those alone may be missing.
+    tensors = model.state_dict(keep_vars=True)
+    loaded = {id(tensors[k]) for k in state_dict if k in tensors}
+    missing = [k for k in missing if id(tensors[k]) not in loaded]
+    if missing or unexpected:
+        raise ValueError(
+            f"{str(path)!r} does not match {type(model).__name__} with its FAR layout: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}; pass model_class= (the class the checkpoint was saved from)"
+        )
+    return model.eval()
+
+
+def from_pretrained(
+    path: str | os.PathLike, model_class: type | None = None, *, spec: FFNSpec | None = None, **kwargs
+) -> nn.Module:
+    """Load a Hugging Face folder: a FAR checkpoint with its layout, or a plain one as it is.
+
+    Args:
+        path: A folder written by `far.save_pretrained`, by a reconfigured model's own
+            `save_pretrained`, or any local Hugging Face model folder.
+        model_class: Class to build (e.g. `AutoModelForSequenceClassification`); default: the
+            class named by `config.architectures`, else `AutoModel`.
+        spec: FFN layout for architectures that are not built in.
+        **kwargs: For a plain folder, passed to `model_class.from_pretrained`; for a FAR
+            checkpoint, to `from_config` (e.g. `dtype`).
+
+    Returns:
+        The model in eval mode; reconfigured (with `far.get_config(model)` set) for a FAR checkpoint.
+
+    Example:
+        >>> model = far.from_pretrained("ckpt")
+        >>> far.summary(model)
+    """
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"{str(path)!r} is not a Hugging Face model folder (no {CONFIG_NAME})")
+    if model_class is not None and not hasattr(model_class, "from_pretrained"):
+        raise TypeError(f"model_class must be a transformers model class, got {model_class!r}")
+    files = weight_files(path)
+    if files and has_far_layout(files):
+        return _load_far(path, files, model_class, spec, kwargs)
+    if FAR_KEY in json.loads((path / CONFIG_NAME).read_text()):
+        raise ValueError(
+            f"{str(path)!r}: config.json has a {FAR_KEY!r} entry but its weights hold no FAR layout "
+            "(no *.node_order tensors in model.safetensors); the folder is inconsistent, save it again"
+        )
+    cls = model_class or _model_class(AutoConfig.from_pretrained(path))
+    return cls.from_pretrained(path, **kwargs)
