@@ -11,6 +11,7 @@ from far.architectures import BUILTIN_SPECS, FFN, FFNSpec, find_ffns
 from far.config import FARConfig
 from far.layers import SplitLinear
 from far.priming import Primer
+from far.saving import from_pretrained, load_learners, save_learners, save_pretrained
 from far.selection import select_learners
 from far.summary import Summary, summary
 from far.surgery import (
@@ -24,27 +25,36 @@ from far.surgery import (
     reconfigure_with_learners,
     restore,
 )
+from far.training import FARCallback, FinetuneResult, MeZO, finetune
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BUILTIN_SPECS",
+    "FARCallback",
     "FARConfig",
     "FFN",
     "FFNSpec",
+    "FinetuneResult",
+    "MeZO",
     "FARState",
     "Primer",
     "SplitLinear",
     "Summary",
     "find_ffns",
+    "finetune",
+    "from_pretrained",
     "freeze_ffns",
     "get_config",
     "is_reconfigured",
     "learners",
     "learners_from_state_dict",
+    "load_learners",
     "reconfigure",
     "reconfigure_with_learners",
     "restore",
+    "save_learners",
+    "save_pretrained",
     "select_learners",
     "summary",
 ]

@@ -21,6 +21,11 @@ def latest_primer(model: nn.Module) -> Primer | None:
     return _LATEST.get(model)
 
 
+def forget_primer(model: nn.Module) -> None:
+    """Drop the registry's reference to `model`'s Primer, so its snapshot can be freed."""
+    _LATEST.pop(model, None)
+
+
 def _linear_weight(module: nn.Module) -> Tensor:
     """A projection's weight in nn.Linear layout (out, in), whatever its type."""
     weight = module.weight.detach()
@@ -51,7 +56,8 @@ class Primer:
             raise ValueError(
                 "this model is already reconfigured by FAR; prime the plain model, or call far.restore(model) first"
             )
-        self._modules = modules
+        # Only the projections: holding the root module would keep the model (the weak key) alive.
+        self._modules = {name: modules[name] for ffn in self.ffns.values() for name in (*ffn.inputs, ffn.output)}
         self._snapshot: dict[str, Tensor] = {}
         for ffn in self.ffns.values():
             for name in (*ffn.inputs, ffn.output):

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from far.architectures import FFN, FFNSpec, find_ffns
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.priming import latest_primer
+from far.priming import forget_primer, latest_primer
 from far.selection import select_learners
 
 STATE_ATTRIBUTE = "far_state"
@@ -192,6 +192,7 @@ def _split(model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Ten
                 module.weight.requires_grad_(False)
                 frozen.append(f"{module_name}.weight")
     setattr(model, STATE_ATTRIBUTE, FARState(config=config, frozen_embeddings=tuple(frozen)))
+    forget_primer(model)  # its job is done; its weight snapshot is as large as the FFNs
     return model
 
 

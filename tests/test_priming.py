@@ -95,3 +95,27 @@ def test_priming_a_reconfigured_model_is_refused():
     model = far.reconfigure(tiny_model("bert"), 0.4, selection="random")
     with pytest.raises(ValueError, match="already reconfigured"):
         far.Primer(model)
+
+
+def test_a_primed_model_can_be_freed_and_reconfigure_releases_the_snapshot():
+    import gc
+    import weakref
+
+    from far.priming import latest_primer
+
+    model = tiny_model("bert")
+    far.Primer(model)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None  # the registry does not keep a primed model alive
+
+    model = tiny_model("bert").train()
+    primer = far.Primer(model)
+    _train_steps(model)
+    far.reconfigure(model, 0.4)
+    assert latest_primer(model) is None
+    snapshot = weakref.ref(primer)
+    del primer
+    gc.collect()
+    assert snapshot() is None

@@ -1,0 +1,192 @@
+"""`FARCallback`: priming → reconfigure inside a `transformers.Trainer` run."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from far.architectures import FFNSpec
+from far.config import FARConfig
+from far.priming import Primer
+from far.surgery import is_reconfigured, learners_from_state_dict, reconfigure, reconfigure_with_learners
+from far.training.checkpoint import read_layout
+
+
+def _priming_steps(priming: float | int, max_steps: int) -> int:
+    steps = int(priming) if isinstance(priming, numbers.Integral) else math.ceil(priming * max_steps)
+    if steps >= max_steps:
+        raise ValueError(
+            f"priming={priming!r} is {steps} steps but the Trainer runs only {max_steps}; priming must be shorter"
+        )
+    return steps
+
+
+def retarget_optimizer(optimizer: Optimizer, model: nn.Module, group_of: dict[str, int]) -> None:
+    """Point an existing optimizer at the model's trainable tensors after surgery, in place.
+
+    Tensors that left the model or stopped being trainable leave their group and their state is
+    dropped; each new tensor (`<m>.learner_weight`, `<m>.learner_bias`) joins the group of the
+    tensor it came from (`<m>.weight`, `<m>.bias`, per `group_of`: name -> group index before the
+    surgery), with fresh state. Groups keep their number and hyperparameters, so a scheduler built
+    on the optimizer keeps working, and each group lists its tensors in the model's order, as
+    `Trainer.create_optimizer` would for the reconfigured model (so Trainer checkpoints resume).
+    """
+    order = {id(p): i for i, (_, p) in enumerate(model.named_parameters())}
+    trainable = {id(p): (name, p) for name, p in model.named_parameters() if p.requires_grad}
+    placed: set[int] = set()
+    for group in optimizer.param_groups:
+        kept = []
+        for p in group["params"]:
+            if id(p) in trainable:
+                kept.append(p)
+                placed.add(id(p))
+            else:
+                optimizer.state.pop(p, None)
+        group["params"] = kept
+    for pid, (name, p) in trainable.items():
+        if pid in placed:
+            continue
+        origin = name.replace(".learner_weight", ".weight").replace(".learner_bias", ".bias")
+        if origin not in group_of:
+            raise RuntimeError(
+                f"the trainable tensor {name!r} has no source tensor in the optimizer; build a new optimizer"
+            )
+        optimizer.param_groups[group_of[origin]]["params"].append(p)
+    for group in optimizer.param_groups:
+        group["params"].sort(key=lambda p: order[id(p)])
+
+
+class FARCallback(TrainerCallback):
+    """Prime, then reconfigure, inside a `transformers.Trainer` run.
+
+    The first `priming` optimizer steps of the run train the whole model while a `far.Primer`
+    watches its FFNs. At the end of the last of them the callback calls `far.reconfigure` and
+    points the Trainer's own optimizer at the new trainable tensors, in place (`retarget_optimizer`):
+    frozen tensors leave it with their state, learners join the groups of the weights they came
+    from with fresh state. The learning-rate schedule runs on unchanged. Priming's weight changes
+    are kept. The model stays reconfigured after training.
+
+    Not for DDP runs: DDP's reducer is bound to the parameters it wrapped. There, prime and
+    reconfigure first (e.g. `far.finetune(..., max_steps=priming)` or this callback in a
+    single-process run), then train the reconfigured model under DDP.
+
+    Args:
+        retention: Fraction of each FFN's nodes kept trainable.
+        priming: Priming length: a fraction of the Trainer's `max_steps` in [0, 1), or a number of
+            optimizer steps. Ignored with selection="random" (no scores needed: the surgery is at
+            the start).
+        selection / seed / freeze_embeddings / spec: As for `far.reconfigure`.
+
+    Example:
+        >>> callback = far.FARCallback(retention=0.4, priming=0.1)
+        >>> trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[callback])
+        >>> trainer.train()
+        >>> # resuming past the switch: rebuild the layout before the Trainer loads the weights
+        >>> callback.restore_layout(model, "out/checkpoint-500")
+        >>> trainer.train(resume_from_checkpoint="out/checkpoint-500")
+    """
+
+    def __init__(
+        self,
+        retention: float = 0.4,
+        *,
+        priming: float | int = 0.1,
+        selection: str = "per_layer",
+        seed: int = 0,
+        freeze_embeddings: bool = False,
+        spec: FFNSpec | None = None,
+    ) -> None:
+        self.config = FARConfig(
+            retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings
+        )
+        integral = isinstance(priming, numbers.Integral) and not isinstance(priming, bool)
+        fraction = isinstance(priming, numbers.Real) and not integral and 0.0 <= priming < 1.0
+        if isinstance(priming, bool) or not (integral and priming >= 0 or fraction):
+            raise ValueError(f"priming must be a fraction of max_steps in [0, 1) or a number of steps, got {priming!r}")
+        if selection != "random" and priming == 0:
+            raise ValueError(
+                f"selection={selection!r} needs priming scores: priming must be > 0, or use selection='random'"
+            )
+        self.priming = priming
+        self.spec = spec
+        self.priming_steps: int | None = None
+        self._primer: Primer | None = None
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        optimizer: Optimizer | None = None,
+        **kwargs,
+    ) -> None:
+        if args.world_size > 1:
+            raise RuntimeError(
+                "FARCallback changes the model's parameters mid-run, which DDP cannot follow; prime and reconfigure "
+                "in one process, then train the reconfigured model under DDP"
+            )
+        self.priming_steps = 0 if self.config.selection == "random" else _priming_steps(self.priming, state.max_steps)
+        if is_reconfigured(model):
+            if state.global_step < self.priming_steps:
+                raise ValueError(
+                    "the model is already reconfigured by FAR, but this run has not primed yet; pass the plain model"
+                )
+            return  # resumed after the switch: restore_layout() rebuilt it
+        if state.global_step > 0 and self.priming_steps:
+            raise ValueError(
+                "cannot resume a FARCallback run inside priming (the Primer's snapshot of the FFNs is not in Trainer "
+                "checkpoints); resume from a checkpoint after the switch, or start over"
+            )
+        if self.priming_steps == 0:
+            self._switch(model, optimizer, None)
+        else:
+            self._primer = Primer(model, self.spec)
+
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        optimizer: Optimizer | None = None,
+        **kwargs,
+    ) -> None:
+        if self._primer is not None and state.global_step >= self.priming_steps:
+            scores = self._primer.scores()
+            self._primer = None
+            self._switch(model, optimizer, scores)
+
+    def _switch(self, model: nn.Module, optimizer: Optimizer, scores: dict[str, torch.Tensor] | None) -> None:
+        index = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        group_of = {name: index[id(p)] for name, p in model.named_parameters() if id(p) in index}
+        c = self.config
+        reconfigure(
+            model,
+            c.retention,
+            scores=scores,
+            selection=c.selection,
+            seed=c.seed,
+            freeze_embeddings=c.freeze_embeddings,
+            spec=self.spec,
+        )
+        retarget_optimizer(optimizer, model, group_of)
+
+    def restore_layout(self, model: nn.Module, checkpoint: str | os.PathLike) -> nn.Module:
+        """Rebuild, on the plain `model`, the FAR layout saved in a Trainer checkpoint folder.
+
+        Call it before `trainer.train(resume_from_checkpoint=checkpoint)` for a checkpoint taken
+        after the switch, so that the Trainer can load the saved weights into the same layout.
+        """
+        path = Path(checkpoint) / "model.safetensors"
+        if not path.is_file():
+            raise ValueError(f"no model.safetensors in {str(checkpoint)!r}; pass a Trainer checkpoint folder")
+        learners = learners_from_state_dict(model, read_layout(path), self.spec)
+        return reconfigure_with_learners(model, learners, self.config, spec=self.spec)

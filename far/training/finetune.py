@@ -1,0 +1,218 @@
+"""`far.finetune`: priming, selection, surgery and training in one call."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from transformers import default_data_collator
+
+from far.architectures import FFNSpec, find_ffns
+from far.surgery import is_reconfigured
+from far.training.checkpoint import has_run, read_checkpoint
+from far.training.data import BatchStream
+from far.training.loop import EvalFn, Loop, LossFn, default_loss
+from far.training.plan import plan_training
+from far.training.result import FinetuneResult
+
+
+def _check_data(train_data: object) -> int:
+    if not (hasattr(train_data, "__len__") and hasattr(train_data, "__getitem__")):
+        raise TypeError(
+            f"train_data must be a map-style dataset (len() and [i]: a list, a torch Dataset, a datasets.Dataset), "
+            f"got {type(train_data).__name__}"
+        )
+    n = len(train_data)
+    if n == 0:
+        raise ValueError("train_data is empty: there is nothing to train on")
+    return n
+
+
+def finetune(
+    model: nn.Module,
+    train_data: Any,
+    *,
+    optimizer: str = "adamw",
+    retention: float | None = 0.4,
+    selection: str = "per_layer",
+    priming: float | int = 0.1,
+    priming_optimizer: str = "adamw",
+    priming_lr: float | None = None,
+    freeze_embeddings: bool = False,
+    freeze_ffn: bool = False,
+    epochs: float = 1.0,
+    max_steps: int | None = None,
+    lr: float | None = None,
+    batch_size: int = 32,
+    warmup: float | int = 0.0,
+    weight_decay: float = 0.0,
+    grad_accum: int = 1,
+    max_grad_norm: float | None = 1.0,
+    bf16: bool = False,
+    collate_fn: Callable[[list], Any] | None = None,
+    loss_fn: LossFn | None = None,
+    eval_fn: EvalFn | None = None,
+    eval_every: int | None = None,
+    seed: int = 0,
+    output_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int | None = 2,
+    resume_from: str | os.PathLike | None = None,
+    mezo_eps: float = 1e-3,
+    mezo_directions: int = 1,
+    log_every: int = 1,
+    spec: FFNSpec | None = None,
+    progress: bool = True,
+) -> FinetuneResult:
+    """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
+
+    The run: the first `priming` steps train the whole model with `priming_optimizer` while a
+    `far.Primer` watches the FFNs; then `far.reconfigure` splits every FFN, keeping `retention` of
+    its nodes trainable, and the remaining steps train only what is trainable with `optimizer`.
+    Priming's weight changes are kept (they are ordinary fine-tuning steps). The priming
+    optimizer's state is dropped at the switch, the learners' moments included: the training
+    optimizer starts fresh over the trainable tensors only. The model is returned reconfigured;
+    `far.restore(model)` merges it back.
+
+    One learning-rate schedule spans the whole run, priming included: linear warmup over `warmup`
+    then linear decay to zero at the last step; each phase scales it by its own base rate.
+
+    With `optimizer="mezo"` the steps are MeZO's (two forward passes, no backward, memory of
+    inference) and the model is kept in eval mode (no dropout between the two passes); with
+    `grad_accum=k` one MeZO step evaluates the loss over k batches. Priming still uses AdamW unless
+    `priming_optimizer` says otherwise: "sgd" (plain SGD, no state) or "mezo" (inference memory,
+    noisier priming scores) fit tighter memory budgets.
+
+    Args:
+        model: A Hugging Face (or any) model; the default `loss_fn` needs `model(**batch).loss`.
+        train_data: Map-style dataset of examples (a list, a torch `Dataset`, a `datasets.Dataset`).
+        optimizer: "adamw" or "mezo" (or "sgd") for the training phase.
+        retention: Fraction of FFN nodes kept trainable; None is full fine-tuning (no priming, no
+            surgery, the same loop otherwise).
+        selection: "per_layer", "global" or "random" (random needs no priming and skips it).
+        priming: Priming length: a fraction of the run's steps in [0, 1), or a number of steps.
+        priming_optimizer: "adamw" (default), "sgd" or "mezo".
+        priming_lr: Base LR of priming; default `lr` if the optimizers match, else the priming
+            optimizer's default.
+        freeze_embeddings: Also freeze every `nn.Embedding`.
+        freeze_ffn: With retention=None: freeze every FFN (the freeze-FFN ablation).
+        epochs: Passes over `train_data` (fractions allowed); ignored when `max_steps` is set.
+        max_steps: Optimizer steps of the whole run (priming included).
+        lr: Base LR of training; None picks 5e-5 (adamw), 1e-3 (sgd) or 1e-6 (mezo).
+        batch_size: Examples per batch.
+        warmup: Warmup length: a fraction of the steps in [0, 1), or a number of steps.
+        weight_decay: Decoupled weight decay for tensors of 2 or more dimensions (not biases, norms).
+        grad_accum: Batches per optimizer step.
+        max_grad_norm: Gradient clipping of first-order steps; None or 0 turns it off.
+        bf16: Run forward passes under `torch.autocast(dtype=torch.bfloat16)`.
+        collate_fn: Makes a batch from a list of examples; default `transformers.default_data_collator`.
+        loss_fn: `loss_fn(model, batch) -> scalar tensor`; default `model(**batch).loss`.
+        eval_fn: `eval_fn(model) -> dict[str, float]`, run in eval mode under no_grad every
+            `eval_every` steps and at the end.
+        eval_every: Steps between evaluations (None: only at the end).
+        seed: Seeds the data order, dropout (on a forked RNG: the caller's RNG state is left as
+            it was), random selection and MeZO's directions.
+        output_dir: Where `log.jsonl` (one JSON line per step: step, phase, loss, lr, eval metrics,
+            elapsed seconds, peak RSS), `result.json` and `checkpoints/` go.
+        checkpoint_every: Write a checkpoint every that many steps and at the end (needs
+            `output_dir`). Checkpoints fall on steps after priming only.
+        keep_checkpoints: How many checkpoints to keep (None: all).
+        resume_from: A checkpoint (or a run's `output_dir`) to continue from, with the same
+            options: the final weights are those of an uninterrupted run (bitwise with MeZO). Pass
+            the same plain model you started with; its FAR layout is rebuilt from the checkpoint.
+        mezo_eps: MeZO's perturbation scale.
+        mezo_directions: MeZO directions averaged per step.
+        log_every: Steps between log lines (evaluations and the last step are always logged).
+        spec: FFN layout for architectures far does not know (see `far.FFNSpec`).
+        progress: Show a tqdm progress bar (steps/s, loss).
+
+    Returns:
+        A `far.FinetuneResult` (final metrics, steps, time split into priming / training / eval,
+        peak memory, parameter counts).
+
+    Example:
+        >>> result = far.finetune(model, train_examples, retention=0.4, epochs=3, lr=5e-5,
+        ...                       eval_fn=lambda m: {"accuracy": accuracy(m)})
+        >>> result.metrics, result.training_seconds
+        >>> far.finetune(model, train_examples, optimizer="mezo", max_steps=20_000)
+    """
+    # Everything is checked before the model is touched.
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
+    n_examples = _check_data(train_data)
+    for name, fn in (("collate_fn", collate_fn), ("loss_fn", loss_fn), ("eval_fn", eval_fn)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+    plan = plan_training(
+        n_examples,
+        optimizer=optimizer,
+        retention=retention,
+        selection=selection,
+        priming=priming,
+        priming_optimizer=priming_optimizer,
+        priming_lr=priming_lr,
+        freeze_embeddings=freeze_embeddings,
+        freeze_ffn=freeze_ffn,
+        epochs=epochs,
+        max_steps=max_steps,
+        lr=lr,
+        batch_size=batch_size,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        grad_accum=grad_accum,
+        max_grad_norm=max_grad_norm,
+        bf16=bf16,
+        seed=seed,
+        mezo_eps=mezo_eps,
+        mezo_directions=mezo_directions,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
+        log_every=log_every,
+    )
+    if plan.eval_every is not None and eval_fn is None:
+        raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
+    if plan.retention is not None or plan.freeze_ffn:
+        find_ffns(model, spec)  # a clear error for an architecture far does not know
+    checkpoint = None
+    if resume_from is not None:
+        checkpoint = read_checkpoint(resume_from)
+        changed = plan.mismatches(checkpoint.trainer_state["plan"])
+        if changed:
+            raise ValueError(
+                "resume_from needs the options of the run it continues; these differ: " + "; ".join(changed)
+            )
+        output_dir = checkpoint.run_dir if output_dir is None else output_dir
+    else:
+        if (plan.retention is not None or plan.freeze_ffn) and is_reconfigured(model):
+            raise ValueError(
+                "this model is already reconfigured by FAR; pass the plain model, or retention=None to train it "
+                "as it is"
+            )
+        if output_dir is not None and has_run(output_dir):
+            raise ValueError(
+                f"output_dir {str(output_dir)!r} already holds a run's checkpoints; continue it with "
+                "resume_from=output_dir, or choose another output_dir"
+            )
+    if plan.checkpoint_every is not None and output_dir is None:
+        raise ValueError("checkpoint_every needs an output_dir to write the checkpoints to")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            "the model has no trainable parameter (every requires_grad is False); there is nothing to train"
+        )
+
+    stream = BatchStream(train_data, plan.batch_size, collate_fn or default_data_collator, plan.seed)
+    loop = Loop(
+        model,
+        stream,
+        plan,
+        loss_fn=loss_fn or default_loss,
+        eval_fn=eval_fn,
+        output_dir=None if output_dir is None else Path(output_dir),
+        spec=spec,
+        progress=progress,
+    )
+    return loop.run(checkpoint)

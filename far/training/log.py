@@ -1,0 +1,71 @@
+"""What a run reports while it trains: a JSON-lines log, a progress bar and the peak memory."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+from types import TracebackType
+
+from tqdm.auto import tqdm
+
+from far.atomic import atomic_file
+
+
+def peak_rss_bytes() -> int:
+    """The peak resident set size of this process so far (its whole life, not one call), in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
+
+
+class RunLog:
+    """Writes one JSON object per line to `path` (nothing when `path` is None).
+
+    A new run starts the file afresh. A run resumed from step `resume_step` keeps the lines up to
+    that step (a killed run may have logged further) and goes on after them. Each line is flushed
+    as it is written, so a killed run keeps every line up to its last step.
+    """
+
+    def __init__(self, path: str | Path | None, resume_step: int | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self._file = None
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "w"
+        if resume_step is not None and self.path.is_file():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            kept = [line for line in lines if (_step_of(line) or 0) in range(1, resume_step + 1)]
+            with atomic_file(self.path) as tmp:
+                tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            mode = "a"
+        self._file = open(self.path, mode, encoding="utf-8")  # closed by close()
+
+    def write(self, record: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record, sort_keys=False) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line cut short by a kill
+
+
+def progress_bar(total: int, initial: int, enabled: bool) -> tqdm:
+    """A bar over the run's steps; tqdm shows steps/s, the loop adds the loss and the phase."""
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="far.finetune", unit="step", dynamic_ncols=True)

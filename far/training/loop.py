@@ -1,0 +1,285 @@
+"""The loop behind `far.finetune`: priming, surgery, training, evaluation, logs and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from far.architectures import FFNSpec
+from far.atomic import atomic_file
+from far.priming import Primer
+from far.surgery import freeze_ffns, reconfigure
+from far.training.checkpoint import Checkpoint, load_model_state, load_training_state, save_checkpoint
+from far.training.data import BatchStream, to_device
+from far.training.log import RunLog, peak_rss_bytes, progress_bar
+from far.training.mezo import MeZO
+from far.training.optim import build_optimizer, trainable_parameters
+from far.training.plan import TrainingPlan
+from far.training.result import FinetuneResult
+from far.training.schedule import warmup_linear
+from far.training.seeds import derive_seed
+
+LossFn = Callable[[nn.Module, Any], Tensor]
+EvalFn = Callable[[nn.Module], Mapping[str, float]]
+
+
+def default_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """`model(**batch).loss`, the loss a transformers model computes when the batch has labels."""
+    output = model(**batch)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is None:
+        raise ValueError("the model returned no loss: give the examples labels (a 'labels' field), or pass loss_fn=")
+    return loss
+
+
+class Loop:
+    """One run of `far.finetune`. Use `Loop(...).run(checkpoint_or_None)`.
+
+    Phases: steps `[0, priming_steps)` train the whole model with the priming optimizer; right
+    after the last of them the model is reconfigured and a fresh optimizer is built over its
+    trainable tensors for the remaining steps.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        stream: BatchStream,
+        plan: TrainingPlan,
+        *,
+        loss_fn: LossFn,
+        eval_fn: EvalFn | None,
+        output_dir: Path | None,
+        spec: FFNSpec | None,
+        progress: bool,
+    ) -> None:
+        self.model, self.stream, self.plan = model, stream, plan
+        self.loss_fn, self.eval_fn, self.spec, self.progress = loss_fn, eval_fn, spec, progress
+        self.output_dir = output_dir
+        self.device = next(model.parameters()).device
+        self.seconds = {"priming": 0.0, "training": 0.0, "eval": 0.0, "total": 0.0}  # summed over resumed runs
+        self.metrics: dict[str, float] = {}
+        self.history: list[dict] = []
+        self.primer: Primer | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.checkpoint: Path | None = None
+        self.final_loss: float | None = None
+        self._started = self._prior_seconds = 0.0
+
+    def run(self, resume: Checkpoint | None = None) -> FinetuneResult:
+        plan, was_training = self.plan, self.model.training
+        self._started = time.perf_counter()
+        log = RunLog(
+            None if self.output_dir is None else self.output_dir / "log.jsonl",
+            resume_step=None if resume is None else resume.step,
+        )
+        try:
+            # Dropout draws from torch's global RNG: seed it for this run only; fork_rng puts the
+            # caller's RNG state back afterwards.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(plan.seed)
+                first = self._resume(resume) if resume is not None else self._start()
+                self._prior_seconds = self.seconds["total"]
+                with progress_bar(plan.total_steps, first, self.progress) as bar:
+                    batches = self.stream.batches(first * plan.grad_accum)
+                    for step in range(first, plan.total_steps):
+                        record = self._step(step, [next(batches) for _ in range(plan.grad_accum)])
+                        self._after_step(step + 1, record, log)
+                        bar.update(1)
+                        loss = record["loss"]
+                        bar.set_postfix(phase=record["phase"], loss="nan" if loss is None else f"{loss:.4g}")
+        finally:
+            log.close()
+            self.model.train(was_training)
+        return self._result(log.path)
+
+    def _after_step(self, done: int, record: dict, log: RunLog) -> None:
+        """Surgery at the end of priming, evaluation, the log line and the checkpoint of step `done`."""
+        plan = self.plan
+        if done == plan.priming_steps:
+            record["trainable_parameters"] = self._reconfigure(done)
+        if self.eval_fn is not None and (done == plan.total_steps or (plan.eval_every and done % plan.eval_every == 0)):
+            record["eval"] = self._evaluate(done)
+        self._tick()
+        record.update(elapsed=round(self.seconds["total"], 3), peak_rss_bytes=peak_rss_bytes())
+        if done % plan.log_every == 0 or done == plan.total_steps or record.keys() & {"eval", "trainable_parameters"}:
+            log.write(record)
+        if self._checkpoint_due(done):
+            state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
+            self.checkpoint = save_checkpoint(
+                self.output_dir, done, self.model, self.optimizer, self.scheduler, state, keep=plan.keep_checkpoints
+            )
+
+    def _tick(self) -> None:
+        self.seconds["total"] = self._prior_seconds + time.perf_counter() - self._started
+
+    # ---- phases -------------------------------------------------------------------------------
+
+    def _start(self) -> int:
+        plan, model, t = self.plan, self.model, time.perf_counter()
+        if plan.retention is None:
+            if plan.freeze_ffn:
+                freeze_ffns(model, self.spec)
+            if plan.freeze_embeddings:
+                for module in model.modules():
+                    if isinstance(module, nn.Embedding):
+                        module.weight.requires_grad_(False)
+        elif plan.priming_steps:
+            self.primer = Primer(model, self.spec)  # snapshot of the FFNs before priming moves them
+        else:  # random selection: no scores needed
+            self._surgery(None)
+        self._build(0)
+        self.seconds["priming"] += time.perf_counter() - t
+        return 0
+
+    def _resume(self, checkpoint: Checkpoint) -> int:
+        load_model_state(self.model, checkpoint, self.spec)
+        self._build(checkpoint.step)
+        load_training_state(checkpoint, self.optimizer, self.scheduler)
+        self.seconds.update(checkpoint.trainer_state["seconds"])
+        self.metrics = dict(checkpoint.trainer_state.get("metrics", {}))
+        return checkpoint.step
+
+    def _surgery(self, scores: dict[str, Tensor] | None) -> None:
+        plan = self.plan
+        reconfigure(
+            self.model,
+            plan.retention,
+            scores=scores,
+            selection=plan.selection,
+            seed=plan.seed,
+            freeze_embeddings=plan.freeze_embeddings,
+            spec=self.spec,
+        )
+
+    def _reconfigure(self, step: int) -> int:
+        """End of priming: select learners from the priming scores, split the FFNs, rebuild the optimizer.
+
+        Priming's weight changes are kept. Every optimizer state is dropped, the learners' AdamW
+        moments included: the learner tensors are new Parameters with their nodes reordered.
+        """
+        t = time.perf_counter()
+        scores = self.primer.scores()
+        self.primer = self.optimizer = self.scheduler = None  # free the priming state first
+        self._surgery(scores)
+        self._build(step)
+        self.seconds["priming"] += time.perf_counter() - t
+        return sum(p.numel() for _, p in trainable_parameters(self.model))
+
+    def _build(self, step: int) -> None:
+        """The optimizer and scheduler of the phase that takes step `step`."""
+        plan = self.plan
+        name = plan.optimizer_at(step)
+        self.optimizer = build_optimizer(
+            name,
+            self.model,
+            lr=plan.lr_at(step),
+            weight_decay=plan.weight_decay,
+            mezo_eps=plan.mezo_eps,
+            mezo_directions=plan.mezo_directions,
+            seed=derive_seed(plan.seed, step),
+        )
+        self.scheduler = warmup_linear(self.optimizer, plan.total_steps, plan.warmup_steps, offset=step)
+        # MeZO compares two losses of one batch, so no dropout noise between them (as MeZO's own code does).
+        self.model.train(name != "mezo")
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def _step(self, step: int, batches: list[Any]) -> dict:
+        t = time.perf_counter()
+        phase = "priming" if step < self.plan.priming_steps else "training"
+        lr = self.optimizer.param_groups[0]["lr"]
+        batches = [to_device(b, self.device) for b in batches]
+        if isinstance(self.optimizer, MeZO):
+            loss = self.optimizer.step(lambda: self._mean_loss(batches))
+        else:
+            loss = self._first_order_step(batches)
+        self.scheduler.step()
+        self.seconds[phase] += time.perf_counter() - t
+        self.final_loss = loss
+        return {"step": step + 1, "phase": phase, "loss": loss if math.isfinite(loss) else None, "lr": lr}
+
+    def _loss(self, batch: Any) -> Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.plan.bf16):
+            loss = self.loss_fn(self.model, batch)
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
+        return loss.float()
+
+    def _mean_loss(self, batches: list[Any]) -> float:
+        return sum(float(self._loss(b)) for b in batches) / len(batches)
+
+    def _first_order_step(self, batches: list[Any]) -> float:
+        optimizer, n = self.optimizer, len(batches)
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for batch in batches:
+            loss = self._loss(batch)
+            (loss / n).backward()  # gradient accumulation: the mean over the batches of one step
+            total += float(loss.detach()) / n
+        if not math.isfinite(total):
+            optimizer.zero_grad(set_to_none=True)
+            warnings.warn(
+                f"the loss is {total}; this step is skipped and the weights are left as they were",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return total
+        if self.plan.max_grad_norm:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.plan.max_grad_norm)
+        optimizer.step()
+        return total
+
+    # ---- evaluation, checkpoints, result ------------------------------------------------------
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        t, training = time.perf_counter(), self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            metrics = self.eval_fn(self.model)
+        self.model.train(training)
+        if not isinstance(metrics, Mapping) or not all(isinstance(v, (int, float)) for v in metrics.values()):
+            raise TypeError(f"eval_fn must return a dict of metric name -> number, got {metrics!r}")
+        self.metrics = {str(k): float(v) for k, v in metrics.items()}
+        self.history.append({"step": step, **self.metrics})
+        self.seconds["eval"] += time.perf_counter() - t
+        return self.metrics
+
+    def _checkpoint_due(self, done: int) -> bool:
+        plan = self.plan
+        if self.output_dir is None or plan.checkpoint_every is None or done < plan.priming_steps:
+            return False  # during priming there is nothing to resume from without the Primer's snapshot
+        return done == plan.total_steps or done % plan.checkpoint_every == 0
+
+    def _result(self, log_path: Path | None) -> FinetuneResult:
+        self._tick()
+        params = {id(p): p for p in self.model.parameters()}.values()
+        result = FinetuneResult(
+            metrics=self.metrics,
+            steps=self.plan.total_steps,
+            priming_steps=self.plan.priming_steps,
+            priming_seconds=self.seconds["priming"],
+            training_seconds=self.seconds["training"],
+            eval_seconds=self.seconds["eval"],
+            total_seconds=self.seconds["total"],
+            peak_rss_bytes=peak_rss_bytes(),
+            trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
+            total_parameters=sum(p.numel() for p in params),
+            log_path=None if log_path is None else str(log_path),
+            final_loss=self.final_loss,
+            checkpoint=None if self.checkpoint is None else str(self.checkpoint),
+            history=self.history,
+        )
+        if self.output_dir is not None:
+            with atomic_file(self.output_dir / "result.json") as tmp:
+                tmp.write_text(json.dumps(result.to_dict(), indent=1))
+        return result

@@ -1,0 +1,214 @@
+"""`TrainingPlan`: every `far.finetune` option checked, and the step counts worked out, before training."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields
+
+from far.config import SELECTIONS, check_retention
+
+DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
+OPTIMIZERS = tuple(DEFAULT_LR)
+
+# Options that do not change the trajectory: a resumed run may change them.
+_FREE_ON_RESUME = {"eval_every", "checkpoint_every", "keep_checkpoints", "log_every"}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int(name: str, value: object, minimum: int, hint: str = "") -> int:
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}{'; ' + hint if hint else ''}")
+    return int(value)
+
+
+def _float(name: str, value: object, *, low: float, hint: str, strict: bool = False) -> float:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if not ok or (value <= low if strict else value < low):
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}; {hint}")
+    return float(value)
+
+
+def _optimizer_name(name: str, value: object) -> str:
+    if value not in OPTIMIZERS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, OPTIMIZERS))}, got {value!r}")
+    return value
+
+
+def _steps(name: str, value: object, total: int, what: str) -> int:
+    """A fraction in [0, 1) of `total` steps, or a number of steps (int) below `total`."""
+    if _is_int(value):
+        steps = _int(name, value, 0)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 <= value < 1.0:
+        steps = math.ceil(float(value) * total) if value > 0 else 0
+    else:
+        raise ValueError(
+            f"{name} must be a fraction of the steps in [0, 1) or a number of steps (an int), got {value!r}"
+        )
+    if steps and steps >= total:
+        raise ValueError(
+            f"{name}={value!r} means {steps} steps of {what}, but the run has only {total} steps in all; "
+            f"{what} must be shorter than the run: lower {name} or raise epochs / max_steps"
+        )
+    return steps
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """The validated options of one `far.finetune` run, with its step counts resolved.
+
+    Steps count optimizer steps (each over `grad_accum` batches) from the start of priming; the
+    priming steps are the first `priming_steps` of `total_steps`.
+    """
+
+    optimizer: str
+    retention: float | None
+    selection: str
+    priming_optimizer: str | None  # None: no priming phase
+    freeze_embeddings: bool
+    freeze_ffn: bool
+    n_examples: int
+    batch_size: int
+    grad_accum: int
+    total_steps: int
+    priming_steps: int
+    warmup_steps: int
+    lr: float
+    priming_lr: float | None
+    weight_decay: float
+    max_grad_norm: float | None
+    bf16: bool
+    seed: int
+    mezo_eps: float
+    mezo_directions: int
+    eval_every: int | None
+    checkpoint_every: int | None
+    keep_checkpoints: int | None
+    log_every: int
+
+    @property
+    def reconfigures(self) -> bool:
+        return self.retention is not None
+
+    def optimizer_at(self, step: int) -> str:
+        """The optimizer that takes step `step` (0-based)."""
+        return self.priming_optimizer if step < self.priming_steps else self.optimizer
+
+    def lr_at(self, step: int) -> float:
+        """The base learning rate (before the schedule's factor) of step `step`."""
+        return self.priming_lr if step < self.priming_steps else self.lr
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def mismatches(self, saved: dict) -> list[str]:
+        """The options that would make a run resumed from a checkpoint of `saved` diverge from it."""
+        return [
+            f"{f.name}: saved {saved.get(f.name)!r}, now {getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name not in _FREE_ON_RESUME and saved.get(f.name) != getattr(self, f.name)
+        ]
+
+
+def plan_training(
+    n_examples: int,
+    *,
+    optimizer: str,
+    retention: float | None,
+    selection: str,
+    priming: float | int,
+    priming_optimizer: str,
+    priming_lr: float | None,
+    freeze_embeddings: bool,
+    freeze_ffn: bool,
+    epochs: float,
+    max_steps: int | None,
+    lr: float | None,
+    batch_size: int,
+    warmup: float | int,
+    weight_decay: float,
+    grad_accum: int,
+    max_grad_norm: float | None,
+    bf16: bool,
+    seed: int,
+    mezo_eps: float,
+    mezo_directions: int,
+    eval_every: int | None,
+    checkpoint_every: int | None,
+    keep_checkpoints: int | None,
+    log_every: int,
+) -> TrainingPlan:
+    """Check every option and resolve the step counts; raises ValueError/TypeError naming the bad one."""
+    optimizer = _optimizer_name("optimizer", optimizer)
+    priming_optimizer = _optimizer_name("priming_optimizer", priming_optimizer)
+    if retention is not None:
+        retention = check_retention(retention)
+        if freeze_ffn:
+            raise ValueError(
+                "freeze_ffn=True is the freeze-FFN ablation of full fine-tuning; use it with retention=None"
+            )
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {selection!r}")
+    for name, flag in (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("bf16", bf16)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if not _is_int(seed):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    batch_size = _int("batch_size", batch_size, 1)
+    grad_accum = _int("grad_accum", grad_accum, 1, "the number of batches per optimizer step")
+    if max_steps is not None:
+        total_steps = _int("max_steps", max_steps, 1, "or leave it None to train for `epochs`")
+    else:
+        epochs = _float("epochs", epochs, low=0.0, strict=True, hint="e.g. epochs=3 (or set max_steps)")
+        total_steps = max(1, math.ceil(epochs * math.ceil(n_examples / batch_size) / grad_accum))
+    primes = retention is not None and selection != "random"  # random selection needs no scores
+    priming_steps = _steps("priming", priming, total_steps, "priming") if primes else 0
+    if primes and priming_steps == 0:
+        raise ValueError(
+            f"selection={selection!r} ranks FFN nodes by how much they move during priming, so priming must be "
+            "> 0 (e.g. priming=0.1, a tenth of the steps); or use selection='random'"
+        )
+    hint = "it must be > 0, e.g. 5e-5 for AdamW or 1e-6 for MeZO (None picks the optimizer's default)"
+    lr = DEFAULT_LR[optimizer] if lr is None else _float("lr", lr, low=0.0, strict=True, hint=hint)
+    if priming_steps:
+        default = lr if priming_optimizer == optimizer else DEFAULT_LR[priming_optimizer]
+        priming_lr = (
+            default if priming_lr is None else _float("priming_lr", priming_lr, low=0.0, strict=True, hint=hint)
+        )
+    else:
+        priming_optimizer = priming_lr = None
+    if max_grad_norm is not None:
+        max_grad_norm = (
+            _float("max_grad_norm", max_grad_norm, low=0.0, hint="or None (0 also turns clipping off)") or None
+        )
+    return TrainingPlan(
+        optimizer=optimizer,
+        retention=retention,
+        selection=selection,
+        priming_optimizer=priming_optimizer,
+        freeze_embeddings=freeze_embeddings,
+        freeze_ffn=freeze_ffn,
+        n_examples=n_examples,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        total_steps=total_steps,
+        priming_steps=priming_steps,
+        warmup_steps=_steps("warmup", warmup, total_steps, "warmup"),
+        lr=lr,
+        priming_lr=priming_lr,
+        weight_decay=_float("weight_decay", weight_decay, low=0.0, hint="e.g. 0.0 or 0.01"),
+        max_grad_norm=max_grad_norm,
+        bf16=bf16,
+        seed=int(seed),
+        mezo_eps=_float("mezo_eps", mezo_eps, low=0.0, strict=True, hint="the MeZO perturbation scale, e.g. 1e-3"),
+        mezo_directions=_int("mezo_directions", mezo_directions, 1),
+        eval_every=None if eval_every is None else _int("eval_every", eval_every, 1, "or None"),
+        checkpoint_every=None if checkpoint_every is None else _int("checkpoint_every", checkpoint_every, 1, "or None"),
+        keep_checkpoints=None
+        if keep_checkpoints is None
+        else _int("keep_checkpoints", keep_checkpoints, 1, "or None to keep all"),
+        log_every=_int("log_every", log_every, 1),
+    )

@@ -1,0 +1,44 @@
+"""`FinetuneResult`: what a `far.finetune` run reports at its end."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    """Final metrics, time and memory of one `far.finetune` run.
+
+    Times are wall-clock seconds, summed over the runs of a resumed training. `priming_seconds`
+    includes the surgery; `training_seconds` is the steps after it; neither includes evaluation
+    (`eval_seconds`) or checkpoint writing (only in `total_seconds`).
+
+    Attributes:
+        metrics: The last evaluation's metrics (empty without an `eval_fn`).
+        steps: Optimizer steps of the run, priming included.
+        priming_steps: Of those, the priming steps (0 without priming).
+        priming_seconds / training_seconds / eval_seconds / total_seconds: See above.
+        peak_rss_bytes: Peak resident memory of the process (its whole life, not only this call).
+        trainable_parameters / total_parameters: After surgery; tied weights count once.
+        log_path: The JSON-lines log, or None without an `output_dir`.
+        final_loss: The loss of the last step.
+        checkpoint: The last checkpoint written, or None.
+    """
+
+    metrics: dict[str, float]
+    steps: int
+    priming_steps: int
+    priming_seconds: float
+    training_seconds: float
+    eval_seconds: float
+    total_seconds: float
+    peak_rss_bytes: int
+    trainable_parameters: int
+    total_parameters: int
+    log_path: str | None = None
+    final_loss: float | None = None
+    checkpoint: str | None = None
+    history: list[dict] = field(default_factory=list, repr=False)  # every eval: {"step": s, **metrics}
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,78 @@
+"""Launched by tests/test_ddp.py under torchrun: a reconfigured tiny model trained with PyTorch DDP (gloo, CPU).
+
+Each rank trains on its own batches and its own dropout masks; DDP averages the gradients, so the
+replicas must stay identical, and the frozen tensors (which DDP does not even see) must not move.
+Rank 0 writes a JSON report to the path given as the only argument; the exit code is 0 iff it all held.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+import far
+
+
+def main(report_path: str) -> int:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = AutoConfig.for_model(
+        "bert",
+        num_labels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+        vocab_size=97,
+    )
+    torch.manual_seed(0)  # the same initial model on every rank
+    model = AutoModelForSequenceClassification.from_config(config)
+    far.reconfigure(model, retention=0.4, selection="random", seed=0)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    learners = {n: p.detach().clone() for n, p in model.named_parameters() if "learner" in n}
+
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    data = torch.Generator().manual_seed(100 + rank)  # each rank its own data ...
+    torch.manual_seed(1 + rank)  # ... and its own dropout
+    model.train()
+    losses = []
+    for _ in range(4):
+        ids = torch.randint(3, 97, (4, 8), generator=data)
+        labels = torch.randint(0, 3, (4,), generator=data)
+        loss = ddp(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+
+    flat = torch.cat(
+        [p.detach().flatten() for p in model.parameters()] + [b.flatten().float() for b in model.buffers()]
+    )
+    replicas = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(replicas, flat)
+    all_losses = [None] * world
+    dist.all_gather_object(all_losses, losses)
+    report = {
+        "world_size": world,
+        "replicas_identical": all(torch.equal(replicas[0], r) for r in replicas),
+        "frozen_unchanged": all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen),
+        "learners_moved": all(not torch.equal(p, learners[n]) for n, p in model.named_parameters() if n in learners),
+        "ranks_saw_different_losses": all_losses[0] != all_losses[1],
+        "n_frozen": len(frozen),
+        "n_learner_tensors": len(learners),
+    }
+    if rank == 0:
+        with open(report_path, "w") as f:
+            json.dump(report, f)
+    dist.destroy_process_group()
+    return 0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,223 @@
+"""far.MeZO: exact perturb/restore, sparse updates after FAR, the SPSA update, resume, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_batch, tiny_model
+from torch import nn
+
+import far
+from far.training.scratch import CHUNK, scratch_for
+from far.training.seeds import derive_seed
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: _bits(p) for n, p in model.named_parameters()}
+
+
+def _assert_bit_identical(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+    for n, p in model.named_parameters():
+        assert torch.equal(_bits(p), before[n]), f"{n} changed"
+
+
+def _awkward_model() -> nn.Module:
+    """Weights of every magnitude (tiny ones lose bits when εz is added), ±0, a tensor of several
+    chunks, and a bf16 tensor."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    spread = torch.randn(CHUNK + 1000) * torch.logspace(-9, 3, CHUNK + 1000)
+    spread[:4] = torch.tensor([0.0, -0.0, 1.0, -(2.0**-126)])
+    model.big = nn.Parameter(spread)
+    model.brain = nn.Parameter(torch.randn(300, 7).to(torch.bfloat16))
+    model.small = nn.Parameter(torch.randn(5, 3) * 1e-4)
+    return model
+
+
+def test_perturb_and_restore_is_bit_exact():
+    model = _awkward_model()
+    before = _snapshot(model)
+    optimizer = far.MeZO(model.parameters(), lr=1e-3, eps=1e-3)
+    params, eps = optimizer._trainable(), 1e-3
+    seed = derive_seed(0, 0, 0)
+    optimizer._scratch = scratch_for([p for p, _ in params], {})
+    with torch.no_grad():
+        optimizer._move(params, seed, eps, 0, 1)
+        moved = (model.big.detach() - before["big"].view(torch.float32)).abs()
+        assert moved.max() > 0  # it did perturb
+        optimizer._move(params, seed, eps, 1, -1)
+        optimizer._move(params, seed, eps, -1, 0)
+    _assert_bit_identical(model, before)
+    assert not optimizer._saved  # nothing left over
+
+
+def test_closure_sees_plus_then_minus_perturbation_and_weights_come_back():
+    model = _awkward_model()
+    before = _snapshot(model)
+    seen = []
+
+    def closure():
+        assert not torch.is_grad_enabled()
+        seen.append(model.small.detach().clone())
+        return float("nan") if len(seen) == 2 else 1.0  # a NaN at θ − εz: the step is skipped
+
+    optimizer = far.MeZO(model.parameters(), lr=1e-3, eps=1e-3)
+    with pytest.warns(RuntimeWarning, match="skipped and the weights are left exactly"):
+        loss = optimizer.step(closure)
+    assert math.isnan(loss) and len(seen) == 2
+    theta = before["small"].view(torch.float32)
+    plus, minus = seen[0] - theta, seen[1] - theta
+    assert torch.allclose(plus, -minus, atol=1e-9) and plus.abs().max() > 1e-5
+    _assert_bit_identical(model, before)
+    assert optimizer.steps_taken == 1 and optimizer.steps_skipped == 1
+
+
+def test_nan_at_plus_skips_without_the_minus_pass():
+    model = _awkward_model()
+    before = _snapshot(model)
+    calls = []
+    optimizer = far.MeZO(model.parameters(), lr=1.0)
+    with pytest.warns(RuntimeWarning, match="the loss is inf"):
+        optimizer.step(lambda: calls.append(1) or float("inf"))
+    assert len(calls) == 1
+    _assert_bit_identical(model, before)
+
+
+def test_closure_that_raises_leaves_weights_exact():
+    model = _awkward_model()
+    before = _snapshot(model)
+    optimizer = far.MeZO(model.parameters())
+
+    def closure():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        optimizer.step(closure)
+    _assert_bit_identical(model, before)
+
+
+def test_update_is_theta_minus_lr_g_z_with_directions_averaged():
+    w0 = torch.randn(4, 3, generator=torch.Generator().manual_seed(3))
+    target = torch.randn(4, 3, generator=torch.Generator().manual_seed(4))
+    param = nn.Parameter(w0.clone())
+    lr, eps, seed = 0.1, 1e-3, 7
+    optimizer = far.MeZO([param], lr=lr, eps=eps, n_directions=2, seed=seed)
+    loss = lambda: ((param - target) ** 2).sum()  # noqa: E731
+    optimizer.step(loss)
+    expected = w0.clone()
+    for k in range(2):
+        z = torch.empty(4, 3).normal_(generator=torch.Generator().manual_seed(derive_seed(seed, 0, k)))
+        g = (((w0 + eps * z - target) ** 2).sum() - ((w0 - eps * z - target) ** 2).sum()) / (2 * eps)
+        expected -= lr * g * z / 2
+    assert torch.allclose(param.detach(), expected, atol=1e-5)
+
+
+def test_weight_decay_skips_1d_tensors():
+    layer = nn.Linear(4, 3)
+    w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
+    optimizer = far.MeZO(layer.parameters(), lr=0.1, weight_decay=0.5)
+    optimizer.step(lambda: 1.0)  # a flat loss: g = 0, only the decay moves the weights
+    assert torch.equal(layer.weight.detach(), w * (1 - 0.1 * 0.5))
+    assert torch.equal(layer.bias.detach(), b)
+
+
+def test_sparse_mezo_after_far_leaves_frozen_weights_bit_identical():
+    model = far.reconfigure(tiny_model("bert"), retention=0.3, selection="random")
+    before = _snapshot(model)
+    batch = tiny_batch()
+    labels = torch.tensor([0, 1, 2])
+    optimizer = far.MeZO(model.parameters(), lr=1e-2, eps=1e-3)  # frozen tensors handed in too: skipped
+    for _ in range(25):
+        optimizer.step(lambda: model(**batch, labels=labels).loss)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert not torch.equal(_bits(p), before[name]), f"trainable {name} did not move"
+        else:
+            assert torch.equal(_bits(p), before[name]), f"frozen {name} moved"
+        assert p.grad is None
+    assert any(not p.requires_grad for p in model.parameters())
+
+
+def test_loss_falls_on_a_learnable_task():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=generator)
+    y = x @ torch.randn(8, 1, generator=generator)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = far.MeZO(model.parameters(), lr=0.02, eps=1e-3, n_directions=4)
+    losses = [optimizer.step(lambda: nn.functional.mse_loss(model(x), y)) for _ in range(300)]
+    assert sum(losses[-20:]) / 20 < 0.1 * sum(losses[:20]) / 20
+
+
+def test_state_dict_resumes_exactly():
+    batch, labels = tiny_batch(), torch.tensor([0, 1, 2])
+
+    def run(model, optimizer, steps):
+        for _ in range(steps):
+            optimizer.step(lambda: model(**batch, labels=labels).loss)
+
+    model = tiny_model("bert")
+    optimizer = far.MeZO(model.parameters(), lr=1e-2, seed=5, weight_decay=0.01)
+    run(model, optimizer, 6)
+
+    first = tiny_model("bert")
+    first_opt = far.MeZO(first.parameters(), lr=1e-2, seed=5, weight_decay=0.01)
+    run(first, first_opt, 3)
+    state, weights = first_opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
+    second = tiny_model("bert", seed=9)
+    second.load_state_dict(weights)
+    second_opt = far.MeZO(second.parameters(), lr=1.0, seed=0, weight_decay=0.01)
+    second_opt.load_state_dict(state)
+    assert second_opt.param_groups[0]["lr"] == 1e-2 and second_opt.seed == 5 and second_opt.steps_taken == 3
+    run(second, second_opt, 3)
+    for (n, a), b in zip(model.state_dict().items(), second.state_dict().values(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_global_rng_is_untouched():
+    model = nn.Linear(3, 2)
+    state = torch.get_rng_state()
+    far.MeZO(model.parameters(), lr=0.1).step(lambda: model(torch.ones(1, 3)).sum())
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(lr=0.0), ValueError, "lr must be finite and > 0"),
+        (dict(lr=-1e-6), ValueError, "lr must be finite and > 0"),
+        (dict(eps=0.0), ValueError, "eps must be finite and > 0"),
+        (dict(eps=float("nan")), TypeError, "eps must be a number"),
+        (dict(weight_decay=-0.1), ValueError, "weight_decay must be finite and >= 0"),
+        (dict(n_directions=0), ValueError, "n_directions must be an int >= 1"),
+        (dict(seed=1.5), TypeError, "seed must be an int"),
+    ],
+)
+def test_bad_hyperparameters_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        far.MeZO(nn.Linear(2, 2).parameters(), **kwargs)
+
+
+def test_bad_use_is_refused_clearly():
+    layer = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="needs a closure"):
+        far.MeZO(layer.parameters()).step()
+    with pytest.raises(ValueError, match="share one eps"):
+        far.MeZO([{"params": [layer.weight], "eps": 1e-3}, {"params": [layer.bias], "eps": 1e-2}]).step(lambda: 0.0)
+    with pytest.raises(ValueError, match="lr must be finite"):
+        far.MeZO([{"params": [layer.weight], "lr": -1.0}])
+    with pytest.raises(ValueError, match="scalar loss"):
+        far.MeZO(layer.parameters()).step(lambda: torch.ones(2))
+    layer.requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameter with requires_grad=True"):
+        far.MeZO(layer.parameters()).step(lambda: 0.0)
+    with pytest.raises(ValueError, match="not a MeZO state dict"):
+        far.MeZO(nn.Linear(2, 2).parameters()).load_state_dict(
+            torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1).state_dict()
+        )
