@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         method_args(method)  # an unknown name fails now, not hours into the grid
 
     records = {}
+    command = "python experiments/replicate_far.py " + " ".join(sys.argv[1:] if argv is None else argv)
     for task in args.tasks:
         seeds = args.seeds if task == "cola" else args.seeds_other_tasks
         for seed in seeds:
@@ -146,13 +147,16 @@ def main(argv: list[str] | None = None) -> None:
                 records[(task, method, seed)] = run_one(
                     task, method, seed, args.output / "runs", args.extra, args.quick
                 )
+                write_summary(records, args.output, command)  # after every run: a stopped grid keeps its results
+
+
+def write_summary(records: dict, output: Path, command: str) -> None:
     summary = summarize(records)
-    command = "python experiments/replicate_far.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "replication.json").write_text(json.dumps({"command": command, "summary": summary}, indent=2) + "\n")
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "replication.json").write_text(json.dumps({"command": command, "summary": summary}, indent=2) + "\n")
     table = markdown(summary)
-    (args.output / "replication.md").write_text(f"`{command}`\n\n{table}\n")
-    print(table)
+    (output / "replication.md").write_text(f"`{command}`\n\n{table}\n")
+    print(table, flush=True)
 
 
 if __name__ == "__main__":

