@@ -1,0 +1,67 @@
+"""Helpers of the notebooks in notebooks/: where data and committed results are, and the figures drawn from them.
+
+matplotlib is a dev extra: it is imported when a figure is drawn, not with this package. Costly
+numbers are never computed here: they come from the experiments/ scripts' result files, and a
+missing file is an error that names the command that writes it.
+
+    >>> from far import plotting
+    >>> summary = plotting.load_result("replication/replication.json")["summary"]
+    >>> setting = plotting.run_setting(plotting.result_path("replication"), "cola")
+    >>> fig = plotting.plot_methods(summary["cola"], "cola", setting)
+"""
+
+from far.plotting.figures import (
+    delta_share,
+    plot_concentration,
+    plot_eval_history,
+    plot_loss_curves,
+    plot_memory,
+    plot_methods,
+    plot_node_deltas,
+    plot_retention_sweep,
+    plot_step_benchmark,
+    running_mean,
+)
+from far.plotting.results import (
+    DATA_ENV,
+    QUICK_ENV,
+    RESULT_SOURCES,
+    RESULTS_ENV,
+    MissingResultError,
+    data_dir,
+    load_result,
+    metric_name,
+    quick_mode,
+    read_run_log,
+    repo_root,
+    result_path,
+    results_dir,
+    run_setting,
+)
+
+__all__ = [
+    "DATA_ENV",
+    "QUICK_ENV",
+    "RESULTS_ENV",
+    "RESULT_SOURCES",
+    "MissingResultError",
+    "data_dir",
+    "delta_share",
+    "load_result",
+    "metric_name",
+    "plot_concentration",
+    "plot_eval_history",
+    "plot_loss_curves",
+    "plot_memory",
+    "plot_methods",
+    "plot_node_deltas",
+    "plot_retention_sweep",
+    "plot_step_benchmark",
+    "quick_mode",
+    "read_run_log",
+    "repo_root",
+    "result_path",
+    "results_dir",
+    "run_setting",
+    "running_mean",
+]

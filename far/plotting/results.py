@@ -1,0 +1,147 @@
+"""Where the notebooks find data and the experiments' committed results, and what the runs' settings were.
+
+Costly numbers are never computed for a notebook: they come from the experiments/ scripts' result
+files, and a missing file is an error that names the command that writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from far.metrics.glue import GLUE_METRICS
+
+QUICK_ENV = "FAR_NOTEBOOK_QUICK"  # "1": the notebooks shrink steps and samples (CI)
+RESULTS_ENV = "FAR_RESULTS_DIR"  # another results folder (default: <repo>/experiments/results)
+DATA_ENV = "FAR_DATA_DIR"
+
+_RETENTIONS = [f"{r / 10:.1f}" for r in range(1, 11)]  # the sweep: 0.1 ... 1.0
+# Result file (relative to the results folder) -> the command, run from the repository root, that writes it.
+RESULT_SOURCES: dict[str, str] = {
+    "replication/replication.json": "python experiments/replicate_far.py",
+    "sweep/replication.json": (
+        # full first: the summary's deltas to full need it
+        "python experiments/replicate_far.py --tasks cola --seeds 0 --methods full "
+        + " ".join(f"far-r{r}" for r in _RETENTIONS)
+        + " --output experiments/results/sweep"
+    ),
+    "bench_sweep.json": (
+        "python experiments/bench_step.py --configs "
+        + " ".join(f"far-{r}" for r in _RETENTIONS)
+        + " --shapes 32x64 --precisions fp32 --output experiments/results/bench_sweep"
+    ),
+    "bench_step.json": "python experiments/bench_step.py",
+    "memory_minilm.json": "python experiments/bench_memory.py",
+    "llm_memory.json": "python experiments/bench_llm_memory.py",
+    "llm_sst2.json": "python experiments/llm_sst2.py --eval-every 25",
+}
+MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M"}
+
+
+class MissingResultError(FileNotFoundError):
+    """A committed result file a notebook reads is missing; the message names the script that writes it."""
+
+
+def quick_mode() -> bool:
+    """True when $FAR_NOTEBOOK_QUICK asks for the shrunk run (CI): "1", "true", "yes" or "on"."""
+    return os.environ.get(QUICK_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def repo_root(start: str | os.PathLike | None = None) -> Path:
+    """The repository root: the first folder from `start` (default: the working directory) upwards that
+    holds pyproject.toml, far/ and experiments/; else the checkout this module was imported from.
+
+    Raises:
+        FileNotFoundError: neither is a far checkout (an installed far has no experiments/).
+    """
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents, Path(__file__).resolve().parents[2]):
+        if all((folder / p).exists() for p in ("pyproject.toml", "far", "experiments")):
+            return folder
+    raise FileNotFoundError(
+        f"no far repository found from {here} upwards; run the notebooks from the notebooks/ folder of a far checkout"
+    )
+
+
+def _path_from_env(name: str, default: str) -> Path:
+    # A relative path (in the variable or the default) is relative to the repository root: the
+    # notebooks run with cwd notebooks/.
+    path = Path(os.environ.get(name) or default).expanduser()
+    return path if path.is_absolute() else (repo_root() / path).resolve()
+
+
+def data_dir() -> Path:
+    """GLUE/SQuAD data: $FAR_DATA_DIR (relative to the repo root), default `<repo>/../shared/data`.
+
+    Raises:
+        FileNotFoundError: the folder does not exist.
+    """
+    path = _path_from_env(DATA_ENV, "../shared/data")
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"data folder {path} does not exist; set ${DATA_ENV} to the folder holding glue/<Task>/ and squad/"
+        )
+    return path
+
+
+def results_dir() -> Path:
+    """The experiments' results: $FAR_RESULTS_DIR (relative to the repo root), default `<repo>/experiments/results`."""
+    return _path_from_env(RESULTS_ENV, "experiments/results")
+
+
+def result_path(name: str) -> Path:
+    return results_dir() / name
+
+
+def load_result(name: str, *, required: bool = True) -> dict | None:
+    """Read a result file of the experiments, e.g. "replication/replication.json".
+
+    Args:
+        name: Path relative to the results folder (keys of `RESULT_SOURCES` are the known ones).
+        required: Raise when it is missing; else return None.
+
+    Raises:
+        MissingResultError: the file is missing (the message gives the command that writes it).
+    """
+    path = result_path(name)
+    if not path.is_file():
+        if not required:
+            return None
+        command = RESULT_SOURCES.get(name, "the experiments/ script that writes it")
+        raise MissingResultError(
+            f"{path} does not exist. It is written by `{command}` (run from the repository root); "
+            "the notebooks plot committed results and never invent them"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_run_log(path: str | os.PathLike) -> list[dict]:
+    """The per-step records of `far.finetune`'s log.jsonl (step, phase, loss, lr, elapsed, ...)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def metric_name(task: str) -> str:
+    """The headline metric of a task, as replicate_far.py reports it."""
+    if task == "squad":
+        return "f1"
+    if task not in GLUE_METRICS:
+        raise ValueError(f"unknown task {task!r}; one of {', '.join(GLUE_METRICS)} or squad")
+    return GLUE_METRICS[task][0]
+
+
+def run_setting(folder: str | os.PathLike, task: str) -> str:
+    """Model, batch, steps, length and precision of a task's runs in `<folder>/runs/`, for figure titles."""
+    records = sorted(Path(folder, "runs").glob(f"{task}-*-s*/metrics.json"))
+    if not records:
+        raise MissingResultError(f"no runs of {task} in {Path(folder, 'runs')}: replicate_far.py writes them")
+    preferred = [p for p in records if p.parent.name.startswith(f"{task}-full-")] or records
+    record = json.loads(preferred[0].read_text(encoding="utf-8"))
+    hp = record.get("hyperparameters", {})
+    model = MODEL_NAMES.get(record.get("model"), record.get("model", "?"))
+    precision = "bf16" if hp.get("bf16") else "fp32"
+    return (
+        f"{model}, {task}, batch {hp.get('batch_size', '?')}, {record.get('steps', '?')} steps, "
+        f"max length {hp.get('max_length', '?')}, {precision}"
+    )
