@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from far.plotting.results import MODEL_NAMES, metric_name
+from far.plotting.results import MODEL_NAMES, metric_name, metric_scale
 
 METHOD_ORDER = ("full", "far", "random", "freeze-ffn")
 METRIC_LABELS = {
@@ -110,6 +110,17 @@ def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
     return fig
 
 
+def _metric_axis(task: str) -> tuple[float, str]:
+    """(scale, axis label) of a task's headline metric in points."""
+    name = metric_name(task)
+    scale = metric_scale(task)
+    return scale, f"{METRIC_LABELS.get(name, name)}{' × 100' if scale == 100 else ''} (dev, points)"
+
+
+def _num(value: float | None) -> float:
+    return float("nan") if value is None else float(value)  # replicate_far writes NaN metrics as null
+
+
 def _ordered(methods: Sequence[str]) -> list[str]:
     return [m for m in METHOD_ORDER if m in methods] + [m for m in methods if m not in METHOD_ORDER]
 
@@ -127,19 +138,18 @@ def plot_methods(task_summary: Mapping[str, Mapping], task: str, setting: str):
         raise ValueError(f"no methods for {task}; is replication.json's summary[{task!r}] empty?")
     methods = _ordered(list(task_summary))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    panels = (
-        ("metric", 100, f"{METRIC_LABELS.get(metric_name(task), metric_name(task))} × 100 (dev)"),
-        ("train_seconds", 1, "training wall time (s, priming + training)"),
-    )
+    panels = (("metric", *_metric_axis(task)), ("train_seconds", 1, "training wall time (s, priming + training)"))
     x = np.arange(len(methods))
     for ax, (key, scale, label) in zip(axes, panels, strict=True):
         stats = [task_summary[m][key] for m in methods]
-        means = [scale * s["mean"] for s in stats]
-        ax.bar(x, means, yerr=[scale * s["std"] for s in stats], capsize=5, color=[f"C{i}" for i in x], alpha=0.8)
+        means = [scale * _num(s["mean"]) for s in stats]
+        stds = [scale * _num(s["std"]) for s in stats]
+        ax.bar(x, means, yerr=stds, capsize=5, color=[f"C{i}" for i in x], alpha=0.8)
         for i, s in enumerate(stats):
             values = [scale * v for v in s.get("values", []) if v is not None]
             ax.plot([i] * len(values), values, "k.", markersize=6, zorder=3)
-        ax.set_xticks(x, [f"{m}\n(n={task_summary[m][key]['n']})" for m in methods])
+        ticks = [f"{m}\n(n={task_summary[m][key]['n']})" for m in methods]
+        ax.set_xticks(x, ticks, rotation=0 if len(methods) <= 4 else 30, ha="center" if len(methods) <= 4 else "right")
         ax.set(ylabel=label, xlabel="method (n = seeds; error bars: std over seeds)")
         ax.axhline(0, color="black", linewidth=0.6)
     axes[0].set_title("task metric")
@@ -164,15 +174,14 @@ def plot_retention_sweep(task_summary: Mapping[str, Mapping], task: str, bench_c
         raise ValueError(f"no far-r<R> methods in the {task} sweep; methods are {sorted(task_summary)}")
     fig, axes = plt.subplots(1, 2 if bench_cell else 1, figsize=(12 if bench_cell else 6.5, 4), squeeze=False)
     ax = axes[0, 0]
+    scale, label = _metric_axis(task)
     retentions = [r for r, _ in sweep]
-    means, stds = ([100 * row["metric"][k] for _, row in sweep] for k in ("mean", "std"))
+    means, stds = ([scale * _num(row["metric"][k]) for _, row in sweep] for k in ("mean", "std"))
     ax.errorbar(retentions, means, yerr=stds, marker="o", capsize=4, label="FAR")
     if "full" in task_summary:
-        ax.axhline(
-            100 * task_summary["full"]["metric"]["mean"], color="black", linestyle="--", label="full fine-tuning"
-        )
-    ax.set(xlabel="retention (fraction of FFN nodes trained)", title=f"{task}: dev metric vs retention")
-    ax.set_ylabel(f"{METRIC_LABELS.get(metric_name(task), metric_name(task))} × 100 (dev)")
+        full = scale * _num(task_summary["full"]["metric"]["mean"])
+        ax.axhline(full, color="black", linestyle="--", label="full fine-tuning")
+    ax.set(xlabel="retention (fraction of FFN nodes trained)", ylabel=label, title=f"{task}: dev metric vs retention")
     ax.legend()
     if bench_cell:
         ax = axes[0, 1]

@@ -131,6 +131,12 @@ def metric_name(task: str) -> str:
     return GLUE_METRICS[task][0]
 
 
+def metric_scale(task: str) -> float:
+    """Factor that puts a task's headline metric in points (0-100): GLUE's are fractions, SQuAD's F1 is in points."""
+    metric_name(task)  # an unknown task is an error
+    return 1.0 if task == "squad" else 100.0
+
+
 def run_setting(folder: str | os.PathLike, task: str) -> str:
     """Model, batch, steps, length and precision of a task's runs in `<folder>/runs/`, for figure titles."""
     records = sorted(Path(folder, "runs").glob(f"{task}-*-s*/metrics.json"))
