@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         start, cpu = time.perf_counter(), children_cpu_seconds()
         try:
             nb = execute(path, args.timeout)
-        except CellExecutionError as e:
-            print(f"{path.name} FAILED, left unchanged:\n{str(e)[-3000:]}", file=sys.stderr, flush=True)
+        except CellExecutionError as e:  # e.evalue is the notebook's own message (e.g. which script to run)
+            print(f"{path.name} FAILED, left unchanged: {e.ename}: {e.evalue}", file=sys.stderr, flush=True)
             failed.append(path.name)
             continue
         times[path.name] = (time.perf_counter() - start, children_cpu_seconds() - cpu)

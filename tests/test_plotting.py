@@ -183,6 +183,11 @@ def test_loss_and_memory_figures():
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["MeZO", "FAR", "zero-shot"]
     with pytest.raises(ValueError, match="no runs to plot"):
         plotting.plot_eval_history({}, "accuracy", "x")
+    once = {"MeZO": [{"step": 80, "accuracy": 0.48}], "FAR": [{"step": 80, "accuracy": 0.64}]}
+    fig = plotting.plot_eval_history(once, "accuracy", "once", baselines={"zero-shot": 0.52})  # bars, not lines
+    assert_labelled(fig, "once")
+    assert [bar.get_height() for bar in fig.axes[0].patches] == [0.52, 0.48, 0.64]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["zero-shot", "MeZO\n(step 80)", "FAR\n(step 80)"]
 
     cases = [
         {"case": "inference", "peak_rss_bytes": 100 * 2**20, "loaded_rss_bytes": 50 * 2**20},

@@ -277,27 +277,41 @@ def plot_loss_curves(logs: Mapping[str, Sequence[Mapping]], title: str, window: 
 def plot_eval_history(
     histories: Mapping[str, Sequence[Mapping]], metric: str, title: str, baselines: Mapping[str, float] | None = None
 ):
-    """A dev metric against training step for several runs (`FinetuneResult.history`: {"step", metric} points).
+    """A dev metric of several runs (`FinetuneResult.history`: {"step", metric} points) against training step.
+
+    Runs evaluated only once (at their end) are drawn as bars of that value instead, baselines included.
 
     Args:
         histories: {label: [{"step": s, metric: value}, ...]}.
         metric: The key to plot, e.g. "accuracy".
         title: The setting.
-        baselines: {label: value} drawn as horizontal lines (e.g. zero-shot accuracy).
+        baselines: {label: value} for reference (e.g. zero-shot accuracy): lines, or bars.
     """
     plt = _pyplot()
     if not histories:
         raise ValueError("no runs to plot: pass {label: result.history}")
+    runs = {label: [p for p in points if p.get(metric) is not None] for label, points in histories.items()}
+    empty = [label for label, points in runs.items() if not points]
+    if empty:
+        raise ValueError(f"run {empty[0]!r} has no {metric!r} in its history")
+    baselines = dict(baselines or {})
+    ylabel = f"dev {METRIC_LABELS.get(metric, metric)}"
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, (label, points) in enumerate(histories.items()):
-        points = [p for p in points if p.get(metric) is not None]
-        if not points:
-            raise ValueError(f"run {label!r} has no {metric!r} in its history")
-        ax.plot([p["step"] for p in points], [p[metric] for p in points], "o-", color=f"C{i}", label=label)
-    for j, (label, value) in enumerate((baselines or {}).items()):
-        ax.axhline(value, color="black", linestyle=("--", ":", "-.")[j % 3], linewidth=1, label=label)
-    ax.set(xlabel="optimizer step", ylabel=f"dev {METRIC_LABELS.get(metric, metric)}", title=title)
-    ax.legend(fontsize=8)
+    if all(len(points) == 1 for points in runs.values()):
+        values = {**baselines, **{f"{label}\n(step {p[0]['step']})": p[0][metric] for label, p in runs.items()}}
+        x = np.arange(len(values))
+        ax.bar(x, list(values.values()), color=[f"C{i}" for i in x], alpha=0.85)
+        for i, value in enumerate(values.values()):
+            ax.annotate(f"{value:.3f}", (i, value), ha="center", va="bottom", fontsize=9)
+        ax.set_xticks(x, list(values))
+        ax.set(xlabel="run (evaluated at its last step)", ylabel=ylabel, title=title)
+    else:
+        for i, (label, points) in enumerate(runs.items()):
+            ax.plot([p["step"] for p in points], [p[metric] for p in points], "o-", color=f"C{i}", label=label)
+        for j, (label, value) in enumerate(baselines.items()):
+            ax.axhline(value, color="black", linestyle=("--", ":", "-.")[j % 3], linewidth=1, label=label)
+        ax.set(xlabel="optimizer step", ylabel=ylabel, title=title)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -321,7 +335,9 @@ def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, ba
     high = [max(records[n].get("peak_rss_runs", [records[n]["peak_rss_bytes"]])) / MIB for n in names]
     fig, ax = plt.subplots(figsize=(max(6.5, 1.6 * len(names)), 4.2))
     x = np.arange(len(names))
-    ax.bar(x, peaks, yerr=[peaks - low, high - peaks], capsize=5, color=[f"C{i}" for i in x], alpha=0.85)
+    repeats = any("peak_rss_runs" in r for r in records.values())  # min-max bars only where there were repeats
+    yerr = [peaks - low, high - peaks] if repeats else None
+    ax.bar(x, peaks, yerr=yerr, capsize=5, color=[f"C{i}" for i in x], alpha=0.85)
     for i, n in enumerate(names):
         loaded = records[n].get("loaded_rss_bytes")
         if loaded:
