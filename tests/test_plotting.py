@@ -96,6 +96,15 @@ def test_metric_names():
     assert (plotting.metric_scale("stsb"), plotting.metric_scale("squad")) == (100.0, 1.0)  # SQuAD's F1 is in points
 
 
+def test_versus_full_in_points_per_task():
+    row = {"metric_delta_vs_full": -0.0123, "time_saving_vs_full": 0.105, "trainable_parameters": 1234}
+    summary = {"cola": {"full": {"trainable_parameters": 9}, "far": row}, "squad": {"far": {**row, "metric_delta_vs_full": -1.5}}}
+    assert plotting.versus_full(summary) == [
+        "  cola                  far: metric  -1.23 points vs full, time saved vs full +10.5%, 1,234 parameters trained",
+        " squad                  far: metric  -1.50 points vs full, time saved vs full +10.5%, 1,234 parameters trained",
+    ]
+
+
 def test_delta_share_and_running_mean():
     scores = {"layer.0": torch.tensor([8.0, 1.0, 1.0, 0.0, 0.0]), "layer.1": torch.ones(5)}
     shares = plotting.delta_share(scores, 0.4)  # top 2 of 5 nodes

@@ -38,6 +38,7 @@ from far.plotting.results import (
     result_path,
     results_dir,
     run_setting,
+    versus_full,
 )
 
 __all__ = [
@@ -66,4 +67,5 @@ __all__ = [
     "results_dir",
     "run_setting",
     "running_mean",
+    "versus_full",
 ]

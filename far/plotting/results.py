@@ -16,25 +16,33 @@ QUICK_ENV = "FAR_NOTEBOOK_QUICK"  # "1": the notebooks shrink steps and samples 
 RESULTS_ENV = "FAR_RESULTS_DIR"  # another results folder (default: <repo>/experiments/results)
 DATA_ENV = "FAR_DATA_DIR"
 
-_RETENTIONS = [f"{r / 10:.1f}" for r in range(1, 11)]  # the sweep: 0.1 ... 1.0
+_RETENTIONS = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0"]  # the sweep (1 epoch on 3,000 CoLA sentences per point)
 # Result file (relative to the results folder) -> the command, run from the repository root, that writes it.
 RESULT_SOURCES: dict[str, str] = {
-    "replication/replication.json": "python experiments/replicate_far.py",
+    "replication/replication.json": "python experiments/replicate_far.py --tasks cola stsb sst2 squad",
+    "replication/probes.json": (
+        "python experiments/replicate_far.py --tasks cola --seeds 0 --methods full far far+frozen-emb "
+        "far-0.2+frozen-emb far-0.4-priming-0.05 --name probes"
+    ),
     "sweep/replication.json": (
         # full first: the summary's deltas to full need it
         "python experiments/replicate_far.py --tasks cola --seeds 0 --methods full "
         + " ".join(f"far-r{r}" for r in _RETENTIONS)
-        + " --output experiments/results/sweep"
+        + " --output experiments/results/sweep --extra --epochs 1 --max-train-samples 3000"
     ),
     "bench_sweep.json": (
-        "python experiments/bench_step.py --configs "
+        "python experiments/bench_step.py --configs full "
         + " ".join(f"far-{r}" for r in _RETENTIONS)
-        + " --shapes 32x64 --precisions fp32 --output experiments/results/bench_sweep"
+        + " --shapes 32x64 --precisions fp32 --steps 5 --warmup 1 --output experiments/results/bench_sweep"
     ),
     "bench_step.json": "python experiments/bench_step.py",
+    "bench_step_distilbert.json": (
+        "python experiments/bench_step.py --models distilbert --shapes 32x64 --steps 10 --warmup 2 "
+        "--output experiments/results/bench_step_distilbert"
+    ),
     "memory_minilm.json": "python experiments/bench_memory.py",
     "llm_memory.json": "python experiments/bench_llm_memory.py",
-    "llm_sst2.json": "python experiments/llm_sst2.py --eval-every 25",
+    "llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
 }
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M"}
 
@@ -151,3 +159,19 @@ def run_setting(folder: str | os.PathLike, task: str) -> str:
         f"{model}, {task}, batch {hp.get('batch_size', '?')}, {record.get('steps', '?')} steps, "
         f"max length {hp.get('max_length', '?')}, {precision}"
     )
+
+
+def versus_full(summary: dict) -> list[str]:
+    """One line per (task, method) of a replicate_far summary: metric and time against full fine-tuning's."""
+    lines = []
+    for task, methods in summary.items():
+        points = metric_scale(task)
+        for method, row in methods.items():
+            if method == "full" or "metric_delta_vs_full" not in row:
+                continue
+            lines.append(
+                f"{task:>6} {method:>20}: metric {points * row['metric_delta_vs_full']:+6.2f} points vs full, "
+                f"time saved vs full {100 * row['time_saving_vs_full']:+5.1f}%, "
+                f"{row['trainable_parameters']:,} parameters trained"
+            )
+    return lines
