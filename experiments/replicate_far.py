@@ -31,9 +31,9 @@ TASKS: dict[str, dict] = {
     "squad": dict(
         metric="f1",
         points=1,  # SQuAD's F1 is already in points
-        args=["squad", "--max-train-samples", "2000", "--epochs", "1", "--max-length", "256", "--doc-stride", "96",
-              "--lr", "1e-4", "--max-eval-samples", "800"],
-    ),  # fmt: skip
+        args="squad --max-train-samples 2000 --epochs 1 --max-length 256 --doc-stride 96 --lr 1e-4 "
+        "--max-eval-samples 800".split(),
+    ),
 }
 # name -> extra `far` arguments. The first four are the paper's comparison; the rest probe what it
 # takes to reach the paper's 30% time saving.
