@@ -56,13 +56,23 @@ CONFIGS.update(
 )
 
 
+FROZEN_EMB = "+frozen-emb"
+
+
 def build_config(name: str, model: torch.nn.Module) -> torch.nn.Module:
-    """Apply a named configuration; `far-<R>` is FAR at any retention R (for sweeps)."""
+    """Apply a named configuration; `far-<R>` is FAR at any retention R (for sweeps), `far-<R>+frozen-emb` the same
+    with the embeddings frozen too."""
     if name in CONFIGS:
         return CONFIGS[name](model)
-    if name.startswith("far-"):
-        return _far(float(name.removeprefix("far-")))(model)
-    raise ValueError(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, or far-<retention>")
+    try:
+        retention = float(name.removeprefix("far-").removesuffix(FROZEN_EMB)) if name.startswith("far-") else None
+    except ValueError:
+        retention = None
+    if retention is not None:
+        return _far(retention, freeze_embeddings=name.endswith(FROZEN_EMB))(model)
+    raise ValueError(
+        f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, far-<retention> or far-<retention>{FROZEN_EMB}"
+    )
 
 
 def load_model(name: str) -> torch.nn.Module:
@@ -193,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=["minilm"], choices=["minilm", "distilbert"])
     parser.add_argument("--shapes", nargs="+", default=["32x64", "32x128"], help="batch x length, e.g. 32x64")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help=f"of {', '.join(CONFIGS)}, or far-<R>")
+    parser.add_argument(
+        "--configs", nargs="+", default=list(CONFIGS), help=f"of {', '.join(CONFIGS)}, far-<R>, far-<R>{FROZEN_EMB}"
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS, one process per configuration")
