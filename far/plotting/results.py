@@ -22,7 +22,7 @@ RESULT_SOURCES: dict[str, str] = {
     "replication/replication.json": "python experiments/replicate_far.py --tasks cola stsb sst2 squad",
     "replication/probes.json": (
         "python experiments/replicate_far.py --tasks cola --seeds 0 --methods full far far+frozen-emb "
-        "far-0.2+frozen-emb far-0.4-priming-0.05 --name probes"
+        "far-0.2+frozen-emb --name probes"
     ),
     "sweep/replication.json": (
         # full first: the summary's deltas to full need it
@@ -36,6 +36,11 @@ RESULT_SOURCES: dict[str, str] = {
         + " --shapes 32x64 --precisions fp32 --steps 5 --warmup 1 --output experiments/results/bench_sweep"
     ),
     "bench_step.json": "python experiments/bench_step.py",
+    "bench_step_cola_shape.json": (
+        "python experiments/bench_step.py --shapes 32x24 --configs full far-0.4 random-0.4 freeze-ffn "
+        "far-0.4+frozen-emb far-0.2 far-0.2+frozen-emb --steps 10 --warmup 2 "
+        "--output experiments/results/bench_step_cola_shape"
+    ),
     "bench_step_distilbert.json": (
         "python experiments/bench_step.py --models distilbert --shapes 32x64 --steps 10 --warmup 2 "
         "--output experiments/results/bench_step_distilbert"
