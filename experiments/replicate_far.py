@@ -99,10 +99,11 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
         row["total_seconds"].append(record["total_seconds"])
         row["trainable_parameters"] = record["trainable_parameters"]
     for methods in summary.values():
-        full = methods.get("full")
         for row in methods.values():
             for key in ("metric", "train_seconds", "total_seconds"):
                 row[key] = _mean_std(row[key])
+        full = methods.get("full")  # deltas once every row is summarized, whatever the methods' order
+        for row in methods.values():
             if full:
                 row["metric_delta_vs_full"] = row["metric"]["mean"] - full["metric"]["mean"]
                 row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]

@@ -1,0 +1,50 @@
+"""experiments/replicate_far.py's summary: mean ± std over seeds and the comparison with full fine-tuning."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "replicate_far.py"
+
+
+@pytest.fixture(scope="module")
+def replicate_far():
+    spec = importlib.util.spec_from_file_location("replicate_far", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(metric: float, priming: float, training: float, params: int) -> dict:
+    return {
+        "metrics": {"matthews_correlation": metric},
+        "priming_seconds": priming,
+        "training_seconds": training,
+        "total_seconds": priming + training + 5,
+        "trainable_parameters": params,
+    }
+
+
+def test_summary_compares_with_full_whatever_the_order(replicate_far):
+    records = {  # FAR listed before full: the deltas must still use full's mean
+        ("cola", "far", 0): record(0.26, 10, 80, 18),
+        ("cola", "far", 1): record(0.24, 10, 90, 18),
+        ("cola", "full", 0): record(0.25, 0, 100, 22),
+        ("cola", "full", 1): record(0.25, 0, 100, 22),
+    }
+    summary = replicate_far.summarize(records)["cola"]
+    far = summary["far"]
+    assert far["metric"]["mean"] == pytest.approx(0.25)
+    assert far["metric"]["std"] == pytest.approx(0.0141421, rel=1e-4)
+    assert far["train_seconds"]["values"] == [90, 100]  # priming counts as training time
+    assert far["metric_delta_vs_full"] == pytest.approx(0.0)
+    assert far["time_saving_vs_full"] == pytest.approx(0.05)
+    table = replicate_far.markdown({"cola": summary})
+    assert "| cola | matthews_correlation | far | 25.00 ± 1.41 | +0.00 | 95 ± 7 | 5.0% | 2 | 18 |" in table
+
+
+def test_unknown_method_fails_before_any_run(replicate_far):
+    assert replicate_far.method_args("far-r0.3") == ["--method", "far", "--retention", "0.3"]
+    with pytest.raises(ValueError, match="unknown method 'fast'"):
+        replicate_far.method_args("fast")
