@@ -65,7 +65,7 @@ def test_missing_data_dir_says_which_variable(monkeypatch, tmp_path):
 
 def test_missing_result_names_the_script_that_writes_it(monkeypatch, tmp_path):
     monkeypatch.setenv(plotting.RESULTS_ENV, str(tmp_path))
-    with pytest.raises(plotting.MissingResultError, match=r"experiments/replicate_far\.py --tasks cola .*far-r0\.1"):
+    with pytest.raises(plotting.MissingResultError, match=r"experiments/replicate_far\.py --tasks sst2 .*far-r0\.1"):
         plotting.load_result("sweep/replication.json")
     with pytest.raises(FileNotFoundError, match="bench_memory.py"):
         plotting.load_result("memory_minilm.json")

@@ -16,19 +16,15 @@ QUICK_ENV = "FAR_NOTEBOOK_QUICK"  # "1": the notebooks shrink steps and samples 
 RESULTS_ENV = "FAR_RESULTS_DIR"  # another results folder (default: <repo>/experiments/results)
 DATA_ENV = "FAR_DATA_DIR"
 
-_RETENTIONS = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0"]  # the sweep (1 epoch on 3,000 CoLA sentences per point)
+_RETENTIONS = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0"]  # the sweep (SST-2: 1 epoch on 3,000 sentences per point)
 # Result file (relative to the results folder) -> the command, run from the repository root, that writes it.
 RESULT_SOURCES: dict[str, str] = {
-    "replication/replication.json": "python experiments/replicate_far.py --tasks cola stsb sst2 squad",
-    "replication/probes.json": (
-        "python experiments/replicate_far.py --tasks cola --seeds 0 --methods full far far+frozen-emb "
-        "far-0.2+frozen-emb --name probes"
-    ),
+    "replication/replication.json": "python experiments/replicate_far.py --tasks cola stsb sst2",
     "sweep/replication.json": (
         # full first: the summary's deltas to full need it
-        "python experiments/replicate_far.py --tasks cola --seeds 0 --methods full "
+        "python experiments/replicate_far.py --tasks sst2 --methods full "
         + " ".join(f"far-r{r}" for r in _RETENTIONS)
-        + " --output experiments/results/sweep --extra --epochs 1 --max-train-samples 3000"
+        + " --output experiments/results/sweep --extra --max-train-samples 3000"
     ),
     "bench_sweep.json": (
         "python experiments/bench_step.py --configs full "
