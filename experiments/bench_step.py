@@ -1,9 +1,9 @@
 """Step benchmark: time and memory of one training step, FAR against full fine-tuning.
 
 All configurations of one (model, shape, precision) cell are built once and timed interleaved,
-round after round, in this one process, so machine noise hits them alike; each reports the median
-of its timed steps after warm-up. Beside each measured ratio to full fine-tuning stands the
-FLOP-bound ratio (matrix products only, see far.flops). Peak memory comes from separate processes
+round after round (each round in a rotated order), in this one process, so machine noise hits them
+alike; each reports the median of its timed steps after warm-up. Beside each measured ratio to full
+fine-tuning stands the FLOP-bound ratio (matrix products only, see far.flops). Peak memory comes from separate processes
 (one per configuration), since a process's peak RSS cannot be attributed within one process.
 
     python experiments/bench_step.py                     # MiniLM, 32x64 and 32x128, fp32 and bf16
@@ -118,8 +118,12 @@ def time_cell(
         prepared[name] = (model, make_optimizer(model))
     data = make_batch(base, batch, length)
     times: dict[str, list[float]] = {name: [] for name in configs}
+    names = list(prepared)
     for round_ in range(warmup + steps):
-        for name, (model, optimizer) in prepared.items():
+        # Each round starts one configuration later, so that no configuration always runs first or last in a round.
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            model, optimizer = prepared[name]
             start = time.perf_counter()
             train_step(model, optimizer, data, bf16)
             if round_ >= warmup:
