@@ -29,7 +29,7 @@ RESULT_SOURCES: dict[str, str] = {
     "bench_sweep.json": (
         "python experiments/bench_step.py --configs full "
         + " ".join(f"far-{r}" for r in _RETENTIONS)
-        + " --shapes 32x64 --precisions fp32 --steps 5 --warmup 1 --output experiments/results/bench_sweep"
+        + " --shapes 32x64 --precisions fp32 --steps 10 --warmup 2 --output experiments/results/bench_sweep"
     ),
     "bench_step.json": "python experiments/bench_step.py",
     "bench_step_cola_shape.json": (
