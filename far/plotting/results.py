@@ -38,7 +38,7 @@ RESULT_SOURCES: dict[str, str] = {
         "--output experiments/results/bench_step_cola_shape"
     ),
     "bench_step_distilbert.json": (
-        "python experiments/bench_step.py --models distilbert --shapes 32x64 --steps 10 --warmup 2 "
+        "python experiments/bench_step.py --models distilbert --shapes 32x64 --steps 10 --warmup 1 "
         "--output experiments/results/bench_step_distilbert"
     ),
     "memory_minilm.json": "python experiments/bench_memory.py",
