@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from far.atomic import atomic_file
-from far.plotting import QUICK_ENV
+from far.plotting import QUICK_ENV, run_notebook
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -32,20 +31,6 @@ def children_cpu_seconds() -> float:
     """CPU seconds of this process's finished children (the kernels): a load-independent measure of the work."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def execute(path: Path, timeout: int) -> nbformat.NotebookNode:
-    """Run every cell of the notebook at `path` in a fresh python3 kernel (cwd: notebooks/); raise on an error."""
-    nb = nbformat.read(path, as_version=4)
-    # "python3" runs this interpreter: jupyter_client replaces the spec's "python" with sys.executable.
-    client = NotebookClient(
-        nb,
-        kernel_name="python3",
-        timeout=timeout,
-        record_timing=False,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
-    )
-    return client.execute()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {path.name} ({'quick' if args.quick else 'full'} mode)...", flush=True)
         start, cpu = time.perf_counter(), children_cpu_seconds()
         try:
-            nb = execute(path, args.timeout)
+            nb = run_notebook(nbformat.read(path, as_version=4), args.timeout)
         except CellExecutionError as e:  # e.evalue is the notebook's own message (e.g. which script to run)
             print(f"{path.name} FAILED, left unchanged: {e.ename}: {e.evalue}", file=sys.stderr, flush=True)
             failed.append(path.name)

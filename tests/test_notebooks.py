@@ -12,7 +12,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from far import plotting
@@ -22,18 +21,6 @@ NOTEBOOKS = ROOT / "notebooks"
 NAMES = ("01_quickstart.ipynb", "02_far_vs_random.ipynb", "03_mezo_memory.ipynb")
 PLOT = "plot"  # cell tag: the cell draws at least one figure
 RERUN = "run `python experiments/run_notebooks.py` (after the experiments that write its results)"
-
-
-def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookNode:
-    # "python3" is this interpreter: jupyter_client replaces the spec's "python" with sys.executable.
-    client = NotebookClient(
-        nb,
-        kernel_name="python3",
-        timeout=timeout,
-        record_timing=False,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
-    )
-    return client.execute()
 
 
 def code_cells(nb: nbformat.NotebookNode) -> list:
@@ -81,7 +68,7 @@ def test_committed_notebook_holds_a_full_run(name):
 
 
 def test_python3_kernel_is_this_interpreter():
-    nb = execute(new_notebook(cells=[new_code_cell("import sys\nprint(sys.prefix)")]), timeout=120)
+    nb = plotting.run_notebook(new_notebook(cells=[new_code_cell("import sys\nprint(sys.prefix)")]), timeout=120)
     assert stdout(nb).strip() == sys.prefix
 
 
@@ -92,7 +79,9 @@ def test_notebook_runs_in_quick_mode(name, monkeypatch, shared_data):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")
     committed = (NOTEBOOKS / name).read_bytes()
-    nb = execute(nbformat.reads(committed.decode("utf-8"), as_version=4))  # raises CellExecutionError on any error
+    nb = plotting.run_notebook(
+        nbformat.reads(committed.decode("utf-8"), as_version=4), timeout=600
+    )  # raises CellExecutionError on any error
     assert (NOTEBOOKS / name).read_bytes() == committed, "executing must not modify the committed notebook"
     assert "quick mode: True" in stdout(nb)
     assert not plots_without_image(nb), f"{name}: plot cells {plots_without_image(nb)} drew no figure"

@@ -10,6 +10,7 @@ missing file is an error that names the command that writes it.
     >>> fig = plotting.plot_methods(summary["cola"], "cola", setting)
 """
 
+from far.plotting.execution import run_notebook
 from far.plotting.figures import (
     delta_share,
     plot_concentration,
@@ -66,6 +67,7 @@ __all__ = [
     "result_path",
     "results_dir",
     "run_setting",
+    "run_notebook",
     "running_mean",
     "versus_full",
 ]
