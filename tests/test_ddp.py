@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +28,23 @@ def test_ddp_replicas_stay_identical_and_frozen_weights_do_not_move(tmp_path):
         str(report),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    # A session of its own, so that a hang kills torchrun *and* its workers, and what they printed is shown.
+    launcher = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        output, _ = launcher.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate()
+        pytest.fail(f"torchrun still running after 180 s; killed. It printed:\n{output[-4000:]}")
+    assert launcher.returncode == 0, f"torchrun failed:\n{output[-4000:]}"
     result = json.loads(report.read_text())
     assert result["world_size"] == 2
     assert result["ranks_saw_different_losses"]  # different data per rank ...
