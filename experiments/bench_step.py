@@ -129,15 +129,32 @@ def time_cell(
             if round_ >= warmup:
                 times[name].append(time.perf_counter() - start)
     full_flops = step_flops(prepared["full"][0], batch, length).total
-    full_time = statistics.median(times["full"])
-    rows = {}
+    rows = summarize_times(times)
     for name, (model, _) in prepared.items():
-        median = statistics.median(times[name])
+        rows[name]["flop_bound_ratio"] = step_flops(model, batch, length).total / full_flops
+        rows[name]["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return rows
+
+
+def summarize_times(times: dict[str, list[float]]) -> dict[str, dict]:
+    """Per configuration: the median step, its ratio to full's median, and the spread of the paired ratios.
+
+    `times[name][i]` is the step of round i. A paired ratio divides a configuration's step by full's
+    step of the same round (a few seconds apart), so slow drift of the machine cancels; its quartiles
+    say how far one round's ratio can be trusted, which a ratio of medians alone hides.
+    """
+    full = times["full"]
+    rows = {}
+    for name, steps in times.items():
+        paired = [step / full_step for step, full_step in zip(steps, full, strict=True)]
+        q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
         rows[name] = {
-            "median_step_s": median,
-            "ratio_to_full": median / full_time,
-            "flop_bound_ratio": step_flops(model, batch, length).total / full_flops,
-            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "median_step_s": statistics.median(steps),
+            "ratio_to_full": statistics.median(steps) / statistics.median(full),
+            "paired_ratio_median": statistics.median(paired),
+            "paired_ratio_q1": q1,
+            "paired_ratio_q3": q3,
+            "steps": len(steps),
         }
     return rows
 
@@ -175,16 +192,21 @@ def peak_rss_of(model_name: str, config: str, batch: int, length: int, bf16: boo
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| model | batch x len | precision | config | step (s) | ratio to full | FLOP-bound ratio | gap "
-        "| trainable params | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | batch x len | precision | config | step (s) | ratio to full | paired ratio, median (IQR) "
+        "| FLOP-bound ratio | gap | trainable params | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         for name, row in cell["configs"].items():
             rss = row.get("peak_rss_bytes")
+            paired = (  # results written before paired ratios were recorded have none
+                f"{row['paired_ratio_median']:.3f} ({row['paired_ratio_q1']:.3f}–{row['paired_ratio_q3']:.3f})"
+                if "paired_ratio_median" in row
+                else ""
+            )
             lines.append(
                 f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | "
-                f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {row['flop_bound_ratio']:.3f} | "
+                f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {paired} | {row['flop_bound_ratio']:.3f} | "
                 f"{row['ratio_to_full'] - row['flop_bound_ratio']:+.3f} | {row['trainable_parameters']:,} | "
                 f"{'' if rss is None else f'{rss / 2**20:,.0f}'} |"
             )
