@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -49,6 +51,15 @@ def tiny_batch(batch: int = 3, length: int = 7, seed: int = 1, vocab: int = 97) 
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (batch, length), generator=generator)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def load_experiment(name: str) -> ModuleType:
+    """The script experiments/<name>.py as a module (experiments/ is not a package), for testing its pure parts."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(params=ARCHITECTURES)

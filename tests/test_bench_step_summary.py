@@ -1,19 +1,12 @@
 """experiments/bench_step.py's timing summary: medians, their ratio, and ratios paired round by round."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "bench_step.py"
+from conftest import load_experiment
 
 
 @pytest.fixture(scope="module")
 def bench_step():
-    spec = importlib.util.spec_from_file_location("bench_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("bench_step")
 
 
 def test_paired_ratios_cancel_drift_that_medians_keep(bench_step):

@@ -1,19 +1,12 @@
 """experiments/replicate_far.py's summary: mean ± std over seeds and the comparison with full fine-tuning."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "replicate_far.py"
+from conftest import load_experiment
 
 
 @pytest.fixture(scope="module")
 def replicate_far():
-    spec = importlib.util.spec_from_file_location("replicate_far", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("replicate_far")
 
 
 def record(metric: float, priming: float, training: float, params: int) -> dict:
