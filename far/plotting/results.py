@@ -19,7 +19,7 @@ DATA_ENV = "FAR_DATA_DIR"
 _RETENTIONS = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0"]  # the sweep (SST-2: 1 epoch on 3,000 sentences per point)
 # Result file (relative to the results folder) -> the command, run from the repository root, that writes it.
 RESULT_SOURCES: dict[str, str] = {
-    "replication/replication.json": "python experiments/replicate_far.py --tasks cola stsb sst2",
+    "replication/replication.json": "python experiments/replicate_far.py",
     "sweep/replication.json": (
         # full first: the summary's deltas to full need it
         "python experiments/replicate_far.py --tasks sst2 --methods full "
@@ -32,13 +32,17 @@ RESULT_SOURCES: dict[str, str] = {
         + " --shapes 32x64 --precisions fp32 --steps 10 --warmup 2 --output experiments/results/bench_sweep"
     ),
     "bench_step.json": "python experiments/bench_step.py",
+    "bench_step_target.json": (
+        "python experiments/bench_step.py --configs full far-0.4 random-0.4 --shapes 32x64 --steps 40 --warmup 2 "
+        "--output experiments/results/bench_step_target"
+    ),
     "bench_step_cola_shape.json": (
         "python experiments/bench_step.py --shapes 32x24 --configs full far-0.4 random-0.4 freeze-ffn "
         "far-0.4+frozen-emb far-0.2 far-0.2+frozen-emb --steps 10 --warmup 2 "
         "--output experiments/results/bench_step_cola_shape"
     ),
     "bench_step_distilbert.json": (
-        "python experiments/bench_step.py --models distilbert --shapes 32x64 --steps 10 --warmup 1 "
+        "python experiments/bench_step.py --models distilbert --shapes 32x64 32x128 --steps 10 --warmup 1 "
         "--output experiments/results/bench_step_distilbert"
     ),
     "memory_minilm.json": "python experiments/bench_memory.py",
