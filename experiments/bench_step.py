@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
                 results.append(cell)
                 print(markdown([cell]), flush=True)
     meta = {
-        "command": "python experiments/bench_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["python", "experiments/bench_step.py", *(sys.argv[1:] if argv is None else argv)]),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "max_rss_of_this_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         method_args(method)  # an unknown name fails now, not hours into the grid
 
     records = {}
-    command = "python experiments/replicate_far.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python", "experiments/replicate_far.py", *(sys.argv[1:] if argv is None else argv)])
     for task in args.tasks:
         seeds = args.seeds or TASKS[task]["seeds"]
         for seed in seeds:

@@ -74,6 +74,18 @@ def test_missing_result_names_the_script_that_writes_it(monkeypatch, tmp_path):
     assert plotting.load_result("llm_memory.json") == {"cases": {}}
 
 
+def test_result_sources_are_the_commands_that_wrote_the_committed_files():
+    # The notebooks print these commands as "rerun with": a stale one would send users to another experiment.
+    checked = 0
+    for name, command in plotting.RESULT_SOURCES.items():
+        result = plotting.load_result(name)
+        recorded = result.get("command") or result.get("meta", {}).get("command")
+        if recorded is not None:  # the memory and LLM scripts record no command line
+            assert recorded == command, name
+            checked += 1
+    assert checked >= 6
+
+
 def test_run_setting_and_log(tmp_path):
     run = tmp_path / "runs" / "cola-full-s0"
     run.mkdir(parents=True)
