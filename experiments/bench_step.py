@@ -2,7 +2,8 @@
 
 All configurations of one (model, shape, precision) cell are built once and timed interleaved,
 round after round (each round in a rotated order), in this one process, so machine noise hits them
-alike; each reports the median of its timed steps after warm-up. Beside each measured ratio to full
+alike; each reports the median of its timed steps after warm-up, its ratio to full's median, and the
+median and quartiles of its per-round ratios to full's step of the same round. Beside each measured ratio to full
 fine-tuning stands the FLOP-bound ratio (matrix products only, see far.flops). Peak memory comes from separate processes
 (one per configuration), since a process's peak RSS cannot be attributed within one process.
 

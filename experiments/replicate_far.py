@@ -5,7 +5,7 @@ threads cannot leak into the next), interleaved seed by seed so that slow drift 
 all methods alike. Each run's metrics.json stays under `<output>/runs/`; the summary (mean ± std
 over seeds of the task metric and of the wall time) goes to `<output>/replication.{json,md}`.
 
-    python experiments/replicate_far.py                              # the committed grid (~3.5 h on 2 cores)
+    python experiments/replicate_far.py                              # the committed grid (~3 h on 2 cores)
     python experiments/replicate_far.py --tasks cola --seeds 0       # the headline task, one seed
     python experiments/replicate_far.py --quick                      # a smoke run: tiny subsets
 """
