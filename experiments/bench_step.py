@@ -145,13 +145,15 @@ def summarize_times(times: dict[str, list[float]]) -> dict[str, dict]:
     say how far one round's ratio can be trusted, which a ratio of medians alone hides.
     """
     full = times["full"]
+    full_median = statistics.median(full)
     rows = {}
     for name, steps in times.items():
+        median = statistics.median(steps)
         paired = [step / full_step for step, full_step in zip(steps, full, strict=True)]
         q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
         rows[name] = {
-            "median_step_s": statistics.median(steps),
-            "ratio_to_full": statistics.median(steps) / statistics.median(full),
+            "median_step_s": median,
+            "ratio_to_full": median / full_median,
             "paired_ratio_median": statistics.median(paired),
             "paired_ratio_q1": q1,
             "paired_ratio_q3": q3,
@@ -200,11 +202,7 @@ def markdown(results: list[dict]) -> str:
     for cell in results:
         for name, row in cell["configs"].items():
             rss = row.get("peak_rss_bytes")
-            paired = (  # results written before paired ratios were recorded have none
-                f"{row['paired_ratio_median']:.3f} ({row['paired_ratio_q1']:.3f}–{row['paired_ratio_q3']:.3f})"
-                if "paired_ratio_median" in row
-                else ""
-            )
+            paired = f"{row['paired_ratio_median']:.3f} ({row['paired_ratio_q1']:.3f}–{row['paired_ratio_q3']:.3f})"
             lines.append(
                 f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | "
                 f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {paired} | {row['flop_bound_ratio']:.3f} | "

@@ -79,9 +79,8 @@ def test_notebook_runs_in_quick_mode(name, monkeypatch, shared_data):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")
     committed = (NOTEBOOKS / name).read_bytes()
-    nb = plotting.run_notebook(
-        nbformat.reads(committed.decode("utf-8"), as_version=4), timeout=600
-    )  # raises CellExecutionError on any error
+    # raises CellExecutionError on any error
+    nb = plotting.run_notebook(nbformat.reads(committed.decode("utf-8"), as_version=4), timeout=600)
     assert (NOTEBOOKS / name).read_bytes() == committed, "executing must not modify the committed notebook"
     assert "quick mode: True" in stdout(nb)
     assert not plots_without_image(nb), f"{name}: plot cells {plots_without_image(nb)} drew no figure"
