@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
-from far.layers import SplitLinear
+from far.layers import PROJECTION_TYPES, SplitLinear, node_rows
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ BUILTIN_SPECS: dict[str, FFNSpec] = {
     "qwen2": _GATED,
 }
 
-_PROJECTION_TYPES = (nn.Linear, Conv1D, SplitLinear)
+_PROJECTION_TYPES = (*PROJECTION_TYPES, SplitLinear)
 
 
 @dataclass(frozen=True)
@@ -107,11 +106,7 @@ def _node_count(module: nn.Module, role: str) -> int:
     """Nodes of a projection: its outputs for an input projection, its inputs for the output one."""
     if isinstance(module, SplitLinear):
         return module.n_nodes
-    if isinstance(module, Conv1D):  # weight is (in, out)
-        n_in, n_out = module.weight.shape
-    else:
-        n_in, n_out = module.in_features, module.out_features
-    return n_out if role == "input" else n_in
+    return node_rows(module, role).shape[0]
 
 
 def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:

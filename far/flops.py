@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
-from far.layers import SplitLinear
+from far.layers import PROJECTION_TYPES, SplitLinear
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ def step_flops(model: nn.Module, batch_size: int, seq_len: int) -> StepFlops:
     tokens = batch_size * seq_len
     forward = input_grad = weight_grad = 0
     for module in model.modules():
-        if isinstance(module, (nn.Linear, Conv1D, SplitLinear)):
+        if isinstance(module, (*PROJECTION_TYPES, SplitLinear)):
             total, trainable = _weights(module)
             forward += 2 * tokens * total
             input_grad += 2 * tokens * total

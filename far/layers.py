@@ -1,14 +1,17 @@
 """`SplitLinear`: one FFN projection split into a learner sublayer and a frozen sublayer.
 
-Nodes are stored in [learners | frozen] order. Both projections of an FFN use the same order, so
-the permutation cancels between them (the activation in between is elementwise) and the FFN's
-output is unchanged without any gather at run time; `node_order` maps stored position -> original
-node index and is used only to merge back (`to_linear`).
+A projection's *nodes* are the FFN's intermediate neurons: the output rows of an input projection,
+the input columns of the output projection. `SplitLinear` stores every projection node-major, one
+row per node, in [learners | frozen] order, in ONE contiguous tensor: `learner_weight` (k, f) and
+`frozen_weight` (n - k, f) are two views of it. So a forward pass is one plain matrix product over
+the whole tensor, never a concatenation, while the optimizer sees only the learner view.
 
-The matrix products run on the two weight blocks concatenated, so the forward pass and the input
-gradient cost what the original layer costs; the custom backward computes weight gradients for
-the learner block only, which is where FAR saves time. Under autocast the frozen block is cast
-once and cached, so each step casts only the learners (a plain layer casts all of its weight).
+Both projections of an FFN use the same order, so the permutation cancels between them (the
+activation in between is elementwise) and the FFN's output is unchanged without any gather;
+`node_order` maps stored position -> original node index and is used only to merge back.
+
+This module is the one place that knows how a projection's nodes lie in its weight (`node_rows`),
+including GPT-2's `Conv1D`, which stores its weight transposed.
 """
 
 from __future__ import annotations
@@ -18,11 +21,30 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
+from far.split_ops import ColumnSplitFn, RowSplitFn, activation_rebuilder
+
 INPUT, OUTPUT = "input", "output"
+PROJECTION_TYPES = (nn.Linear, Conv1D)  # what an FFN projection may be before surgery
 
 
-def _flat(t: Tensor) -> Tensor:
-    return t.reshape(-1, t.shape[-1])  # (B, T, f) -> (B*T, f)
+def node_rows(module: nn.Linear | Conv1D, role: str) -> Tensor:
+    """A projection's weight as (n_nodes, features), one row per node: a view, not a copy.
+
+    Args:
+        module: An `nn.Linear` (weight (out, in)) or GPT-2 `Conv1D` (weight (in, out)).
+        role: `"input"` (nodes are the outputs) or `"output"` (nodes are the inputs).
+    """
+    if role not in (INPUT, OUTPUT):
+        raise ValueError(f"role must be {INPUT!r} or {OUTPUT!r}, got {role!r}")
+    weight = module.weight.detach()
+    out_by_in = weight.t() if isinstance(module, Conv1D) else weight
+    return out_by_in if role == INPUT else out_by_in.t()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX-512 BF16 or AMX)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
@@ -32,109 +54,69 @@ def compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     return weight.dtype
 
 
-class _RowSplitLinear(torch.autograd.Function):
-    """y = x @ [W_L; W_F]^T + [b_L; b_F]; weight gradients for the learner rows only.
-
-    Frozen blocks arrive already in the compute dtype (cached, see `SplitLinear._frozen`), so
-    under autocast only the learner rows are cast each step. The concatenated weight is saved
-    for the backward pass instead of being rebuilt there.
-    """
-
-    @staticmethod
-    def forward(ctx, x, w_learn, b_learn, w_frozen, b_frozen):
-        dtype = w_frozen.dtype
-        weight = torch.cat([w_learn.to(dtype), w_frozen])  # (n, d_in), learners first
-        bias = None if b_learn is None else torch.cat([b_learn.to(dtype), b_frozen])
-        x_c = x.to(dtype)
-        ctx.save_for_backward(x_c, weight)
-        ctx.k, ctx.x_dtype, ctx.has_bias = w_learn.shape[0], x.dtype, b_learn is not None
-        return F.linear(x_c, weight, bias)  # (B, T, n)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x_c, weight = ctx.saved_tensors
-        grad_y = grad_y.to(weight.dtype)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad_y @ weight).to(ctx.x_dtype)  # (B, T, d_in)
-        g_learn = _flat(grad_y)[:, : ctx.k]  # (B*T, k), a strided view: no copy
-        if ctx.needs_input_grad[1]:
-            grad_w = g_learn.t() @ _flat(x_c)  # (k, d_in); autograd casts it to the weight's dtype
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g_learn.sum(0)
-        return grad_x, grad_w, grad_b, None, None
-
-
-class _ColumnSplitLinear(torch.autograd.Function):
-    """z = h @ [W_L | W_F]^T + b; weight gradients for the learner columns only."""
-
-    @staticmethod
-    def forward(ctx, h, w_learn, w_frozen, bias):
-        dtype = w_frozen.dtype
-        weight = torch.cat([w_learn.to(dtype), w_frozen], dim=1)  # (d_out, n)
-        h_c = h.to(dtype)
-        ctx.save_for_backward(h_c, weight)
-        ctx.k, ctx.h_dtype, ctx.has_bias = w_learn.shape[1], h.dtype, bias is not None
-        return F.linear(h_c, weight, None if bias is None else bias.to(dtype))  # (B, T, d_out)
-
-    @staticmethod
-    def backward(ctx, grad_z):
-        h_c, weight = ctx.saved_tensors
-        grad_z = grad_z.to(weight.dtype)
-        grad_h = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_h = (grad_z @ weight).to(ctx.h_dtype)  # (B, T, n)
-        if ctx.needs_input_grad[1]:
-            grad_w = _flat(grad_z).t() @ _flat(h_c)[:, : ctx.k]  # (d_out, k)
-        if ctx.has_bias and ctx.needs_input_grad[3]:
-            grad_b = _flat(grad_z).sum(0)
-        return grad_h, grad_w, None, grad_b
+def _joined(first: Tensor, second: Tensor) -> Tensor | None:
+    """`cat([first, second])` as a view, when the two are adjacent parts of one contiguous storage."""
+    if not (first.is_contiguous() and second.is_contiguous()) or first.dtype != second.dtype:
+        return None
+    if first.device != second.device or first.shape[1:] != second.shape[1:]:
+        return None
+    if second.numel() and (
+        first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+        or second.storage_offset() != first.storage_offset() + first.numel()
+    ):
+        return None
+    shape = (first.shape[0] + second.shape[0], *first.shape[1:])
+    return first.detach().as_strided(shape, torch.empty(shape, device="meta").stride(), first.storage_offset())
 
 
 class SplitLinear(nn.Module):
     """An FFN projection whose nodes are split into learners (trainable) and frozen nodes.
 
-    For an input projection (`role="input"`) nodes are output rows: `learner_weight` is
-    (k, in_features), `frozen_weight` is (n - k, in_features), and the bias is split the same way.
-    For the output projection (`role="output"`) nodes are input columns: `learner_weight` is
-    (out_features, k), `frozen_weight` is (out_features, n - k), and `bias` belongs to no node
-    and keeps its original trainability.
+    `learner_weight` is (k, f) and `frozen_weight` (n - k, f), nodes as rows, for both roles:
+    f is `in_features` for an input projection and `out_features` for the output projection.
+    An input projection's bias is split the same way (`learner_bias`, `frozen_bias`); the output
+    projection's `bias` belongs to no node and keeps its original trainability.
 
-    Build one with `from_linear` and turn it back with `to_linear`.
+    Build one with `from_linear` and turn it back with `to_linear`. With `recompute=True` an output
+    projection keeps even less for backward (see `far.split_ops`), at the cost of recomputing the
+    learners' activation.
     """
 
     def __init__(
         self,
         role: str,
-        learner_weight: Tensor,
-        frozen_weight: Tensor,
+        weight: Tensor,
+        n_learners: int,
         node_order: Tensor,
         *,
-        learner_bias: Tensor | None = None,
-        frozen_bias: Tensor | None = None,
+        node_bias: Tensor | None = None,
         bias: nn.Parameter | None = None,
         conv1d: bool = False,
+        recompute: bool = False,
     ) -> None:
         super().__init__()
         if role not in (INPUT, OUTPUT):
             raise ValueError(f"role must be {INPUT!r} or {OUTPUT!r}, got {role!r}")
         self.role = role
         self.conv1d = conv1d  # the original was GPT-2's transposed Conv1D
-        self.learner_weight = nn.Parameter(learner_weight)
-        self.frozen_weight = nn.Parameter(frozen_weight, requires_grad=False)
-        if role == INPUT:
-            self.learner_bias = None if learner_bias is None else nn.Parameter(learner_bias)
-            self.frozen_bias = None if frozen_bias is None else nn.Parameter(frozen_bias, requires_grad=False)
-        else:
+        self.recompute = recompute
+        k = n_learners
+        learn, frozen = _parts(weight, k)  # (n, f): learners' rows, then frozen rows, in one storage
+        self.learner_weight = nn.Parameter(learn)
+        self.frozen_weight = nn.Parameter(frozen, requires_grad=False)
+        self.learner_bias = self.frozen_bias = None
+        if role == INPUT and node_bias is not None:
+            learn, frozen = _parts(node_bias, k)
+            self.learner_bias = nn.Parameter(learn)
+            self.frozen_bias = nn.Parameter(frozen, requires_grad=False)
+        if role == OUTPUT:
             self.bias = bias
         self.register_buffer("node_order", node_order)  # stored position -> original node index
-        self._cast_cache: dict[str, tuple[tuple, Tensor]] = {}  # frozen tensors in a compute dtype
-        if role == INPUT:
-            self.out_features = node_order.numel()
-            self.in_features = learner_weight.shape[1]
-        else:
-            self.in_features = node_order.numel()
-            self.out_features = learner_weight.shape[0]
+        self._cache: dict[str, tuple[tuple, Tensor]] = {}  # weights in a compute dtype (see _cast)
+        features = weight.shape[1]
+        self.in_features, self.out_features = (
+            (features, weight.shape[0]) if role == INPUT else (weight.shape[0], features)
+        )
 
     @property
     def n_nodes(self) -> int:
@@ -142,62 +124,51 @@ class SplitLinear(nn.Module):
 
     @property
     def n_learners(self) -> int:
-        return self.learner_weight.shape[0 if self.role == INPUT else 1]
+        return self.learner_weight.shape[0]
 
     def learner_indices(self) -> Tensor:
         """Sorted original indices of the learner nodes."""
         return self.node_order[: self.n_learners].sort().values
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear | Conv1D, learners: Tensor, role: str) -> SplitLinear:
+    def from_linear(
+        cls, linear: nn.Linear | Conv1D, learners: Tensor, role: str, *, recompute: bool = False
+    ) -> SplitLinear:
         """Split `linear` (an `nn.Linear` or GPT-2 `Conv1D`) into `learners` and the other nodes.
 
         Args:
             linear: The projection to split; it is left untouched.
             learners: Sorted, unique original node indices that stay trainable.
             role: `"input"` (nodes are output rows) or `"output"` (nodes are input columns).
+            recompute: Output projections only: rebuild the learners' activation in backward.
         """
-        conv1d = isinstance(linear, Conv1D)
-        weight = linear.weight.detach()
-        if conv1d:
-            weight = weight.t()  # Conv1D stores (in, out); work in nn.Linear's (out, in)
-        n = weight.shape[0 if role == INPUT else 1]
-        node_order = _node_order(learners, n, weight.device)
-        learn, frozen = node_order[: learners.numel()], node_order[learners.numel() :]
-        bias = linear.bias
-        if role == INPUT:
-            return cls(
-                role,
-                weight[learn].clone(),
-                weight[frozen].clone(),
-                node_order,
-                learner_bias=None if bias is None else bias.detach()[learn].clone(),
-                frozen_bias=None if bias is None else bias.detach()[frozen].clone(),
-                conv1d=conv1d,
-            )
+        rows = node_rows(linear, role)  # (n, f)
+        order = _node_order(learners, rows.shape[0], rows.device)
+        node_bias = linear.bias.detach()[order] if role == INPUT and linear.bias is not None else None
         return cls(
             role,
-            weight[:, learn].contiguous(),
-            weight[:, frozen].contiguous(),
-            node_order,
-            bias=bias,  # shared, not copied: it belongs to no node
-            conv1d=conv1d,
+            rows[order],  # a gather: a fresh (n, f) tensor, learners first
+            learners.numel(),
+            order,
+            node_bias=node_bias,
+            bias=linear.bias if role == OUTPUT else None,  # shared, not copied: it belongs to no node
+            conv1d=isinstance(linear, Conv1D),
+            recompute=recompute,
         )
 
     def to_linear(self) -> nn.Linear | Conv1D:
         """Merge back into the original kind of layer, nodes in their original order."""
-        dim = 0 if self.role == INPUT else 1
-        stored = torch.cat([self.learner_weight.detach(), self.frozen_weight.detach()], dim=dim)
-        weight = torch.empty_like(stored)
-        weight.index_copy_(dim, self.node_order, stored)
-        bias = self._merged_bias()
+        stored = self._rows().detach()
+        rows = torch.empty_like(stored).index_copy_(0, self.node_order, stored)  # (n, f), original order
+        out_by_in = rows if self.role == INPUT else rows.t()
+        requires_grad = self.learner_weight.requires_grad
         if self.conv1d:
             layer = Conv1D(self.out_features, self.in_features)
-            layer.weight = nn.Parameter(weight.t().contiguous(), requires_grad=self.learner_weight.requires_grad)
+            layer.weight = nn.Parameter(out_by_in.t().contiguous(), requires_grad=requires_grad)
         else:
             layer = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
-            layer.weight = nn.Parameter(weight, requires_grad=self.learner_weight.requires_grad)
-        layer.bias = bias
+            layer.weight = nn.Parameter(out_by_in.contiguous(), requires_grad=requires_grad)
+        layer.bias = self._merged_bias()
         return layer
 
     def _merged_bias(self) -> nn.Parameter | None:
@@ -209,43 +180,123 @@ class SplitLinear(nn.Module):
         merged = torch.empty_like(stored).index_copy_(0, self.node_order, stored)
         return nn.Parameter(merged, requires_grad=self.learner_bias.requires_grad)
 
-    def _frozen(self, name: str, dtype: torch.dtype) -> Tensor | None:
-        """A frozen tensor in `dtype`; a cast copy is cached, since frozen values never change.
+    def _rows(self) -> Tensor:
+        """All nodes' weight rows (n, f) as one view; re-joins the two parts if something split them."""
+        rows = _joined(self.learner_weight, self.frozen_weight)
+        if rows is None:
+            self._rejoin()
+            rows = _joined(self.learner_weight, self.frozen_weight)
+        return rows
 
-        The cache is keyed by the tensor's storage and version counter, so `load_state_dict`,
-        `.to()` or any in-place write invalidates it.
+    def _node_bias(self) -> Tensor | None:
+        if self.learner_bias is None:
+            return None
+        bias = _joined(self.learner_bias, self.frozen_bias)
+        if bias is None:
+            self._rejoin()
+            bias = _joined(self.learner_bias, self.frozen_bias)
+        return bias
+
+    @torch.no_grad()
+    def _rejoin(self) -> None:
+        # `.to()`, `copy.deepcopy` or `load_state_dict(assign=True)` give each parameter a storage
+        # of its own; put the two parts back into one, keeping the Parameter objects (an optimizer
+        # may hold them). Out of inference mode, so the new storage can still be trained.
+        with torch.inference_mode(False):
+            for first, second in (("learner_weight", "frozen_weight"), ("learner_bias", "frozen_bias")):
+                a, b = getattr(self, first), getattr(self, second)
+                if a is not None and _joined(a, b) is None:
+                    a.data, b.data = _parts(torch.cat([a.detach(), b.detach()]), a.shape[0])
+        self._cache.clear()
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self._rejoin()
+        return module
+
+    def _cast(self, name: str, source: Tensor, learners: Tensor, dtype: torch.dtype, transpose: bool) -> Tensor:
+        """`source` (all nodes, learners first along dim 0) cast to `dtype`, optionally transposed.
+
+        Frozen values never change, so the cast is cached and reused: it is redone only when the
+        frozen part was written (its version counter moves) or moved to new memory. The learners'
+        part is re-cast in place whenever the learners change (every step in training).
         """
-        tensor = getattr(self, name)
-        if tensor is None or tensor.dtype == dtype:
-            return tensor
-        key = (dtype, tensor.data_ptr(), tensor._version)
-        cached = self._cast_cache.get(name)
-        if cached is None or cached[0] != key:
-            cached = (key, tensor.detach().to(dtype))
-            self._cast_cache[name] = cached
-        return cached[1]
+        frozen_key = (dtype, transpose, source.data_ptr(), source.device, self._frozen_version(name))
+        learner_key = (learners.data_ptr(), learners._version)
+        cached = self._cache.get(name)
+        if cached is None or cached[0][0] != frozen_key:
+            value = (source.t() if transpose else source).to(dtype, copy=True, memory_format=torch.contiguous_format)
+            self._cache[name] = ((frozen_key, learner_key), value)
+            return value
+        value = cached[1]
+        if cached[0][1] != learner_key:
+            k = learners.shape[0]
+            with torch.no_grad():
+                (value[:, :k] if transpose else value[:k]).copy_(learners.t() if transpose else learners)
+            self._cache[name] = ((frozen_key, learner_key), value)
+        return value
+
+    def _frozen_version(self, name: str) -> int:
+        return (self.frozen_bias if name == "bias" else self.frozen_weight)._version
+
+    def _weights(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(weight, weight_t, node bias) in `dtype`: weight (out_features, in_features) as F.linear
+        reads it, weight_t its transpose as the input gradient reads it."""
+        rows = self._rows()  # (n, f)
+        bias = self._node_bias()
+        if dtype != rows.dtype:
+            # The forward layout always; the backward layout only where bf16 is emulated and slow
+            # when it is not the transposed one (on a native CPU a view of the first suffices).
+            forward_t = self.role == OUTPUT
+            weight = self._cast("forward", rows, self.learner_weight, dtype, transpose=forward_t)
+            if native_bf16() or not torch.is_grad_enabled():
+                weight_t = weight.t()
+            else:
+                weight_t = self._cast("backward", rows, self.learner_weight, dtype, transpose=not forward_t)
+            if bias is not None:
+                bias = self._cast("bias", bias, self.learner_bias, dtype, transpose=False)
+            return weight, weight_t, bias
+        return (rows, rows.t(), bias) if self.role == INPUT else (rows.t(), rows, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = compute_dtype(x, self.learner_weight)
-        w_frozen = self._frozen("frozen_weight", dtype)
-        needs_graph = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        weight, weight_t, node_bias = self._weights(dtype)
+        trainable = (self.learner_weight, self.learner_bias, self.bias if self.role == OUTPUT else None)
+        needs_graph = torch.is_grad_enabled() and (
+            x.requires_grad or any(p is not None and p.requires_grad for p in trainable)
+        )
         if self.role == INPUT:
-            b_frozen = self._frozen("frozen_bias", dtype)
             if needs_graph:
-                return _RowSplitLinear.apply(x, self.learner_weight, self.learner_bias, w_frozen, b_frozen)
-            weight = torch.cat([self.learner_weight.to(dtype), w_frozen])
-            bias = None if b_frozen is None else torch.cat([self.learner_bias.to(dtype), b_frozen])
-            return F.linear(x.to(dtype), weight, bias)
+                return RowSplitFn.apply(x, self.learner_weight, self.learner_bias, weight, weight_t, node_bias)
+            return F.linear(x.to(dtype), weight, node_bias)  # no graph: one plain product, no copy
         if needs_graph:
-            return _ColumnSplitLinear.apply(x, self.learner_weight, w_frozen, self.bias)
-        weight = torch.cat([self.learner_weight.to(dtype), w_frozen], dim=1)
+            rebuild = activation_rebuilder(x, self.n_learners, self.recompute)
+            rebuild_fn, sources = rebuild if rebuild is not None else (None, ())
+            return ColumnSplitFn.apply(x, self.learner_weight, weight, weight_t, self.bias, rebuild_fn, *sources)
         return F.linear(x.to(dtype), weight, None if self.bias is None else self.bias.to(dtype))
 
     def extra_repr(self) -> str:
         return (
             f"role={self.role}, in_features={self.in_features}, out_features={self.out_features}, "
-            f"learners={self.n_learners}/{self.n_nodes}"
+            f"learners={self.n_learners}/{self.n_nodes}" + (", recompute=True" if self.recompute else "")
         )
+
+
+def _parts(whole: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`whole[:k]` and `whole[k:]` over one contiguous storage, each with a version counter of its
+    own (slices would share `whole`'s), so that a learner update does not mark frozen values as
+    written and invalidate their cached casts."""
+    whole = whole.contiguous()
+    parts = []
+    for start, rows in ((0, k), (k, whole.shape[0] - k)):
+        part = torch.empty(0, dtype=whole.dtype, device=whole.device)
+        shape = (rows, *whole.shape[1:])
+        with torch.no_grad():
+            part.set_(
+                whole.untyped_storage(), whole.storage_offset() + start * whole[0].numel(), shape, whole[:1].stride()
+            )
+        parts.append(part)
+    return parts[0], parts[1]
 
 
 def _node_order(learners: Tensor, n: int, device: torch.device) -> Tensor:

@@ -6,10 +6,9 @@ import weakref
 
 import torch
 from torch import Tensor, nn
-from transformers.pytorch_utils import Conv1D
 
 from far.architectures import FFN, FFNSpec, find_ffns
-from far.layers import SplitLinear
+from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 
 # The latest Primer of each model, so that `reconfigure(model)` right after priming finds its
 # scores. Weak keys: a model that goes away takes its entry with it.
@@ -24,12 +23,6 @@ def latest_primer(model: nn.Module) -> Primer | None:
 def forget_primer(model: nn.Module) -> None:
     """Drop the registry's reference to `model`'s Primer, so its snapshot can be freed."""
     _LATEST.pop(model, None)
-
-
-def _linear_weight(module: nn.Module) -> Tensor:
-    """A projection's weight in nn.Linear layout (out, in), whatever its type."""
-    weight = module.weight.detach()
-    return weight.t() if isinstance(module, Conv1D) else weight
 
 
 class Primer:
@@ -62,7 +55,8 @@ class Primer:
         for ffn in self.ffns.values():
             for name in (*ffn.inputs, ffn.output):
                 module = modules[name]
-                self._snapshot[f"{name}.weight"] = _linear_weight(module).to("cpu", copy=True)
+                role = INPUT if name in ffn.inputs else OUTPUT
+                self._snapshot[f"{name}.weight"] = node_rows(module, role).to("cpu", copy=True)  # (n, f)
                 if name in ffn.inputs and module.bias is not None:
                     self._snapshot[f"{name}.bias"] = module.bias.detach().to("cpu", copy=True)
         _LATEST[model] = self
@@ -78,12 +72,12 @@ class Primer:
         result = {}
         for ffn in self.ffns.values():
             score = torch.zeros(ffn.n_nodes, dtype=torch.float32)
-            for name in ffn.inputs:
+            for name in (*ffn.inputs, ffn.output):
                 module = self._modules[name]
-                score += self._delta(f"{name}.weight", _linear_weight(module)).sum(dim=1)
-                if module.bias is not None:
+                rows = node_rows(module, INPUT if name in ffn.inputs else OUTPUT)  # (n, f), one row per node
+                score += self._delta(f"{name}.weight", rows).sum(dim=1)
+                if name in ffn.inputs and module.bias is not None:
                     score += self._delta(f"{name}.bias", module.bias.detach())
-            score += self._delta(f"{ffn.output}.weight", _linear_weight(self._modules[ffn.output])).sum(dim=0)
             result[ffn.name] = score
         return result
 

@@ -256,7 +256,7 @@ def learners_from_state_dict(
                 f"the state dict has no FAR layout for the FFN {name!r} (no {name}.node_order); "
                 "was it saved from a reconfigured model of this architecture?"
             )
-        result[name] = order[: weight.shape[1]].sort().values  # output projection: nodes are columns
+        result[name] = order[: weight.shape[0]].sort().values  # nodes are stored as rows
     return result
 
 

@@ -15,10 +15,9 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
-from transformers.pytorch_utils import Conv1D
 
 from far.architectures import FFN
-from far.layers import INPUT, OUTPUT, SplitLinear
+from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 
 
 def _update(digest: hashlib._Hash, name: str, tensor: Tensor) -> None:
@@ -49,16 +48,13 @@ def _frozen_part(module: nn.Module, role: str, frozen: Tensor) -> tuple[Tensor, 
     if isinstance(module, SplitLinear):
         # Stored frozen nodes -> ascending original order (it already is, for FAR-built layers).
         perm = module.node_order[module.n_learners :].argsort()
-        if role == INPUT:
-            bias = None if module.frozen_bias is None else module.frozen_bias[perm]
-            return module.frozen_weight[perm], bias
-        return module.frozen_weight[:, perm], None
-    weight = module.weight.t() if isinstance(module, Conv1D) else module.weight  # (out, in)
-    frozen = frozen.to(weight.device)
-    if role == INPUT:
-        bias = None if module.bias is None else module.bias[frozen]
-        return weight[frozen], bias
-    return weight[:, frozen], None
+        rows = module.frozen_weight[perm]
+        bias = module.frozen_bias[perm] if role == INPUT and module.frozen_bias is not None else None
+    else:
+        frozen = frozen.to(module.weight.device)
+        rows = node_rows(module, role)[frozen]
+        bias = module.bias[frozen] if role == INPUT and module.bias is not None else None
+    return (rows if role == INPUT else rows.t()), bias  # hashed as (out, in), whatever the storage
 
 
 def _base_tensors(

@@ -26,12 +26,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
-from transformers.pytorch_utils import Conv1D
 
 from far.architectures import FFNSpec, find_ffns, model_type
 from far.atomic import atomic_file
 from far.config import FARConfig
-from far.layers import INPUT, SplitLinear
+from far.layers import INPUT, SplitLinear, node_rows
 from far.saving.fingerprint import base_fingerprint, hash_tensors
 from far.surgery import get_config, is_reconfigured, learners, reconfigure_with_learners
 
@@ -47,10 +46,11 @@ class LearnersFileError(ValueError):
 def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
     """Learner weight (and input-projection bias) with nodes in ascending original order."""
     perm = module.node_order[: module.n_learners].argsort()  # identity for FAR-built layers
+    rows = module.learner_weight[perm]  # (k, f), nodes as rows
     if module.role == INPUT:
         bias = None if module.learner_bias is None else module.learner_bias[perm]
-        return module.learner_weight[perm], bias
-    return module.learner_weight[:, perm], None
+        return rows, bias
+    return rows.t().contiguous(), None  # the file keeps nn.Linear's (out, k)
 
 
 def _content_hash(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
@@ -179,7 +179,7 @@ def _linear_shape(module: nn.Module) -> tuple[tuple[int, int], torch.dtype, bool
     if isinstance(module, SplitLinear):
         has_bias = (module.learner_bias if module.role == INPUT else module.bias) is not None
         return (module.out_features, module.in_features), module.learner_weight.dtype, has_bias
-    out_f, in_f = module.weight.shape[::-1] if isinstance(module, Conv1D) else module.weight.shape
+    out_f, in_f = node_rows(module, INPUT).shape  # an input projection's node rows are nn.Linear's layout
     return (out_f, in_f), module.weight.dtype, module.bias is not None
 
 
@@ -304,9 +304,9 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         for name in (*ffn.inputs, ffn.output):
             module = model.get_submodule(name)
             perm = module.node_order[: module.n_learners].argsort()  # file row -> stored position
-            dim = 0 if module.role == INPUT else 1
             device = module.learner_weight.device
-            module.learner_weight.index_copy_(dim, perm, tensors[f"{name}.learner_weight"].to(device))
+            rows = tensors[f"{name}.learner_weight"].to(device)
+            module.learner_weight.index_copy_(0, perm, rows if module.role == INPUT else rows.t())
             if module.role == INPUT and module.learner_bias is not None:
                 module.learner_bias.index_copy_(0, perm, tensors[f"{name}.learner_bias"].to(device))
     for name in others:

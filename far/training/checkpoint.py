@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_model
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -32,6 +31,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from far.architectures import FFNSpec
 from far.atomic import atomic_dir, atomic_file
 from far.config import FARConfig
+from far.saving.model_file import load_model_file, save_model_file
 from far.surgery import (
     get_config,
     is_reconfigured,
@@ -74,7 +74,7 @@ def save_checkpoint(
         "trainable": [n for n, p in model.named_parameters() if p.requires_grad],
     }
     with atomic_dir(target) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))  # shared (tied) tensors are stored once
+        save_model_file(model, tmp / "model.safetensors")  # tied tensors are stored once
         (tmp / "far.json").write_text(json.dumps(layout, indent=1))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -195,7 +195,7 @@ def load_model_state(model: nn.Module, checkpoint: Checkpoint, spec: FFNSpec | N
         if rebuilt:
             restore(model)
         raise
-    load_model(model, str(folder / "model.safetensors"), strict=True)
+    load_model_file(model, folder / "model.safetensors", strict=True)
     trainable = set(checkpoint.trainable)
     for name, p in model.named_parameters():
         p.requires_grad_(name in trainable)
