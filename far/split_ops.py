@@ -75,6 +75,7 @@ class ColumnSplitFn(torch.autograd.Function):
         else:
             kept = (h[..., :k].to(dtype, copy=True),)  # (B, T, k): lets the full activation be freed
         ctx.save_for_backward(weight_t, *kept)
+        ctx.n_sources = len(sources)
         return F.linear(h.to(dtype), weight, None if bias is None else bias.to(dtype))  # (B, T, d_out)
 
     @staticmethod
@@ -89,7 +90,7 @@ class ColumnSplitFn(torch.autograd.Function):
             grad_w = _flat(h_learn).t() @ _flat(grad_z)  # (k, d_out)
         if ctx.needs_input_grad[4]:
             grad_b = _flat(grad_z).sum(0)
-        return (grad_h, grad_w, None, None, grad_b, None) + (None,) * (len(ctx.saved_tensors) - 1)
+        return (grad_h, grad_w, None, None, grad_b, None) + (None,) * ctx.n_sources
 
 
 def activation_rebuilder(h: Tensor, k: int, recompute: bool) -> tuple[Callable[..., Tensor], tuple[Tensor, ...]] | None:
@@ -113,7 +114,10 @@ def activation_rebuilder(h: Tensor, k: int, recompute: bool) -> tuple[Callable[.
     if name == "SiluBackward0":
         return (lambda a: F.silu(a[..., :k])), (node._saved_self,)
     if name == "MulBackward0":
-        left, right = node._saved_self, node._saved_other
+        try:  # a factor that needs no gradient may not have been kept
+            left, right = node._saved_self, node._saved_other
+        except RuntimeError:
+            return None
         if isinstance(left, Tensor) and isinstance(right, Tensor) and left.shape == right.shape == h.shape:
             return (lambda a, b: a[..., :k] * b[..., :k]), (left, right)
     return None

@@ -276,3 +276,23 @@ def test_bf16_cache_is_reused_for_frozen_and_refreshed_for_learners(backward_lay
     assert {name: value.data_ptr() for name, (_, value) in split_up._cache.items()} == cached  # no new cast copy
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
     out.float().sum().backward()
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_activation_checkpointing_gives_the_same_gradients(use_reentrant, recompute):
+    from torch.utils.checkpoint import checkpoint
+
+    _, _, split_up, split_down, _ = _ffn_pair(recompute=recompute)
+    x = torch.randn(5, 16, requires_grad=True)
+
+    def ffn(inp):
+        return split_down(torch.nn.functional.gelu(split_up(inp)))
+
+    ffn(x).pow(2).sum().backward()
+    expected = [t.grad.clone() for t in (x, split_up.learner_weight, split_down.learner_weight)]
+    for t in (x, split_up.learner_weight, split_down.learner_weight):
+        t.grad = None
+    checkpoint(ffn, x, use_reentrant=use_reentrant).pow(2).sum().backward()
+    for got, want in zip((x, split_up.learner_weight, split_down.learner_weight), expected):
+        torch.testing.assert_close(got.grad, want, atol=1e-6, rtol=1e-6)
