@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass
+from typing import Any
 
 SELECTIONS = ("per_layer", "global", "random")
 
@@ -54,3 +55,52 @@ class FARConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+# Default of a verb's `config` argument: "not given" is not the same as an explicit None, which is
+# a bad retention and must be refused rather than silently replaced by the default 0.4.
+UNSET: Any = _Unset()
+
+
+def as_config(
+    config: FARConfig | float = UNSET,
+    *,
+    retention: float | None = None,
+    selection: str | None = None,
+    seed: int | None = None,
+    freeze_embeddings: bool | None = None,
+) -> FARConfig:
+    """The `FARConfig` that a verb's arguments describe: a config, or its fields as keywords.
+
+    Every verb that takes a configuration (`far.reconfigure`, `far.FARCallback`, ...) accepts
+    either form, like torchao's `quantize_(model, config)`. This is the one place that turns the
+    keywords into a config, so they are checked once, by `FARConfig` itself. A number in place of
+    the config is the retention (`far.reconfigure(model, 0.4)`); fields left None take the
+    config's defaults.
+
+    Raises:
+        TypeError: a config and keywords at once (which should win is not clear).
+
+    Example:
+        >>> as_config(retention=0.4, selection="random") == FARConfig(0.4, "random")
+        True
+    """
+    given = dict(retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
+    fields = {k: v for k, v in given.items() if v is not None}
+    if isinstance(config, FARConfig):
+        if fields:
+            raise TypeError(
+                f"pass either a far.FARConfig or its fields as keywords, not both (got a config and {sorted(fields)}); "
+                "dataclasses.replace(config, ...) changes a field"
+            )
+        return config
+    if config is not UNSET:
+        if "retention" in fields:
+            raise TypeError("retention is given twice: as the second argument and as retention=")
+        fields["retention"] = config  # a number, or something FARConfig refuses with a clear message
+    return FARConfig(**fields)

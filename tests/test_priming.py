@@ -101,20 +101,20 @@ def test_a_primed_model_can_be_freed_and_reconfigure_releases_the_snapshot():
     import gc
     import weakref
 
-    from far.priming import latest_primer
+    from far.priming import primer_of
 
     model = tiny_model("bert")
     far.Primer(model)
     alive = weakref.ref(model)
     del model
     gc.collect()
-    assert alive() is None  # the registry does not keep a primed model alive
+    assert alive() is None  # the Primer does not keep the model it watches alive
 
     model = tiny_model("bert").train()
     primer = far.Primer(model)
     _train_steps(model)
     far.reconfigure(model, 0.4)
-    assert latest_primer(model) is None
+    assert primer_of(model) is None
     snapshot = weakref.ref(primer)
     del primer
     gc.collect()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 
 import transformers
@@ -21,11 +20,11 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 
-from far.architectures import FFNSpec, find_ffns
+from far.architectures import FFNSpec
 from far.atomic import atomic_dir
 from far.config import FARConfig
-from far.selection import learner_count
-from far.surgery import get_config, is_reconfigured, learners_from_state_dict, reconfigure_with_learners
+from far.saving.layout import rebuild_layout
+from far.surgery import get_config, is_reconfigured
 
 FAR_KEY = "far"  # config.json entry of a FAR checkpoint
 FORMAT_VERSION = 1
@@ -126,21 +125,6 @@ def _recorded_config(path: Path, entry: object) -> FARConfig | None:
         raise ValueError(f"{str(path)!r}: config.json's {FAR_KEY!r} entry is invalid: {error}") from error
 
 
-def _inferred_config(path: Path, chosen: Mapping[str, Tensor], n_nodes: Mapping[str, int]) -> FARConfig:
-    # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
-    retention = sum(len(v) for v in chosen.values()) / sum(n_nodes.values())
-    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in chosen)
-    config = FARConfig(retention=round(retention, 6), selection="per_layer" if uniform else "global")
-    warnings.warn(
-        f"{str(path)!r} has FAR split layers but no {FAR_KEY!r} entry in config.json (it was saved with "
-        f"model.save_pretrained): the layout was rebuilt from the weights, with retention={config.retention} "
-        "inferred and selection/seed/freeze_embeddings unknown (recorded as defaults). Save with "
-        "far.save_pretrained to keep the FAR config",
-        stacklevel=4,
-    )
-    return config
-
-
 def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFNSpec | None, kwargs) -> nn.Module:
     config = AutoConfig.from_pretrained(path)
     far_config = _recorded_config(path, getattr(config, FAR_KEY, None))
@@ -151,9 +135,16 @@ def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFN
     state_dict: dict[str, Tensor] = {}
     for file in files:
         state_dict.update(load_file(file))
-    chosen = learners_from_state_dict(model, state_dict, spec)
-    n_nodes = {name: ffn.n_nodes for name, ffn in find_ffns(model, spec).items()}
-    reconfigure_with_learners(model, chosen, far_config or _inferred_config(path, chosen, n_nodes), spec=spec)
+    rebuild_layout(model, state_dict, far_config, spec=spec)
+    if far_config is None:
+        # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
+        warnings.warn(
+            f"{str(path)!r} has FAR split layers but no {FAR_KEY!r} entry in config.json (it was saved with "
+            f"model.save_pretrained): the layout was rebuilt from the weights, with retention="
+            f"{get_config(model).retention} inferred and selection/seed/freeze_embeddings unknown (recorded as "
+            "defaults). Save with far.save_pretrained to keep the FAR config",
+            stacklevel=3,
+        )
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     # Hugging Face drops tied duplicates (e.g. lm_head.weight) on save; those alone may be missing.
     tensors = model.state_dict(keep_vars=True)
