@@ -155,9 +155,7 @@ def reconfigure(
         >>> far.reconfigure(model, retention=0.4)  # or far.reconfigure(model, far.FARConfig(0.4))
         >>> far.summary(model)
     """
-    config = as_config(
-        config, retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings
-    )
+    config = as_config(config, retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
     _check_model(model)
     ffns = find_ffns(model, spec)
     if is_reconfigured(model):

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_ffns
+from far.config import UNSET, FARConfig, as_config
 from far.llm.memory import to_private_memory
 from far.surgery import is_reconfigured, reconfigure
 
@@ -120,36 +121,40 @@ def prime_and_reconfigure(
     model: nn.Module,
     batches: Iterable[dict[str, Tensor]],
     loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
-    retention: float = 0.4,
+    config: FARConfig | float = UNSET,
     *,
-    selection: str = "per_layer",
-    freeze_embeddings: bool = True,
-    seed: int = 0,
+    retention: float | None = None,
+    selection: str | None = None,
+    seed: int | None = None,
+    freeze_embeddings: bool | None = None,
     spec: FFNSpec | None = None,
 ) -> dict[str, Tensor] | None:
     """FAR for a memory-bound model: `gradient_scores` priming, then `far.reconfigure`, in place.
 
     The FFN weights are first moved out of a memory-mapped checkpoint (`to_private_memory`), so
-    that the surgery's split copies replace them instead of sitting beside their file pages. The
-    embeddings are frozen by default: with MeZO that keeps the largest tensor (and the tied LM
-    head) unperturbed, and its unread rows never resident.
+    that the surgery's split copies replace them instead of sitting beside their file pages. Here
+    the embeddings are frozen unless the config says otherwise: with MeZO that keeps the largest
+    tensor (and the tied LM head) unperturbed, and its unread rows never resident.
 
     Args:
         model: A plain model; trainable tensors afterwards are the learners and everything outside
             the FFNs (less the embeddings when `freeze_embeddings`).
         batches: Priming batches for `gradient_scores` (unused with selection="random").
         loss_fn: `loss_fn(model, batch) -> scalar loss`.
-        retention, selection, freeze_embeddings, seed, spec: As for `far.reconfigure`.
+        config / retention / selection / seed / freeze_embeddings / spec: As for
+            `far.reconfigure`, except that freeze_embeddings defaults to True when the config is
+            given as keywords.
 
     Returns:
         The priming scores (None for selection="random").
     """
+    if not isinstance(config, FARConfig) and freeze_embeddings is None:
+        freeze_embeddings = True
+    config = as_config(config, retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
     names = ffn_parameter_names(model, spec)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
     to_private_memory(model, names)
-    scores = None if selection == "random" else gradient_scores(model, batches, loss_fn, spec=spec)
-    reconfigure(
-        model, retention, scores=scores, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings, spec=spec
-    )
+    scores = None if config.selection == "random" else gradient_scores(model, batches, loss_fn, spec=spec)
+    reconfigure(model, config, scores=scores, spec=spec)
     return scores

@@ -51,17 +51,20 @@ def check_length(name: str, value: object) -> float | int:
     raise ValueError(f"{name} must be a fraction of the steps in [0, 1) or a number of steps (an int), got {value!r}")
 
 
-def length_in_steps(name: str, value: float | int, total: int, what: str | None = None) -> int:
-    """The steps that a length (see `check_length`) makes of a run of `total` steps; fewer than `total`.
-
-    A fraction rounds up, so any positive fraction is at least one step.
+def steps_of(value: float | int, total: int, name: str = "length") -> int:
+    """The steps that a length (see `check_length`) makes of `total` steps; a fraction rounds up.
 
     Example:
-        >>> length_in_steps("priming", 0.1, 95), length_in_steps("priming", 5, 95)
-        (10, 5)
+        >>> steps_of(0.1, 95), steps_of(5, 95), steps_of(0.001, 10)
+        (10, 5, 1)
     """
-    value, what = check_length(name, value), what or name
-    steps = value if isinstance(value, int) else math.ceil(value * total)
+    value = check_length(name, value)
+    return value if isinstance(value, int) else math.ceil(value * total)
+
+
+def length_in_steps(name: str, value: float | int, total: int, what: str | None = None) -> int:
+    """`steps_of` a run of `total` steps, refused unless shorter than the run."""
+    steps, what = steps_of(value, total, name), what or name
     if steps and steps >= total:
         raise ValueError(
             f"{name}={value!r} means {steps} steps of {what}, but the run has only {total} steps in all; "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import datasets
 
-from far.data.locate import hub_offline, not_found_message, resolve_data_dir
+from far.tasks.locate import hub_offline, not_found_message, resolve_data_dir
 
 logger = logging.getLogger(__name__)
 
