@@ -12,12 +12,15 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
 from far.tasks.locate import DATA_DIR_ENV
 from far.tasks.models import DEFAULT_MODEL, MODEL_ALIASES
 from far.tasks.report import METRICS_FILE, TrainingRun, train_and_report
 from far.tasks.settings import METHODS, OPTIMIZERS, RunSettings
 from far.training.plan import check_length
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -115,19 +118,22 @@ def describe_defaults(defaults: Mapping[str, Mapping]) -> str:
 
 def register_training_command(
     subparsers: argparse._SubParsersAction,
-    name: str,
-    *,
-    help: str,
-    description: str,
+    doc: str,
     defaults: Mapping[str, Mapping],
     run: Callable[[argparse.Namespace], int],
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> argparse.ArgumentParser:
-    """Add a training command: its own arguments first, then the training and data arguments."""
+    """Add a training command: its own arguments first, then the training and data arguments.
+
+    `doc` is the command module's docstring, "`far <name>`: <help>." then a paragraph or more: the
+    name and help come from its first line, the description is its first paragraph.
+    """
+    head, _, _ = doc.partition("\n\n")
+    name, _, help = head.split("\n")[0].removeprefix("`far ").partition("`: ")
     parser = subparsers.add_parser(
         name,
-        help=help,
-        description=description,
+        help=help.rstrip("."),
+        description=" ".join(head.split()),
         epilog=describe_defaults(defaults),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -139,10 +145,15 @@ def register_training_command(
     return parser
 
 
+def from_args(cls: type[T], args: argparse.Namespace, **given: object) -> T:
+    """A settings dataclass from the arguments that share its fields' names, and `given`."""
+    named = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name) and f.name not in given}
+    return cls(**named, **given)
+
+
 def settings_from(args: argparse.Namespace) -> RunSettings:
     """The `RunSettings` of a training command's arguments (checked: a bad value raises ValueError)."""
-    given = {f.name: getattr(args, f.name) for f in fields(RunSettings) if hasattr(args, f.name)}
-    return RunSettings(**given, save_model=not args.no_save_model, progress=not args.no_progress)
+    return from_args(RunSettings, args, save_model=not args.no_save_model, progress=not args.no_progress)
 
 
 def print_metrics(label: str, metrics: Mapping[str, float]) -> None:

@@ -10,13 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 import far
 from far.cli.common import UsageError, add_data_arguments, print_metrics
 from far.cli.squad import add_squad_arguments, squad_settings
 from far.tasks.glue import GLUE_TASKS, load_glue
-from far.tasks.models import check_max_length
+from far.tasks.models import check_max_length, load_trained_model
 from far.tasks.report import write_json
 from far.tasks.runs import glue_evaluator, squad_evaluator
 from far.tasks.settings import first
@@ -50,22 +48,9 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _load(checkpoint: Path):
-    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file():
-        raise UsageError(
-            f"checkpoint {checkpoint} is not a model folder (no config.json there); pass the model "
-            "folder a training run saved, e.g. runs/cola-far/model"
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"no tokenizer in {checkpoint}: {e}") from None
-    return far.from_pretrained(checkpoint), tokenizer
-
-
 def run(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
-    model, tokenizer = _load(checkpoint)
+    model, tokenizer = load_trained_model(checkpoint)
     task = args.task or getattr(model.config, "finetuning_task", None)
     if task not in GLUE_TASKS and task not in SQUAD_TASKS:
         raise UsageError(

@@ -1,4 +1,8 @@
-"""`far glue`: fine-tune on a GLUE task (full, FAR, random selection or frozen FFNs) and score its dev set.
+"""`far glue`: fine-tune and evaluate on a GLUE task.
+
+Fine-tune a model on a GLUE task (full, FAR, random selection, frozen FFNs) and score its dev set;
+a causal LM (--model smollm2-135m or a .gguf file) is trained by prompts. Local data: --data-dir
+or $FAR_DATA_DIR with glue/<Task>/{train,dev}.tsv.
 
 far glue --task cola --method far --retention 0.4
 far glue --task stsb --method full --optimizer mezo --max-steps 2000
@@ -17,20 +21,12 @@ from far.tasks.runs import glue_run
 from far.tasks.settings import GLUE_DEFAULTS
 
 
+def _add_task(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, choices=list(GLUE_TASKS), help="GLUE task")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    register_training_command(
-        subparsers,
-        "glue",
-        help="fine-tune and evaluate on a GLUE task",
-        description="Fine-tune a model on a GLUE task (full, FAR, random selection, frozen FFNs) and score its "
-        "dev set; a causal LM (--model smollm2-135m or a .gguf file) is trained by prompts. "
-        "Local data: --data-dir or $FAR_DATA_DIR with glue/<Task>/{train,dev}.tsv.",
-        defaults=GLUE_DEFAULTS,
-        run=run,
-        add_arguments=lambda parser: parser.add_argument(
-            "--task", required=True, choices=list(GLUE_TASKS), help="GLUE task"
-        ),
-    )
+    register_training_command(subparsers, __doc__, GLUE_DEFAULTS, run, _add_task)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,7 @@
-"""`far squad`: fine-tune for extractive QA on SQuAD and score exact match / F1.
+"""`far squad`: fine-tune and evaluate on SQuAD.
+
+Fine-tune a model for extractive question answering on SQuAD and report exact match / F1. Local
+data: --data-dir or $FAR_DATA_DIR with squad/dev-v1.1.json (split by article).
 
 Offline only SQuAD's dev file exists, so by default that file is split by article: the last
 --holdout-articles (10) articles are evaluated on, the others trained on. --train-file uses a real
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from far.cli.common import register_training_command, report, settings_from
+from far.cli.common import from_args, register_training_command, report, settings_from
 from far.tasks.runs import SquadSettings, squad_run
 from far.tasks.settings import SQUAD_DEFAULTS
 from far.tasks.squad import DEFAULT_HOLDOUT_ARTICLES, VERSIONS
@@ -42,28 +45,11 @@ def add_squad_arguments(parser: argparse.ArgumentParser, version: bool = True) -
 
 
 def squad_settings(args: argparse.Namespace, version: str) -> SquadSettings:
-    return SquadSettings(
-        version=version,
-        eval_file=args.eval_file,
-        train_file=args.train_file,
-        holdout_articles=args.holdout_articles,
-        doc_stride=args.doc_stride,
-        n_best=args.n_best,
-        max_answer_length=args.max_answer_length,
-    )
+    return from_args(SquadSettings, args, version=version)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    register_training_command(
-        subparsers,
-        "squad",
-        help="fine-tune and evaluate on SQuAD",
-        description="Fine-tune a model for extractive question answering on SQuAD and report exact match / F1. "
-        "Local data: --data-dir or $FAR_DATA_DIR with squad/dev-v1.1.json (split by article).",
-        defaults=SQUAD_DEFAULTS,
-        run=run,
-        add_arguments=add_squad_arguments,
-    )
+    register_training_command(subparsers, __doc__, SQUAD_DEFAULTS, run, add_squad_arguments)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from far.llm.gguf import ensure_gguf_cache
+from far.saving import from_pretrained
 from far.tasks.locate import hub_offline
 
 TASK_KINDS = ("classification", "regression", "question-answering")
@@ -248,10 +249,7 @@ def load_model_and_tokenizer(
             f"{transformers.__version__}; use a text model that {auto_class.__name__} supports (BERT, RoBERTa, "
             "DistilBERT, GPT-2, Llama, ...)"
         )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"could not load a tokenizer for model {name_or_path!r}: {e}") from None
+    tokenizer = _load_tokenizer(path, name_or_path)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(
@@ -265,6 +263,29 @@ def load_model_and_tokenizer(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _load_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"could not load a tokenizer for model {str(name)!r}: {e}") from None
+
+
+def load_trained_model(folder: str | os.PathLike) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
+    """A model that a training run saved (plain or FAR, `far.from_pretrained`), and the tokenizer beside it.
+
+    Raises:
+        ValueError: `folder` is not a model folder, or holds no tokenizer.
+    """
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "config.json").is_file():
+        raise ValueError(
+            f"checkpoint {folder} is not a model folder (no config.json there); pass the model "
+            "folder a training run saved, e.g. runs/cola-far/model"
+        )
+    tokenizer = _load_tokenizer(folder, folder)
+    return from_pretrained(folder), tokenizer
 
 
 def check_max_length(model: torch.nn.Module, max_length: int) -> None:

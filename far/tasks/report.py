@@ -37,14 +37,15 @@ LOG_FILE = "train.log"
 METRICS_FILE = "metrics.json"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingRun:
     """One fine-tuning run of a task, ready to go.
 
     Args:
         task: The task's name, e.g. "cola", "squad".
         settings: What the run was asked for.
-        model / tokenizer: The model to train (in place), and the tokenizer saved beside it.
+        model / tokenizer: The model to train (in place), and the tokenizer saved beside it (None:
+            the model is not saved).
         train_data / collate_fn / loss_fn: As `far.finetune` takes them (loss_fn None: the model's own).
         evaluator: Scores the model and writes its predictions.
         hyperparameters: The resolved hyper-parameters (`RunSettings.hyperparameters`).
@@ -59,13 +60,13 @@ class TrainingRun:
     task: str
     settings: RunSettings
     model: nn.Module
-    tokenizer: Any
+    tokenizer: Any = None
     train_data: Any
     collate_fn: Callable
+    loss_fn: Callable | None = None
     evaluator: Evaluator
     hyperparameters: dict
     options: dict | None = None
-    loss_fn: Callable | None = None
     prepare: Callable[[nn.Module], Mapping] | None = None
     extra: dict = field(default_factory=dict)
     label: str = ""
@@ -161,7 +162,7 @@ def train_and_report(run: TrainingRun) -> dict:
     if result.log_path:
         files["step_log"] = Path(result.log_path).name
     model_dir = settings.model_path(out)
-    if model_dir is not None:
+    if model_dir is not None and run.tokenizer is not None:
         save_model(model, run.tokenizer, model_dir)
         files["model"] = str(model_dir)
     far_config = settings.far_config()

@@ -73,7 +73,8 @@ class FARCallback(TrainerCallback):
         priming: Priming length: a fraction of the Trainer's `max_steps` in [0, 1), or a number of
             optimizer steps. Ignored with selection="random" (no scores needed: the surgery is at
             the start).
-        retention / selection / seed / freeze_embeddings / spec: As for `far.reconfigure`.
+        spec: As for `far.reconfigure`.
+        **fields: The config's fields (retention, selection, seed, freeze_embeddings) as keywords.
 
     Example:
         >>> callback = far.FARCallback(far.FARConfig(retention=0.4), priming=0.1)
@@ -89,15 +90,10 @@ class FARCallback(TrainerCallback):
         config: FARConfig | float = UNSET,
         *,
         priming: float | int = 0.1,
-        retention: float | None = None,
-        selection: str | None = None,
-        seed: int | None = None,
-        freeze_embeddings: bool | None = None,
         spec: FFNSpec | None = None,
+        **fields: object,
     ) -> None:
-        self.config = as_config(
-            config, retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings
-        )
+        self.config = as_config(config, **fields)
         self.priming = check_length("priming", priming)
         if self.config.selection != "random" and self.priming == 0:
             raise ValueError(
@@ -140,19 +136,12 @@ class FARCallback(TrainerCallback):
         else:
             self._primer = Primer(model, self.spec)
 
-    def on_step_end(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        model: nn.Module | None = None,
-        optimizer: Optimizer | None = None,
-        **kwargs,
-    ) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
+        # The Trainer passes its model and optimizer (and more) as keywords.
         if self._primer is not None and state.global_step >= self.priming_steps:
             scores = self._primer.scores()
             self._primer = None
-            self._switch(model, optimizer, scores)
+            self._switch(kwargs["model"], kwargs["optimizer"], scores)
 
     def _switch(self, model: nn.Module, optimizer: Optimizer, scores: dict[str, torch.Tensor] | None) -> None:
         index = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
