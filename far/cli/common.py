@@ -125,15 +125,15 @@ def register_training_command(
 ) -> argparse.ArgumentParser:
     """Add a training command: its own arguments first, then the training and data arguments.
 
-    `doc` is the command module's docstring, "`far <name>`: <help>." then a paragraph or more: the
-    name and help come from its first line, the description is its first paragraph.
+    `doc` is the command module's docstring: "`far <name>`: <help>.", then a paragraph that
+    becomes the description.
     """
-    head, _, _ = doc.partition("\n\n")
-    name, _, help = head.split("\n")[0].removeprefix("`far ").partition("`: ")
+    title, description = (doc.split("\n\n") + [""])[:2]
+    name, _, help = title.strip().removeprefix("`far ").partition("`: ")
     parser = subparsers.add_parser(
         name,
         help=help.rstrip("."),
-        description=" ".join(head.split()),
+        description=" ".join(description.split()) or help,
         epilog=describe_defaults(defaults),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
