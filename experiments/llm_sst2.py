@@ -2,7 +2,7 @@
 
 Arms, each in its own process (so each reports its own peak RSS):
 - zero_shot: accuracy of the pretrained model (the baseline);
-- mezo_far: gradient priming (`far.llm.priming.prime_and_reconfigure`, embeddings frozen), then
+- mezo_far: gradient priming (`far.llm.prime_and_reconfigure`, embeddings frozen), then
   MeZO on the learners and the attention/norm weights through `far.finetune`;
 - mezo: MeZO on every weight (the MeZO paper's setting), the same steps, batches and schedule.
 
@@ -19,35 +19,32 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
+from harness import case_result, machine, peak_rss_bytes, print_case, start_case, write_report
+
+import far
+from far.llm import page_out_after_forward, prime_and_reconfigure, release_freed_memory
+from far.tasks import load_causal_lm, resolve_model
+from far.tasks.prompts import (
+    SST2_TEMPLATE,
+    PromptCollator,
+    accuracy,
+    encode_prompts,
+    label_word_ids,
+    prompt_loss_fn,
+    read_labelled_tsv,
+    sample_k_shot,
+)
 
 ARMS = ("zero_shot", "mezo_far", "mezo")
 
 
 def run_arm(args: argparse.Namespace) -> dict:
-    import torch
-
-    from far.llm import load_causal_lm
-    from far.llm.memory import page_out_after_forward, release_freed_memory
-    from far.llm.priming import prime_and_reconfigure
-    from far.llm.prompts import (
-        SST2_TEMPLATE,
-        PromptCollator,
-        accuracy,
-        encode_prompts,
-        label_word_ids,
-        prompt_loss_fn,
-        read_labelled_tsv,
-        sample_k_shot,
-    )
-    from far.training import finetune
-
     release_freed_memory()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -93,7 +90,8 @@ def run_arm(args: argparse.Namespace) -> dict:
             priming = [
                 collate([train[i] for i in order[b * size : (b + 1) * size]]) for b in range(args.priming_batches)
             ]
-            prime_and_reconfigure(model, priming, loss_fn, args.retention, freeze_embeddings=True, seed=args.seed)
+            config = far.FARConfig(args.retention, seed=args.seed, freeze_embeddings=True)
+            prime_and_reconfigure(model, priming, loss_fn, config)
             result["gradient_priming"] = {
                 "batches": args.priming_batches,
                 "batch": size,
@@ -101,7 +99,7 @@ def run_arm(args: argparse.Namespace) -> dict:
                 "cpu_seconds": time.process_time() - t_cpu,
             }
         cpu = time.process_time()
-        run = finetune(
+        run = far.finetune(
             model,
             train,
             optimizer="mezo",
@@ -122,13 +120,8 @@ def run_arm(args: argparse.Namespace) -> dict:
         result.update(run.to_dict())
         result["seconds_per_step"] = run.training_seconds / max(run.steps, 1)  # wall clock, under the machine's load
         result["cpu_seconds_per_step"] = cpu / max(run.steps, 1)  # load-independent
-    result["peak_rss_bytes"] = peak_rss()
+    result["peak_rss_bytes"] = peak_rss_bytes()
     return result
-
-
-def peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,28 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # internal: run one arm here
     args = parser.parse_args(argv)
     if args.arm:
-        print(json.dumps(run_arm(args)))
+        print_case(run_arm(args))
         return 0
 
-    from far.llm import resolve_causal_lm
-
-    resolve_causal_lm(args.model)  # build the model cache first, once, in its own process
+    resolve_model(args.model)  # build the model cache first, once, in its own process
     forwarded = argv if argv is not None else sys.argv[1:]
     started = time.perf_counter()
     procs = {}
     for arm in args.arms:
-        cmd = [sys.executable, __file__, "--arm", arm, *forwarded]
-        procs[arm] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[arm] = start_case(__file__, ["--arm", arm, *forwarded])
         if not args.parallel:
             procs[arm].wait()
     results = {}
     for arm, proc in procs.items():
-        out, err = proc.communicate()
-        if proc.returncode != 0:
-            print(f"arm {arm} failed:\n{err[-3000:]}", file=sys.stderr)
-            return proc.returncode
-        results[arm] = json.loads(out.strip().splitlines()[-1])
-        r = results[arm]
+        results[arm] = r = case_result(proc)
         line = f"{arm:>10}: accuracy {r['metrics']['accuracy']:.4f}, peak RSS {r['peak_rss_bytes'] / 1e9:.3f} GB"
         if "steps" in r:
             line += (
@@ -185,13 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     report = {
         "config": {k: v for k, v in vars(args).items() if k not in ("arm", "out")},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_at_end": os.getloadavg()},
+        "machine": {**machine(), "load_average_at_end": os.getloadavg()},
         "wall_seconds": time.perf_counter() - started,
         "arms": results,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

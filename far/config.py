@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass
+from typing import Any
 
 SELECTIONS = ("per_layer", "global", "random")
 
@@ -36,12 +37,17 @@ class FARConfig:
         seed: Seed of the random selection; unused by the other strategies.
         freeze_embeddings: Also freeze every `nn.Embedding` of the model (word, position and
             token-type embeddings; a tied LM head is frozen with them).
+        recompute_activations: Keep even less for backward: an output projection rebuilds the
+            learners' activation from what the activation function keeps anyway (GELU and SiLU
+            their input, a gated MLP its two factors) instead of keeping a copy of it. Costs one
+            elementwise op over the learners' part of the activation per layer in backward.
     """
 
     retention: float = 0.4
     selection: str = "per_layer"
     seed: int = 0
     freeze_embeddings: bool = False
+    recompute_activations: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "retention", check_retention(self.retention))
@@ -49,8 +55,65 @@ class FARConfig:
             raise ValueError(f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {self.selection!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise TypeError(f"seed must be an int, got {self.seed!r}")
-        if not isinstance(self.freeze_embeddings, bool):
-            raise TypeError(f"freeze_embeddings must be True or False, got {self.freeze_embeddings!r}")
+        for name in ("freeze_embeddings", "recompute_activations"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+# Default of a verb's `config` argument: "not given" is not the same as an explicit None, which is
+# a bad retention and must be refused rather than silently replaced by the default 0.4.
+UNSET: Any = _Unset()
+
+
+def as_config(
+    config: FARConfig | float = UNSET,
+    *,
+    retention: float | None = None,
+    selection: str | None = None,
+    seed: int | None = None,
+    freeze_embeddings: bool | None = None,
+    recompute_activations: bool | None = None,
+) -> FARConfig:
+    """The `FARConfig` that a verb's arguments describe: a config, or its fields as keywords.
+
+    Every verb that takes a configuration (`far.reconfigure`, `far.FARCallback`, ...) accepts
+    either form, like torchao's `quantize_(model, config)`. This is the one place that turns the
+    keywords into a config, so they are checked once, by `FARConfig` itself. A number in place of
+    the config is the retention (`far.reconfigure(model, 0.4)`); fields left None take the
+    config's defaults.
+
+    Raises:
+        TypeError: a config and keywords at once (which should win is not clear).
+
+    Example:
+        >>> as_config(retention=0.4, selection="random") == FARConfig(0.4, "random")
+        True
+    """
+    given = dict(
+        retention=retention,
+        selection=selection,
+        seed=seed,
+        freeze_embeddings=freeze_embeddings,
+        recompute_activations=recompute_activations,
+    )
+    fields = {k: v for k, v in given.items() if v is not None}
+    if isinstance(config, FARConfig):
+        if fields:
+            raise TypeError(
+                f"pass either a far.FARConfig or its fields as keywords, not both (got a config and {sorted(fields)}); "
+                "dataclasses.replace(config, ...) changes a field"
+            )
+        return config
+    if config is not UNSET:
+        if "retention" in fields:
+            raise TypeError("retention is given twice: as the second argument and as retention=")
+        fields["retention"] = config  # a number, or something FARConfig refuses with a clear message
+    return FARConfig(**fields)

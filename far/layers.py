@@ -27,16 +27,17 @@ INPUT, OUTPUT = "input", "output"
 PROJECTION_TYPES = (nn.Linear, Conv1D)  # what an FFN projection may be before surgery
 
 
-def node_rows(module: nn.Linear | Conv1D, role: str) -> Tensor:
+def node_rows(module: nn.Linear | Conv1D, role: str, weight: Tensor | None = None) -> Tensor:
     """A projection's weight as (n_nodes, features), one row per node: a view, not a copy.
 
     Args:
         module: An `nn.Linear` (weight (out, in)) or GPT-2 `Conv1D` (weight (in, out)).
         role: `"input"` (nodes are the outputs) or `"output"` (nodes are the inputs).
+        weight: A tensor laid out like `module.weight` (e.g. its gradient); default: the weight.
     """
     if role not in (INPUT, OUTPUT):
         raise ValueError(f"role must be {INPUT!r} or {OUTPUT!r}, got {role!r}")
-    weight = module.weight.detach()
+    weight = module.weight.detach() if weight is None else weight
     out_by_in = weight.t() if isinstance(module, Conv1D) else weight
     return out_by_in if role == INPUT else out_by_in.t()
 

@@ -1,4 +1,10 @@
-"""Priming: how far each FFN node moved during a short pass of ordinary fine-tuning."""
+"""Priming: how far each FFN node moved during a short pass of ordinary fine-tuning.
+
+A `Primer` attaches itself to the model it watches, as `model.far_primer` (the one attribute it
+sets), so that `far.reconfigure(model, ...)` right after priming finds its scores without being
+handed them. Scores travel only with the model they were recorded on: another model's Primer is
+never picked up, and `reconfigure` detaches the Primer (freeing its snapshot) once it is used.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +16,20 @@ from torch import Tensor, nn
 from far.architectures import FFN, FFNSpec, find_ffns
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 
-# The latest Primer of each model, so that `reconfigure(model)` right after priming finds its
-# scores. Weak keys: a model that goes away takes its entry with it.
-_LATEST: weakref.WeakKeyDictionary[nn.Module, Primer] = weakref.WeakKeyDictionary()
+PRIMER_ATTRIBUTE = "far_primer"
 
 
-def latest_primer(model: nn.Module) -> Primer | None:
-    """The most recent `Primer` created on `model`, if any."""
-    return _LATEST.get(model)
+def primer_of(model: nn.Module) -> Primer | None:
+    """The `Primer` attached to `model` (the latest created on it), or None."""
+    primer = getattr(model, PRIMER_ATTRIBUTE, None)
+    # A deep copy of a primed model carries a copy of the Primer, still watching the original.
+    return primer if isinstance(primer, Primer) and primer.watches(model) else None
 
 
-def forget_primer(model: nn.Module) -> None:
-    """Drop the registry's reference to `model`'s Primer, so its snapshot can be freed."""
-    _LATEST.pop(model, None)
+def detach_primer(model: nn.Module) -> None:
+    """Drop `model`'s reference to its Primer, so that the Primer's snapshot can be freed."""
+    if hasattr(model, PRIMER_ATTRIBUTE):
+        delattr(model, PRIMER_ATTRIBUTE)
 
 
 class Primer:
@@ -39,7 +46,8 @@ class Primer:
         >>> primer = far.Primer(model)
         >>> for batch in first_tenth_of_the_batches:
         ...     model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
-        >>> far.reconfigure(model, retention=0.4)  # uses primer.scores()
+        >>> far.reconfigure(model, retention=0.4)  # uses the attached primer's scores
+        >>> far.reconfigure(other_model, retention=0.4, scores=primer)  # ValueError: another model's
     """
 
     def __init__(self, model: nn.Module, spec: FFNSpec | None = None) -> None:
@@ -49,7 +57,9 @@ class Primer:
             raise ValueError(
                 "this model is already reconfigured by FAR; prime the plain model, or call far.restore(model) first"
             )
-        # Only the projections: holding the root module would keep the model (the weak key) alive.
+        # The model holds its Primer, so the Primer holds the model weakly (no cycle) and its
+        # projections strongly (the snapshot is compared with them).
+        self._model = weakref.ref(model)
         self._modules = {name: modules[name] for ffn in self.ffns.values() for name in (*ffn.inputs, ffn.output)}
         self._snapshot: dict[str, Tensor] = {}
         for ffn in self.ffns.values():
@@ -59,7 +69,11 @@ class Primer:
                 self._snapshot[f"{name}.weight"] = node_rows(module, role).to("cpu", copy=True)  # (n, f)
                 if name in ffn.inputs and module.bias is not None:
                     self._snapshot[f"{name}.bias"] = module.bias.detach().to("cpu", copy=True)
-        _LATEST[model] = self
+        setattr(model, PRIMER_ATTRIBUTE, self)  # a plain attribute: not a submodule, not in the state dict
+
+    def watches(self, model: nn.Module) -> bool:
+        """Whether this Primer was created on `model` (the very object, not a copy)."""
+        return self._model() is model
 
     @torch.no_grad()
     def scores(self) -> dict[str, Tensor]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from far.config import SELECTIONS, check_retention
+from far.config import UNSET, FARConfig, as_config
 
 
 def learner_count(n_nodes: int, retention: float) -> int:
@@ -61,37 +61,36 @@ def select_random(n_nodes: Mapping[str, int], retention: float, seed: int) -> di
 
 
 def select_learners(
-    retention: float,
+    config: FARConfig | float = UNSET,
     *,
     scores: Mapping[str, Tensor] | None = None,
     n_nodes: Mapping[str, int] | None = None,
-    selection: str = "per_layer",
-    seed: int = 0,
+    retention: float | None = None,
+    selection: str | None = None,
+    seed: int | None = None,
 ) -> dict[str, Tensor]:
     """Learner node indices (sorted, int64) of every FFN.
 
     Args:
-        retention: Fraction of nodes kept trainable, in (0, 1].
+        config: A `far.FARConfig`, or the retention (fraction of nodes kept trainable, in (0, 1]).
         scores: `{ffn_name: (n,) scores}`; needed by "per_layer" and "global".
         n_nodes: `{ffn_name: n}`; needed by "random" when no scores are given.
-        selection: "per_layer", "global" or "random".
-        seed: Seed of the "random" strategy.
+        retention / selection / seed: The config's fields, as keywords: the retention,
+            "per_layer" (default), "global" or "random", the seed of "random".
 
     Example:
         >>> select_learners(0.5, scores={"ffn": torch.tensor([0.1, 0.9, 0.5, 0.2])})
         {'ffn': tensor([1, 2])}
     """
-    retention = check_retention(retention)
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {selection!r}")
-    if selection == "random":
+    config = as_config(config, retention=retention, selection=selection, seed=seed)
+    if config.selection == "random":
         if n_nodes is None:
             if scores is None:
                 raise ValueError("random selection needs n_nodes (or scores, for their sizes)")
             n_nodes = {name: s.numel() for name, s in scores.items()}
-        return select_random(n_nodes, retention, seed)
+        return select_random(n_nodes, config.retention, config.seed)
     if scores is None:
-        raise ValueError(f"{selection!r} selection needs priming scores")
-    if selection == "global":
-        return select_global(scores, retention)
-    return select_per_layer(scores, retention)
+        raise ValueError(f"{config.selection!r} selection needs priming scores")
+    if config.selection == "global":
+        return select_global(scores, config.retention)
+    return select_per_layer(scores, config.retention)

@@ -1,7 +1,9 @@
 """Surgery: rewrite every FFN into learner and frozen sublayers, and merge it back.
 
 Every public verb validates all of its input before it touches the model, so a call that raises
-leaves the model exactly as it was.
+leaves the model exactly as it was. A reconfigured model carries what was done to it as
+`model.far_state` (a `FARState`: the config, the embeddings FAR froze), which `far.get_config`
+reads and `far.restore` removes; it is the one attribute surgery sets.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from far.architectures import FFN, FFNSpec, find_ffns
-from far.config import FARConfig
+from far.config import UNSET, FARConfig, as_config
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.priming import forget_primer, latest_primer
+from far.priming import Primer, detach_primer, primer_of
 from far.selection import select_learners
 
 STATE_ATTRIBUTE = "far_state"
@@ -87,34 +89,47 @@ def _check_learners(learners: object, ffns: Mapping[str, FFN]) -> dict[str, Tens
     return checked
 
 
-def _scores_from_primer(model: nn.Module, selection: str) -> dict[str, Tensor]:
-    primer = latest_primer(model)
+def _primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None, selection: str) -> object:
+    """The scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
+    if isinstance(scores, Primer):
+        if not scores.watches(model):
+            raise ValueError(
+                "scores=primer: this Primer was created on another model; pass the Primer (or the scores) of "
+                "the model being reconfigured"
+            )
+        primer = scores
+    elif scores is not None:
+        return scores
+    else:
+        primer = primer_of(model)
     if primer is None:
         raise ValueError(
             f"selection={selection!r} needs priming scores, and this model was never primed. Create "
             "far.Primer(model) and run a few training steps first (or use far.finetune), pass "
             "scores=..., or use selection='random'"
         )
-    scores = primer.scores()
-    if all(bool((s == 0).all()) for s in scores.values()):
+    result = primer.scores()
+    if all(bool((s == 0).all()) for s in result.values()):
         raise ValueError(
             "every priming score is zero: no FFN weight changed since far.Primer(model) was created. "
             "Run the priming training steps (optimizer.step()) before reconfiguring"
         )
-    return scores
+    return result
 
 
 def reconfigure(
     model: nn.Module,
-    retention: float = 0.4,
+    config: FARConfig | float = UNSET,
     *,
-    scores: Mapping[str, Tensor] | None = None,
-    selection: str = "per_layer",
-    seed: int = 0,
-    freeze_embeddings: bool = False,
+    retention: float | None = None,
+    selection: str | None = None,
+    seed: int | None = None,
+    freeze_embeddings: bool | None = None,
+    recompute_activations: bool | None = None,
+    scores: Primer | Mapping[str, Tensor] | None = None,
     spec: FFNSpec | None = None,
 ) -> nn.Module:
-    """Freeze and reconfigure every FFN of `model`, in place.
+    """Freeze and reconfigure every FFN of `model`, in place, as `config` says.
 
     Each FFN projection becomes a `SplitLinear`: the learner nodes (the `retention` fraction with
     the largest priming scores) stay trainable, the others are frozen and never get a gradient.
@@ -124,12 +139,13 @@ def reconfigure(
     Args:
         model: A plain model whose architecture is built in (see `far.BUILTIN_SPECS`) or
             described by `spec`.
-        retention: Fraction of each FFN's nodes kept trainable, in (0, 1].
-        scores: `{output_projection_name: (n,) scores}`; default: the scores of the latest
-            `far.Primer` created on this model.
-        selection: "per_layer", "global" or "random" (needs no scores).
-        seed: Seed of the random selection.
-        freeze_embeddings: Also freeze every `nn.Embedding`.
+        config: A `far.FARConfig`; or leave it out and give its fields as keywords (a number here
+            is the retention). Defaults: retention 0.4, per-layer selection.
+        retention / selection / seed / freeze_embeddings / recompute_activations: The config's
+            fields, as keywords.
+        scores: `{output_projection_name: (n,) scores}`, or the `far.Primer` that watched this
+            model; default: the Primer attached to `model` (the latest created on it). Unused by
+            selection="random".
         spec: FFN layout for architectures that are not built in.
 
     Returns:
@@ -138,10 +154,17 @@ def reconfigure(
     Example:
         >>> primer = far.Primer(model)
         >>> ...  # a few ordinary training steps
-        >>> far.reconfigure(model, retention=0.4)
+        >>> far.reconfigure(model, retention=0.4)  # or far.reconfigure(model, far.FARConfig(0.4))
         >>> far.summary(model)
     """
-    config = FARConfig(retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
+    config = as_config(
+        config,
+        retention=retention,
+        selection=selection,
+        seed=seed,
+        freeze_embeddings=freeze_embeddings,
+        recompute_activations=recompute_activations,
+    )
     _check_model(model)
     ffns = find_ffns(model, spec)
     if is_reconfigured(model):
@@ -149,12 +172,10 @@ def reconfigure(
             "this model is already reconfigured by FAR; call far.restore(model) before reconfiguring it again"
         )
     if config.selection == "random":
-        chosen = select_learners(
-            config.retention, n_nodes={n: f.n_nodes for n, f in ffns.items()}, selection="random", seed=config.seed
-        )
+        chosen = select_learners(config, n_nodes={n: f.n_nodes for n, f in ffns.items()})
     else:
-        scores = _check_scores(_scores_from_primer(model, config.selection) if scores is None else scores, ffns)
-        chosen = select_learners(config.retention, scores=scores, selection=config.selection)
+        checked = _check_scores(_primer_scores(model, scores, config.selection), ffns)
+        chosen = select_learners(config, scores=checked)
     return _split(model, ffns, chosen, config)
 
 
@@ -184,7 +205,10 @@ def _split(model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Ten
         idx = learners[ffn.name]
         for name in ffn.inputs:
             _set_module(model, name, SplitLinear.from_linear(model.get_submodule(name), idx, INPUT))
-        _set_module(model, ffn.output, SplitLinear.from_linear(model.get_submodule(ffn.output), idx, OUTPUT))
+        output = SplitLinear.from_linear(
+            model.get_submodule(ffn.output), idx, OUTPUT, recompute=config.recompute_activations
+        )
+        _set_module(model, ffn.output, output)
     frozen = []
     if config.freeze_embeddings:
         for module_name, module in model.named_modules():
@@ -192,7 +216,7 @@ def _split(model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Ten
                 module.weight.requires_grad_(False)
                 frozen.append(f"{module_name}.weight")
     setattr(model, STATE_ATTRIBUTE, FARState(config=config, frozen_embeddings=tuple(frozen)))
-    forget_primer(model)  # its job is done; its weight snapshot is as large as the FFNs
+    detach_primer(model)  # its job is done; its weight snapshot is as large as the FFNs
     return model
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -54,8 +55,15 @@ def tiny_batch(batch: int = 3, length: int = 7, seed: int = 1, vocab: int = 97) 
 
 
 def load_experiment(name: str) -> ModuleType:
-    """The script experiments/<name>.py as a module (experiments/ is not a package), for testing its pure parts."""
-    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    """The script experiments/<name>.py as a module (experiments/ is not a package), for testing its pure parts.
+
+    As when it runs as `python experiments/<name>.py`, its folder is on the import path, so that its
+    `from harness import ...` finds the scripts' shared modules.
+    """
+    folder = Path(__file__).resolve().parents[1] / "experiments"
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    path = folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

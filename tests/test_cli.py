@@ -123,7 +123,7 @@ def test_glue_far_run_writes_outputs_and_reloads(tiny_model_dir, data, tmp_path,
     lines = (out / "predictions.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction\tlabel" and len(lines) == 25
     assert {line.split("\t")[1] for line in lines[1:]} <= {"acceptable", "unacceptable"}
-    assert "far glue: task cola" in (out / "train.log").read_text()
+    assert "far cola (far): model " in (out / "train.log").read_text()
 
     # The saved FAR model scores the same through `far eval` (task read from its config).
     assert (
@@ -287,7 +287,7 @@ def vision_model_dir(tmp_path):
         (
             "bad retention",
             ["glue", "--task", "cola", "--data-dir", "{data}", "--retention", "1.5"],
-            "--retention 1.5 is out of range",
+            "retention must be in (0, 1], got 1.5",
         ),
         (
             "squad split conflict",
@@ -317,12 +317,10 @@ def test_user_errors_exit_2_before_training(case, argv, message, data, vision_mo
 
 
 def test_model_loading_aliases_heads_and_seeds(tiny_model_dir, monkeypatch):
-    from far.models import MODEL_ALIASES, ModelAlias, check_max_length, load_model_and_tokenizer
+    from far.tasks.models import MODEL_ALIASES, ModelAlias, check_max_length, load_model_and_tokenizer
 
-    monkeypatch.setitem(
-        MODEL_ALIASES, "ghost", ModelAlias("no_such_package_far", "no-such-package-far", lambda: ("", {}))
-    )
-    with pytest.raises(ValueError, match="needs the package no-such-package-far: pip install no-such-package-far"):
+    monkeypatch.setitem(MODEL_ALIASES, "ghost", ModelAlias("no_such_package_far", "no-such-package-far"))
+    with pytest.raises(ValueError, match="needs the package 'no-such-package-far'.*pip install no-such-package-far"):
         load_model_and_tokenizer("ghost")
     rng_before = torch.get_rng_state()
     model, _ = load_model_and_tokenizer(str(tiny_model_dir), "regression", seed=1)

@@ -294,5 +294,5 @@ def test_activation_checkpointing_gives_the_same_gradients(use_reentrant, recomp
     for t in (x, split_up.learner_weight, split_down.learner_weight):
         t.grad = None
     checkpoint(ffn, x, use_reentrant=use_reentrant).pow(2).sum().backward()
-    for got, want in zip((x, split_up.learner_weight, split_down.learner_weight), expected):
+    for got, want in zip((x, split_up.learner_weight, split_down.learner_weight), expected, strict=True):
         torch.testing.assert_close(got.grad, want, atol=1e-6, rtol=1e-6)

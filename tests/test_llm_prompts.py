@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from far.llm.prompts import (
+from far.tasks.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     PromptTemplate,

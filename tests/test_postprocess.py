@@ -1,4 +1,4 @@
-"""far.data.squad_postprocess: best valid span from start/end logits, and the official predictions file."""
+"""far.tasks.squad_postprocess: best valid span from start/end logits, and the official predictions file."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from far.data import postprocess_qa_predictions, write_predictions
-from far.data.squad import prepare_eval_features, prepare_train_features
+from far.tasks import postprocess_qa_predictions, write_predictions
+from far.tasks.squad import prepare_eval_features, prepare_train_features
 
 CONTEXT = "abc def ghi"
 OFFSETS = [None, (0, 3), (4, 7), (8, 11), None]  # [CLS] abc def ghi [SEP]

@@ -101,21 +101,51 @@ def test_a_primed_model_can_be_freed_and_reconfigure_releases_the_snapshot():
     import gc
     import weakref
 
-    from far.priming import latest_primer
+    from far.priming import primer_of
 
     model = tiny_model("bert")
     far.Primer(model)
     alive = weakref.ref(model)
     del model
     gc.collect()
-    assert alive() is None  # the registry does not keep a primed model alive
+    assert alive() is None  # the Primer does not keep the model it watches alive
 
     model = tiny_model("bert").train()
     primer = far.Primer(model)
     _train_steps(model)
     far.reconfigure(model, 0.4)
-    assert latest_primer(model) is None
+    assert primer_of(model) is None
     snapshot = weakref.ref(primer)
     del primer
     gc.collect()
     assert snapshot() is None
+
+
+def test_scores_travel_with_the_model_they_were_recorded_on():
+    import copy
+
+    first, second = tiny_model("bert").train(), tiny_model("bert").train()
+    primer = far.Primer(first)
+    _train_steps(first)
+    far.Primer(second)  # a later Primer of another model does not replace the first model's
+    with pytest.raises(ValueError, match="this Primer was created on another model"):
+        far.reconfigure(second, retention=0.4, scores=primer)
+    assert not far.is_reconfigured(second)
+    clone = copy.deepcopy(first)  # the copy's Primer still watches the original: not picked up
+    with pytest.raises(ValueError, match="never primed"):
+        far.reconfigure(clone, retention=0.4)
+    expected = far.select_learners(0.4, scores=primer.scores())
+    far.reconfigure(first, far.FARConfig(retention=0.4), scores=primer)
+    assert {k: v.tolist() for k, v in far.learners(first).items()} == {k: v.tolist() for k, v in expected.items()}
+    assert far.get_config(first) == far.FARConfig(retention=0.4)
+
+
+def test_a_config_or_its_fields_not_both():
+    model = tiny_model("bert")
+    with pytest.raises(TypeError, match="either a far.FARConfig or its fields"):
+        far.reconfigure(model, far.FARConfig(0.4, "random"), seed=3)
+    with pytest.raises(TypeError, match="retention is given twice"):
+        far.reconfigure(model, 0.4, retention=0.5, selection="random")
+    assert not far.is_reconfigured(model)
+    far.reconfigure(model, far.FARConfig(0.5, "random", seed=3))
+    assert far.get_config(model) == far.FARConfig(retention=0.5, selection="random", seed=3)

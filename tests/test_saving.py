@@ -27,7 +27,7 @@ def test_far_checkpoint_reloads_with_its_layout(arch, tmp_path):
     model = trained(arch)
     assert far.save_pretrained(model, tmp_path / "ckpt") == tmp_path / "ckpt"
     entry = json.loads((tmp_path / "ckpt" / "config.json").read_text())["far"]
-    assert entry == {"format_version": 1, "config": far.get_config(model).to_dict()}
+    assert entry == {"format_version": 2, "config": far.get_config(model).to_dict()}
     loaded = far.from_pretrained(tmp_path / "ckpt")
     assert type(loaded) is type(model) and not loaded.training
     assert_same(snapshot(loaded), snapshot(model))
@@ -107,9 +107,12 @@ def test_inconsistent_or_foreign_folders_are_refused(tmp_path):
     config_path = tmp_path / "ckpt" / "config.json"
     data = json.loads(config_path.read_text())
     config_path.write_text(json.dumps({**data, "far": {"format_version": 7, "config": {}}}))
-    with pytest.raises(ValueError, match="format version 7, this version of far reads version 1"):
+    with pytest.raises(ValueError, match="format version 7, this version of far reads version 2; upgrade far"):
         far.from_pretrained(tmp_path / "ckpt")
-    config_path.write_text(json.dumps({**data, "far": {"format_version": 1, "config": {"retention": 3}}}))
+    config_path.write_text(json.dumps({**data, "far": {"format_version": 1, "config": {}}}))
+    with pytest.raises(ValueError, match="written by an older far: merge it there"):
+        far.from_pretrained(tmp_path / "ckpt")
+    config_path.write_text(json.dumps({**data, "far": {"format_version": 2, "config": {"retention": 3}}}))
     with pytest.raises(ValueError, match="'far' entry is invalid"):
         far.from_pretrained(tmp_path / "ckpt")
 

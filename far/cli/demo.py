@@ -18,10 +18,11 @@ import torch
 from transformers import DataCollatorWithPadding
 
 import far
-from far.cli.common import add_data_arguments, first
-from far.cli.evaluation import GlueEvaluator
-from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
-from far.models import DEFAULT_MODEL, load_model_and_tokenizer
+from far.cli.common import add_data_arguments
+from far.tasks.evaluators import GlueEvaluator
+from far.tasks.glue import GLUE_TASKS, load_glue, tokenize_glue
+from far.tasks.models import DEFAULT_MODEL, load_model_and_tokenizer
+from far.tasks.settings import first
 
 
 def register(subparsers) -> None:

@@ -10,15 +10,14 @@ import argparse
 import time
 from pathlib import Path
 
-from transformers import AutoTokenizer, DataCollatorWithPadding
-
 import far
-from far.cli.common import UsageError, add_data_arguments, first, print_metrics, write_json
-from far.cli.evaluation import GlueEvaluator
-from far.cli.glue import PREDICTIONS_FILE as GLUE_PREDICTIONS_FILE
-from far.cli.squad import add_squad_arguments, load_eval_split, make_evaluator, write_squad_predictions
-from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
-from far.models import check_max_length
+from far.cli.common import UsageError, add_data_arguments, print_metrics
+from far.cli.squad import add_squad_arguments, squad_settings
+from far.tasks.glue import GLUE_TASKS, load_glue
+from far.tasks.models import check_max_length, load_trained_model
+from far.tasks.report import write_json
+from far.tasks.runs import glue_evaluator, squad_evaluator
+from far.tasks.settings import first
 
 SQUAD_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
 EVAL_METRICS_FILE = "eval_metrics.json"
@@ -49,22 +48,9 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _load(checkpoint: Path):
-    if not checkpoint.is_dir() or not (checkpoint / "config.json").is_file():
-        raise UsageError(
-            f"checkpoint {checkpoint} is not a model folder (no config.json there); pass the model "
-            "folder a training run saved, e.g. runs/cola-far/model"
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"no tokenizer in {checkpoint}: {e}") from None
-    return far.from_pretrained(checkpoint), tokenizer
-
-
 def run(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
-    model, tokenizer = _load(checkpoint)
+    model, tokenizer = load_trained_model(checkpoint)
     task = args.task or getattr(model.config, "finetuning_task", None)
     if task not in GLUE_TASKS and task not in SQUAD_TASKS:
         raise UsageError(
@@ -77,14 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if task in SQUAD_TASKS:
         if not type(model).__name__.endswith("ForQuestionAnswering"):
             raise UsageError(f"{checkpoint} holds a {type(model).__name__}, not a question-answering model")
-        args.squad_version = SQUAD_TASKS[task]
-        _, examples = load_eval_split(args)
-        evaluator = make_evaluator(args, examples, tokenizer, max_length)
-        metrics = evaluator(model)
-        n_examples = len(examples)
-
-        def write(directory):
-            return write_squad_predictions(evaluator, directory)
+        squad = squad_settings(args, SQUAD_TASKS[task])
+        examples = first(squad.splits(args.data_dir)["validation"], args.max_eval_samples)
+        evaluator = squad_evaluator(
+            squad, examples, tokenizer, max_length, batch_size=args.eval_batch_size, bf16=args.bf16
+        )
     else:
         spec = GLUE_TASKS[task]
         if model.config.num_labels != spec.num_labels:
@@ -92,27 +75,17 @@ def run(args: argparse.Namespace) -> int:
                 f"{checkpoint} has {model.config.num_labels} output(s) but GLUE {task} needs "
                 f"{spec.num_labels}; pass the --task it was trained on"
             )
-        raw = first(load_glue(task, args.data_dir, splits=("validation",))["validation"], args.max_eval_samples)
-        evaluator = GlueEvaluator(
-            spec,
-            tokenize_glue(raw, tokenizer, spec, max_length),
-            DataCollatorWithPadding(tokenizer),
-            batch_size=args.eval_batch_size,
-            bf16=args.bf16,
+        examples = first(load_glue(task, args.data_dir, splits=("validation",))["validation"], args.max_eval_samples)
+        evaluator = glue_evaluator(
+            spec, examples, tokenizer, max_length, batch_size=args.eval_batch_size, bf16=args.bf16
         )
-        metrics = evaluator(model)
-        n_examples = len(raw)
-
-        def write(directory):
-            evaluator.write_predictions(directory / GLUE_PREDICTIONS_FILE, raw["idx"])
-            return {"predictions": GLUE_PREDICTIONS_FILE}
-
+    metrics = evaluator(model)
     seconds = time.perf_counter() - start
     print_metrics(f"{task} ({checkpoint})", metrics)
     if args.output_dir:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        files = write(out)
+        files = evaluator.write_predictions(out)
         far_config = far.get_config(model)
         write_json(
             out / EVAL_METRICS_FILE,
@@ -121,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 "checkpoint": str(checkpoint),
                 "metrics": metrics,
                 "eval_seconds": seconds,
-                "eval_examples": n_examples,
+                "eval_examples": len(examples),
                 "far": far_config.to_dict() if far_config is not None else None,
                 "files": files,
                 "far_version": far.__version__,

@@ -1,7 +1,8 @@
 """The `far` console command: one argparse parser, one module per subcommand.
 
-Each subcommand is a module `far.cli.<name>` with `register(subparsers)` (adding its parser with
-`set_defaults(func=run)`) and `run(args) -> int`. Expected user errors (`UsageError`, ValueError,
+Each subcommand is a module of `far.cli` with `register(subparsers)` (adding its parser with
+`set_defaults(func=run)`) and `run(args) -> int`, listed in `COMMANDS`; a training command
+registers through `far.cli.common.register_training_command`. Expected user errors (`UsageError`, ValueError,
 OSError such as a missing file) are printed as `far <cmd>: error: <message>` with exit code 2 and no traceback.
 
     $ far glue --task cola --method far --retention 0.4
@@ -10,16 +11,16 @@ OSError such as a missing file) are printed as `far <cmd>: error: <message>` wit
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 import far
+from far.cli import demo, export, glue, squad
+from far.cli import eval as evaluate
 from far.cli.common import UsageError
 
-# Subcommand modules, in help order; one not in this install (a later feature) is left out.
-SUBCOMMANDS = ("demo", "glue", "squad", "eval", "export", "bench")
+COMMANDS = (demo, glue, squad, evaluate, export)  # in help order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,24 +29,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"far {far.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"far.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"far.cli.{name}":
-                continue
-            raise
-        module.register(subparsers)
+    for command in COMMANDS:
+        command.register(subparsers)
     return parser
+
+
+class _StderrHandler(logging.StreamHandler):
+    """far's progress messages on stderr; a class of its own, so that `main` adds it only once."""
 
 
 def _log_to_stderr() -> None:
     # Show far's progress messages once, without touching the root logger of a host program.
     logger = logging.getLogger("far")
-    if not any(getattr(h, "_far_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        handler._far_cli = True
         logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)

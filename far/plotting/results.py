@@ -46,7 +46,7 @@ RESULT_SOURCES: dict[str, str] = {
         "--output experiments/results/bench_step_distilbert"
     ),
     "memory_minilm.json": "python experiments/bench_memory.py",
-    "llm_memory.json": "python experiments/bench_llm_memory.py",
+    "llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
     "llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
 }
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M"}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 
 import transformers
@@ -21,14 +20,14 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 
-from far.architectures import FFNSpec, find_ffns
+from far.architectures import FFNSpec
 from far.atomic import atomic_dir
 from far.config import FARConfig
-from far.selection import learner_count
-from far.surgery import get_config, is_reconfigured, learners_from_state_dict, reconfigure_with_learners
+from far.saving.layout import rebuild_layout
+from far.surgery import get_config, is_reconfigured
 
 FAR_KEY = "far"  # config.json entry of a FAR checkpoint
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: split projections stored node-major (one row per node)
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -116,29 +115,20 @@ def _recorded_config(path: Path, entry: object) -> FARConfig | None:
         return None
     if not isinstance(entry, dict) or entry.get("format_version") != FORMAT_VERSION:
         version = entry.get("format_version") if isinstance(entry, dict) else None
+        older = isinstance(version, int) and version < FORMAT_VERSION
         raise ValueError(
             f"{str(path)!r}: config.json's {FAR_KEY!r} entry has format version {version!r}, this version of far "
-            f"reads version {FORMAT_VERSION}; upgrade far"
+            f"reads version {FORMAT_VERSION}; "
+            + (
+                "it was written by an older far: merge it there (far export --merge) and load the plain model"
+                if older
+                else "upgrade far"
+            )
         )
     try:
         return FARConfig(**entry["config"])
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{str(path)!r}: config.json's {FAR_KEY!r} entry is invalid: {error}") from error
-
-
-def _inferred_config(path: Path, chosen: Mapping[str, Tensor], n_nodes: Mapping[str, int]) -> FARConfig:
-    # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
-    retention = sum(len(v) for v in chosen.values()) / sum(n_nodes.values())
-    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in chosen)
-    config = FARConfig(retention=round(retention, 6), selection="per_layer" if uniform else "global")
-    warnings.warn(
-        f"{str(path)!r} has FAR split layers but no {FAR_KEY!r} entry in config.json (it was saved with "
-        f"model.save_pretrained): the layout was rebuilt from the weights, with retention={config.retention} "
-        "inferred and selection/seed/freeze_embeddings unknown (recorded as defaults). Save with "
-        "far.save_pretrained to keep the FAR config",
-        stacklevel=4,
-    )
-    return config
 
 
 def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFNSpec | None, kwargs) -> nn.Module:
@@ -151,9 +141,16 @@ def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFN
     state_dict: dict[str, Tensor] = {}
     for file in files:
         state_dict.update(load_file(file))
-    chosen = learners_from_state_dict(model, state_dict, spec)
-    n_nodes = {name: ffn.n_nodes for name, ffn in find_ffns(model, spec).items()}
-    reconfigure_with_learners(model, chosen, far_config or _inferred_config(path, chosen, n_nodes), spec=spec)
+    rebuild_layout(model, state_dict, far_config, spec=spec)
+    if far_config is None:
+        # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
+        warnings.warn(
+            f"{str(path)!r} has FAR split layers but no {FAR_KEY!r} entry in config.json (it was saved with "
+            f"model.save_pretrained): the layout was rebuilt from the weights, with retention="
+            f"{get_config(model).retention} inferred and selection/seed/freeze_embeddings unknown (recorded as "
+            "defaults). Save with far.save_pretrained to keep the FAR config",
+            stacklevel=3,
+        )
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     # Hugging Face drops tied duplicates (e.g. lm_head.weight) on save; those alone may be missing.
     tensors = model.state_dict(keep_vars=True)

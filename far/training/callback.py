@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from pathlib import Path
 
@@ -13,19 +11,11 @@ from torch.optim import Optimizer
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from far.architectures import FFNSpec
-from far.config import FARConfig
+from far.config import UNSET, FARConfig, as_config
 from far.priming import Primer
-from far.surgery import is_reconfigured, learners_from_state_dict, reconfigure, reconfigure_with_learners
-from far.training.checkpoint import read_layout
-
-
-def _priming_steps(priming: float | int, max_steps: int) -> int:
-    steps = int(priming) if isinstance(priming, numbers.Integral) else math.ceil(priming * max_steps)
-    if steps >= max_steps:
-        raise ValueError(
-            f"priming={priming!r} is {steps} steps but the Trainer runs only {max_steps}; priming must be shorter"
-        )
-    return steps
+from far.saving.layout import read_layout, rebuild_layout
+from far.surgery import is_reconfigured, reconfigure
+from far.training.plan import check_length, length_in_steps
 
 
 def retarget_optimizer(optimizer: Optimizer, model: nn.Module, group_of: dict[str, int]) -> None:
@@ -78,14 +68,16 @@ class FARCallback(TrainerCallback):
     single-process run), then train the reconfigured model under DDP.
 
     Args:
-        retention: Fraction of each FFN's nodes kept trainable.
+        config: The `far.FARConfig` of the surgery; or leave it out and give its fields as
+            keywords, as for `far.reconfigure`.
         priming: Priming length: a fraction of the Trainer's `max_steps` in [0, 1), or a number of
             optimizer steps. Ignored with selection="random" (no scores needed: the surgery is at
             the start).
-        selection / seed / freeze_embeddings / spec: As for `far.reconfigure`.
+        spec: As for `far.reconfigure`.
+        **fields: The config's fields (retention, selection, seed, freeze_embeddings) as keywords.
 
     Example:
-        >>> callback = far.FARCallback(retention=0.4, priming=0.1)
+        >>> callback = far.FARCallback(far.FARConfig(retention=0.4), priming=0.1)
         >>> trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[callback])
         >>> trainer.train()
         >>> # resuming past the switch: rebuild the layout before the Trainer loads the weights
@@ -95,26 +87,19 @@ class FARCallback(TrainerCallback):
 
     def __init__(
         self,
-        retention: float = 0.4,
+        config: FARConfig | float = UNSET,
         *,
         priming: float | int = 0.1,
-        selection: str = "per_layer",
-        seed: int = 0,
-        freeze_embeddings: bool = False,
         spec: FFNSpec | None = None,
+        **fields: object,
     ) -> None:
-        self.config = FARConfig(
-            retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings
-        )
-        integral = isinstance(priming, numbers.Integral) and not isinstance(priming, bool)
-        fraction = isinstance(priming, numbers.Real) and not integral and 0.0 <= priming < 1.0
-        if isinstance(priming, bool) or not (integral and priming >= 0 or fraction):
-            raise ValueError(f"priming must be a fraction of max_steps in [0, 1) or a number of steps, got {priming!r}")
-        if selection != "random" and priming == 0:
+        self.config = as_config(config, **fields)
+        self.priming = check_length("priming", priming)
+        if self.config.selection != "random" and self.priming == 0:
             raise ValueError(
-                f"selection={selection!r} needs priming scores: priming must be > 0, or use selection='random'"
+                f"selection={self.config.selection!r} needs priming scores: priming must be > 0, or use "
+                "selection='random'"
             )
-        self.priming = priming
         self.spec = spec
         self.priming_steps: int | None = None
         self._primer: Primer | None = None
@@ -133,7 +118,8 @@ class FARCallback(TrainerCallback):
                 "FARCallback changes the model's parameters mid-run, which DDP cannot follow; prime and reconfigure "
                 "in one process, then train the reconfigured model under DDP"
             )
-        self.priming_steps = 0 if self.config.selection == "random" else _priming_steps(self.priming, state.max_steps)
+        random = self.config.selection == "random"
+        self.priming_steps = 0 if random else length_in_steps("priming", self.priming, state.max_steps)
         if is_reconfigured(model):
             if state.global_step < self.priming_steps:
                 raise ValueError(
@@ -150,33 +136,17 @@ class FARCallback(TrainerCallback):
         else:
             self._primer = Primer(model, self.spec)
 
-    def on_step_end(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        model: nn.Module | None = None,
-        optimizer: Optimizer | None = None,
-        **kwargs,
-    ) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
+        # The Trainer passes its model and optimizer (and more) as keywords.
         if self._primer is not None and state.global_step >= self.priming_steps:
             scores = self._primer.scores()
             self._primer = None
-            self._switch(model, optimizer, scores)
+            self._switch(kwargs["model"], kwargs["optimizer"], scores)
 
     def _switch(self, model: nn.Module, optimizer: Optimizer, scores: dict[str, torch.Tensor] | None) -> None:
         index = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
         group_of = {name: index[id(p)] for name, p in model.named_parameters() if id(p) in index}
-        c = self.config
-        reconfigure(
-            model,
-            c.retention,
-            scores=scores,
-            selection=c.selection,
-            seed=c.seed,
-            freeze_embeddings=c.freeze_embeddings,
-            spec=self.spec,
-        )
+        reconfigure(model, self.config, scores=scores, spec=self.spec)
         retarget_optimizer(optimizer, model, group_of)
 
     def restore_layout(self, model: nn.Module, checkpoint: str | os.PathLike) -> nn.Module:
@@ -188,5 +158,4 @@ class FARCallback(TrainerCallback):
         path = Path(checkpoint) / "model.safetensors"
         if not path.is_file():
             raise ValueError(f"no model.safetensors in {str(checkpoint)!r}; pass a Trainer checkpoint folder")
-        learners = learners_from_state_dict(model, read_layout(path), self.spec)
-        return reconfigure_with_learners(model, learners, self.config, spec=self.spec)
+        return rebuild_layout(model, read_layout([path]), self.config, spec=self.spec)

@@ -31,19 +31,13 @@ from torch.optim.lr_scheduler import LRScheduler
 from far.architectures import FFNSpec
 from far.atomic import atomic_dir, atomic_file
 from far.config import FARConfig
+from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
-from far.surgery import (
-    get_config,
-    is_reconfigured,
-    learners,
-    learners_from_state_dict,
-    reconfigure_with_learners,
-    restore,
-)
+from far.surgery import get_config, is_reconfigured, restore
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
-FORMAT = 1
+FORMAT = 2  # 2: split projections stored node-major (one row per node)
 _FILES = ("model.safetensors", "far.json", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -140,12 +134,6 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(folder, int(state["step"]), state, config, tuple(layout["trainable"]))
 
 
-def read_layout(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file that record a FAR layout (node orders, learner weights)."""
-    with safe_open(str(path), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys() if k.endswith((".node_order", ".learner_weight"))}
-
-
 def _check_keys(model: nn.Module, folder: Path) -> None:
     """Raise unless the file holds a tensor of the right shape for every tensor of `model`."""
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
@@ -171,16 +159,8 @@ def load_model_state(model: nn.Module, checkpoint: Checkpoint, spec: FFNSpec | N
     folder = checkpoint.path
     rebuilt = False
     if checkpoint.far_config is not None:
-        wanted = learners_from_state_dict(model, read_layout(folder / "model.safetensors"), spec)
-        if is_reconfigured(model):
-            have = learners(model, spec)
-            if have.keys() != wanted.keys() or any(not torch.equal(have[k], wanted[k]) for k in have):
-                raise ValueError(
-                    "this model is reconfigured with other learners than the checkpoint; pass the plain model"
-                )
-        else:
-            reconfigure_with_learners(model, wanted, checkpoint.far_config, spec=spec)
-            rebuilt = True
+        rebuilt = not is_reconfigured(model)
+        rebuild_layout(model, read_layout([folder / "model.safetensors"]), checkpoint.far_config, spec=spec)
     elif is_reconfigured(model):
         raise ValueError(
             "the checkpoint is of a plain model, but this model is reconfigured by FAR; pass the plain model"

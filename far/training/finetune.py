@@ -175,7 +175,7 @@ def finetune(
     )
     if plan.eval_every is not None and eval_fn is None:
         raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
-    if plan.retention is not None or plan.freeze_ffn:
+    if plan.far is not None or plan.freeze_ffn:
         find_ffns(model, spec)  # a clear error for an architecture far does not know
     checkpoint = None
     if resume_from is not None:
@@ -187,7 +187,7 @@ def finetune(
             )
         output_dir = checkpoint.run_dir if output_dir is None else output_dir
     else:
-        if (plan.retention is not None or plan.freeze_ffn) and is_reconfigured(model):
+        if (plan.far is not None or plan.freeze_ffn) and is_reconfigured(model):
             raise ValueError(
                 "this model is already reconfigured by FAR; pass the plain model, or retention=None to train it "
                 "as it is"

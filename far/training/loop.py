@@ -121,11 +121,9 @@ class Loop:
     def _tick(self) -> None:
         self.seconds["total"] = self._prior_seconds + time.perf_counter() - self._started
 
-    # ---- phases -------------------------------------------------------------------------------
-
     def _start(self) -> int:
         plan, model, t = self.plan, self.model, time.perf_counter()
-        if plan.retention is None:
+        if plan.far is None:
             if plan.freeze_ffn:
                 freeze_ffns(model, self.spec)
             if plan.freeze_embeddings:
@@ -135,7 +133,7 @@ class Loop:
         elif plan.priming_steps:
             self.primer = Primer(model, self.spec)  # snapshot of the FFNs before priming moves them
         else:  # random selection: no scores needed
-            self._surgery(None)
+            reconfigure(model, plan.far, spec=self.spec)
         self._build(0)
         self.seconds["priming"] += time.perf_counter() - t
         return 0
@@ -148,18 +146,6 @@ class Loop:
         self.metrics = dict(checkpoint.trainer_state.get("metrics", {}))
         return checkpoint.step
 
-    def _surgery(self, scores: dict[str, Tensor] | None) -> None:
-        plan = self.plan
-        reconfigure(
-            self.model,
-            plan.retention,
-            scores=scores,
-            selection=plan.selection,
-            seed=plan.seed,
-            freeze_embeddings=plan.freeze_embeddings,
-            spec=self.spec,
-        )
-
     def _reconfigure(self, step: int) -> int:
         """End of priming: select learners from the priming scores, split the FFNs, rebuild the optimizer.
 
@@ -169,7 +155,7 @@ class Loop:
         t = time.perf_counter()
         scores = self.primer.scores()
         self.primer = self.optimizer = self.scheduler = None  # free the priming state first
-        self._surgery(scores)
+        reconfigure(self.model, self.plan.far, scores=scores, spec=self.spec)
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))
@@ -190,8 +176,6 @@ class Loop:
         self.scheduler = warmup_linear(self.optimizer, plan.total_steps, plan.warmup_steps, offset=step)
         # MeZO compares two losses of one batch, so no dropout noise between them (as MeZO's own code does).
         self.model.train(name != "mezo")
-
-    # ---- one step -----------------------------------------------------------------------------
 
     def _step(self, step: int, batches: list[Any]) -> dict:
         t = time.perf_counter()
@@ -238,8 +222,6 @@ class Loop:
             torch.nn.utils.clip_grad_norm_(params, self.plan.max_grad_norm)
         optimizer.step()
         return total
-
-    # ---- evaluation, checkpoints, result ------------------------------------------------------
 
     def _evaluate(self, step: int) -> dict[str, float]:
         t, training = time.perf_counter(), self.model.training

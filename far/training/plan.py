@@ -6,7 +6,7 @@ import math
 import numbers
 from dataclasses import asdict, dataclass, fields
 
-from far.config import SELECTIONS, check_retention
+from far.config import FARConfig
 
 DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
 OPTIMIZERS = tuple(DEFAULT_LR)
@@ -38,16 +38,33 @@ def _optimizer_name(name: str, value: object) -> str:
     return value
 
 
-def _steps(name: str, value: object, total: int, what: str) -> int:
-    """A fraction in [0, 1) of `total` steps, or a number of steps (int) below `total`."""
-    if _is_int(value):
-        steps = _int(name, value, 0)
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 <= value < 1.0:
-        steps = math.ceil(float(value) * total) if value > 0 else 0
-    else:
-        raise ValueError(
-            f"{name} must be a fraction of the steps in [0, 1) or a number of steps (an int), got {value!r}"
-        )
+def check_length(name: str, value: object) -> float | int:
+    """Check a length given as a fraction of a run's steps in [0, 1) or as a number of steps (an int).
+
+    The one reader of such lengths (priming, warmup): `far.finetune`, `far.FARCallback` and the
+    command line all come through it.
+    """
+    if _is_int(value) and value >= 0:
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 <= value < 1.0:
+        return float(value)
+    raise ValueError(f"{name} must be a fraction of the steps in [0, 1) or a number of steps (an int), got {value!r}")
+
+
+def steps_of(value: float | int, total: int, name: str = "length") -> int:
+    """The steps that a length (see `check_length`) makes of `total` steps; a fraction rounds up.
+
+    Example:
+        >>> steps_of(0.1, 95), steps_of(5, 95), steps_of(0.001, 10)
+        (10, 5, 1)
+    """
+    value = check_length(name, value)
+    return value if isinstance(value, int) else math.ceil(value * total)
+
+
+def length_in_steps(name: str, value: float | int, total: int, what: str | None = None) -> int:
+    """`steps_of` a run of `total` steps, refused unless shorter than the run."""
+    steps, what = steps_of(value, total, name), what or name
     if steps and steps >= total:
         raise ValueError(
             f"{name}={value!r} means {steps} steps of {what}, but the run has only {total} steps in all; "
@@ -65,8 +82,7 @@ class TrainingPlan:
     """
 
     optimizer: str
-    retention: float | None
-    selection: str
+    far: FARConfig | None  # None: no surgery (full fine-tuning, or the freeze-FFN ablation)
     priming_optimizer: str | None  # None: no priming phase
     freeze_embeddings: bool
     freeze_ffn: bool
@@ -89,10 +105,6 @@ class TrainingPlan:
     keep_checkpoints: int | None
     log_every: int
 
-    @property
-    def reconfigures(self) -> bool:
-        return self.retention is not None
-
     def optimizer_at(self, step: int) -> str:
         """The optimizer that takes step `step` (0-based)."""
         return self.priming_optimizer if step < self.priming_steps else self.optimizer
@@ -106,10 +118,11 @@ class TrainingPlan:
 
     def mismatches(self, saved: dict) -> list[str]:
         """The options that would make a run resumed from a checkpoint of `saved` diverge from it."""
+        now = self.to_dict()
         return [
-            f"{f.name}: saved {saved.get(f.name)!r}, now {getattr(self, f.name)!r}"
+            f"{f.name}: saved {saved.get(f.name)!r}, now {now[f.name]!r}"
             for f in fields(self)
-            if f.name not in _FREE_ON_RESUME and saved.get(f.name) != getattr(self, f.name)
+            if f.name not in _FREE_ON_RESUME and saved.get(f.name) != now[f.name]
         ]
 
 
@@ -144,14 +157,13 @@ def plan_training(
     """Check every option and resolve the step counts; raises ValueError/TypeError naming the bad one."""
     optimizer = _optimizer_name("optimizer", optimizer)
     priming_optimizer = _optimizer_name("priming_optimizer", priming_optimizer)
+    far = None
     if retention is not None:
-        retention = check_retention(retention)
+        far = FARConfig(retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
         if freeze_ffn:
             raise ValueError(
                 "freeze_ffn=True is the freeze-FFN ablation of full fine-tuning; use it with retention=None"
             )
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {selection!r}")
     for name, flag in (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("bf16", bf16)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -164,8 +176,8 @@ def plan_training(
     else:
         epochs = _float("epochs", epochs, low=0.0, strict=True, hint="e.g. epochs=3 (or set max_steps)")
         total_steps = max(1, math.ceil(epochs * math.ceil(n_examples / batch_size) / grad_accum))
-    primes = retention is not None and selection != "random"  # random selection needs no scores
-    priming_steps = _steps("priming", priming, total_steps, "priming") if primes else 0
+    primes = far is not None and far.selection != "random"  # random selection needs no scores
+    priming_steps = length_in_steps("priming", priming, total_steps) if primes else 0
     if primes and priming_steps == 0:
         raise ValueError(
             f"selection={selection!r} ranks FFN nodes by how much they move during priming, so priming must be "
@@ -186,8 +198,7 @@ def plan_training(
         )
     return TrainingPlan(
         optimizer=optimizer,
-        retention=retention,
-        selection=selection,
+        far=far,
         priming_optimizer=priming_optimizer,
         freeze_embeddings=freeze_embeddings,
         freeze_ffn=freeze_ffn,
@@ -196,7 +207,7 @@ def plan_training(
         grad_accum=grad_accum,
         total_steps=total_steps,
         priming_steps=priming_steps,
-        warmup_steps=_steps("warmup", warmup, total_steps, "warmup"),
+        warmup_steps=length_in_steps("warmup", warmup, total_steps),
         lr=lr,
         priming_lr=priming_lr,
         weight_decay=_float("weight_decay", weight_decay, low=0.0, hint="e.g. 0.0 or 0.01"),

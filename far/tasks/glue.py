@@ -22,7 +22,7 @@ from pathlib import Path
 
 import datasets
 
-from far.data.locate import hub_offline, not_found_message, resolve_data_dir
+from far.tasks.locate import find_local
 
 logger = logging.getLogger(__name__)
 
@@ -133,25 +133,15 @@ def load_glue(
     unknown = [s for s in splits if s not in SPLITS]
     if unknown:
         raise ValueError(f"unknown split(s) {unknown}; GLUE splits here are {', '.join(SPLITS)}")
-    root = resolve_data_dir(data_dir)
-    looked = [root / "glue" / spec.folder, root / spec.folder] if root is not None else []
-    folder = next((p for p in looked if p.is_dir()), None)
+    folder = find_local(
+        data_dir,
+        "glue",
+        spec.folder,
+        what=f"GLUE {spec.folder} folder",
+        hint=f"Point --data-dir or $FAR_DATA_DIR at a folder with glue/{spec.folder}/{{train.tsv,{spec.dev_file}}} "
+        "(GLUE's download layout), or unset HF_DATASETS_OFFLINE to use the hub.",
+    )
     if folder is None:
-        if hub_offline():
-            raise FileNotFoundError(
-                not_found_message(
-                    f"GLUE {spec.folder} folder",
-                    looked,
-                    f"Point --data-dir or $FAR_DATA_DIR at a folder with "
-                    f"glue/{spec.folder}/{{train.tsv,{spec.dev_file}}} (GLUE's download layout), "
-                    "or unset HF_DATASETS_OFFLINE to use the hub.",
-                )
-            )
-        logger.info(
-            "no local GLUE %s folder (looked in %s); loading nyu-mll/glue from the hub",
-            spec.folder,
-            ", ".join(map(str, looked)) or "no data dir",
-        )
         return _load_from_hub(spec, splits)
     out = {}
     for split in splits:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import datasets
 
-from far.data.locate import hub_offline, not_found_message, resolve_data_dir
+from far.tasks.locate import find_local
 
 logger = logging.getLogger(__name__)
 
@@ -125,25 +125,15 @@ def load_squad(
         raise ValueError("give either a training file or holdout_articles (splitting one file by article), not both")
     _, dev_name, hub_name = VERSIONS[version]
     if eval_file is None:
-        root = resolve_data_dir(data_dir)
-        looked = [root / "squad" / dev_name, root / dev_name] if root is not None else []
-        eval_file = next((p for p in looked if p.is_file()), None)
+        eval_file = find_local(
+            data_dir,
+            "squad",
+            dev_name,
+            what=f"SQuAD v{version} file {dev_name}",
+            hint=f"Point --data-dir or $FAR_DATA_DIR at a folder with squad/{dev_name}, name the file with "
+            "--eval-file, or unset HF_DATASETS_OFFLINE to use the hub.",
+        )
         if eval_file is None:
-            if hub_offline():
-                raise FileNotFoundError(
-                    not_found_message(
-                        f"SQuAD v{version} file {dev_name}",
-                        looked,
-                        f"Point --data-dir or $FAR_DATA_DIR at a folder with squad/{dev_name}, name the file with "
-                        "--eval-file, or unset HF_DATASETS_OFFLINE to use the hub.",
-                    )
-                )
-            logger.info(
-                "no local %s (looked in %s); loading %s from the hub",
-                dev_name,
-                ", ".join(map(str, looked)) or "no data dir",
-                hub_name,
-            )
             return _load_from_hub(hub_name, train_file, holdout_articles)
     evaluation = read_squad_json(eval_file)
     if train_file is not None:
@@ -243,29 +233,26 @@ def prepare_eval_features(
     return encoded
 
 
+def _features(dataset: datasets.Dataset, prepare, tokenizer, max_length: int, doc_stride: int, desc: str):
+    _check_tokenizer(tokenizer, max_length, doc_stride)
+    return dataset.map(
+        prepare,
+        batched=True,
+        remove_columns=dataset.column_names,
+        fn_kwargs=dict(tokenizer=tokenizer, max_length=max_length, doc_stride=doc_stride),
+        desc=desc,
+    )
+
+
 def squad_train_dataset(
     dataset: datasets.Dataset, tokenizer, max_length: int = 384, doc_stride: int = 128
 ) -> datasets.Dataset:
     """Tokenise a split into training features (model inputs + start/end positions only)."""
-    _check_tokenizer(tokenizer, max_length, doc_stride)
-    return dataset.map(
-        prepare_train_features,
-        batched=True,
-        remove_columns=dataset.column_names,
-        fn_kwargs=dict(tokenizer=tokenizer, max_length=max_length, doc_stride=doc_stride),
-        desc="SQuAD training features",
-    )
+    return _features(dataset, prepare_train_features, tokenizer, max_length, doc_stride, "SQuAD training features")
 
 
 def squad_eval_dataset(
     dataset: datasets.Dataset, tokenizer, max_length: int = 384, doc_stride: int = 128
 ) -> datasets.Dataset:
     """Tokenise a split into evaluation features (model inputs + `example_id` + `offset_mapping`)."""
-    _check_tokenizer(tokenizer, max_length, doc_stride)
-    return dataset.map(
-        prepare_eval_features,
-        batched=True,
-        remove_columns=dataset.column_names,
-        fn_kwargs=dict(tokenizer=tokenizer, max_length=max_length, doc_stride=doc_stride),
-        desc="SQuAD evaluation features",
-    )
+    return _features(dataset, prepare_eval_features, tokenizer, max_length, doc_stride, "SQuAD evaluation features")

@@ -1,14 +1,18 @@
-"""Evaluation loops for the scripts: dev-set predictions -> metrics, keeping the predictions to write out.
+"""Evaluators: dev-set predictions -> metrics, keeping the predictions to write out.
 
 An evaluator is a callable `eval_fn(model) -> dict[str, float]`, the form `far.finetune` takes; it
 runs the model in eval mode under no_grad and puts the model back in the mode it found it in.
+`write_predictions(directory)` then writes the last predictions there and returns
+`{what: file name}`, so that a run's report can list them without knowing the task.
 """
 
 from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
 
 import datasets
 import numpy as np
@@ -17,9 +21,37 @@ from torch.utils.data import DataLoader
 
 from far import metrics
 from far.atomic import atomic_file
-from far.data.glue import GlueTask
-from far.data.squad import EVAL_ONLY_COLUMNS
-from far.data.squad_postprocess import QAPredictions, postprocess_qa_predictions
+from far.tasks.glue import GlueTask
+from far.tasks.prompts import predict
+from far.tasks.squad import EVAL_ONLY_COLUMNS
+from far.tasks.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
+
+LABELS_FILE = "predictions.tsv"  # GLUE-style tasks: one row per example
+ANSWERS_FILE = "predictions.json"  # SQuAD: the official {id: answer} file
+NULL_ODDS_FILE = "null_odds.json"  # SQuAD v2: the official no-answer odds
+
+
+class Evaluator(Protocol):
+    """What a training run evaluates with and reports from."""
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]: ...
+
+    def write_predictions(self, directory: Path) -> dict[str, str]: ...
+
+
+def write_label_predictions(
+    path: str | os.PathLike, idx: Sequence[int], predictions: Sequence, labels: Sequence, names: Sequence[str]
+) -> None:
+    """TSV `index  prediction  label`, as run_glue.py's predict file: class names, or scores (no `names`)."""
+
+    def shown(value) -> str:
+        return f"{value:.4f}" if not names else names[int(value)]
+
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["index", "prediction", "label"])
+        for i, prediction, label in zip(idx, predictions, labels, strict=True):
+            writer.writerow([i, shown(prediction), shown(label)])
 
 
 def _batches(
@@ -41,6 +73,9 @@ def _batches(
 class GlueEvaluator:
     """Scores a GLUE dev split (tokenised by `tokenize_glue`); `predictions` holds the last run's outputs.
 
+    Args:
+        idx: The examples' indices for the predictions file (GLUE's `idx` column); default 0..N-1.
+
     Example:
         >>> evaluator = GlueEvaluator(GLUE_TASKS["cola"], dev, DataCollatorWithPadding(tokenizer))
         >>> evaluator(model)
@@ -48,9 +83,16 @@ class GlueEvaluator:
     """
 
     def __init__(
-        self, task: GlueTask, dataset: datasets.Dataset, collate_fn: Callable, batch_size: int = 64, bf16: bool = False
+        self,
+        task: GlueTask,
+        dataset: datasets.Dataset,
+        collate_fn: Callable,
+        batch_size: int = 64,
+        bf16: bool = False,
+        idx: Sequence[int] | None = None,
     ) -> None:
         self.task, self.collate_fn, self.batch_size, self.bf16 = task, collate_fn, batch_size, bf16
+        self.idx = list(range(len(dataset))) if idx is None else list(idx)
         self.references = np.asarray(dataset["labels"])
         self.dataset = dataset.remove_columns("labels")  # no loss needed to predict
         self.metric = metrics.load("glue", task.name)
@@ -65,20 +107,13 @@ class GlueEvaluator:
         self.predictions = logits[:, 0] if self.task.kind == "regression" else logits.argmax(-1)
         return self.metric.compute(predictions=self.predictions, references=self.references)
 
-    def write_predictions(self, path: str | os.PathLike, idx: list[int]) -> None:
-        """TSV `index  prediction  label` (class names, or scores for stsb), as run_glue.py's predict file."""
+    def write_predictions(self, directory: Path) -> dict[str, str]:
         if self.predictions is None:
             raise ValueError("no predictions yet: call the evaluator on a model first")
-        names = self.task.label_names
-
-        def shown(value) -> str:
-            return f"{value:.4f}" if not names else names[int(value)]
-
-        with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-            writer.writerow(["index", "prediction", "label"])
-            for i, prediction, label in zip(idx, self.predictions, self.references, strict=True):
-                writer.writerow([i, shown(prediction), shown(label)])
+        write_label_predictions(
+            Path(directory) / LABELS_FILE, self.idx, self.predictions, self.references, self.task.label_names
+        )
+        return {"predictions": LABELS_FILE}
 
 
 class SquadEvaluator:
@@ -133,3 +168,52 @@ class SquadEvaluator:
             version_2=self.version_2,
         )
         return self.metric.compute(predictions=self.predictions.for_metric(self.version_2), references=self.references)
+
+    def write_predictions(self, directory: Path) -> dict[str, str]:
+        if self.predictions is None:
+            raise ValueError("no predictions yet: call the evaluator on a model first")
+        files = {"predictions": ANSWERS_FILE}
+        odds = None
+        if self.version_2:
+            odds, files["null_odds"] = Path(directory) / NULL_ODDS_FILE, NULL_ODDS_FILE
+        write_predictions(self.predictions, Path(directory) / ANSWERS_FILE, odds)
+        return files
+
+
+class PromptEvaluator:
+    """Accuracy of a causal LM on prompts (`far.tasks.prompts`); `predictions` holds the last labels.
+
+    Args:
+        examples: `encode_prompts` output.
+        label_ids: The label words' token ids (`label_word_ids`).
+        pad_token_id: The tokenizer's pad token.
+        idx / names: The examples' indices and the class names, for the predictions file.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[dict],
+        label_ids: torch.Tensor,
+        pad_token_id: int,
+        *,
+        idx: Sequence[int],
+        names: Sequence[str],
+        batch_size: int = 32,
+    ) -> None:
+        self.examples, self.label_ids, self.pad_token_id = examples, label_ids, pad_token_id
+        self.idx, self.names, self.batch_size = list(idx), list(names), batch_size
+        self.labels = [int(e["labels"]) for e in examples]
+        self.predictions: list[int] | None = None
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        if not self.examples:
+            raise ValueError("PromptEvaluator needs at least one example")
+        predicted = predict(model, self.examples, self.label_ids, self.pad_token_id, self.batch_size)
+        self.predictions = predicted.tolist()
+        return {"accuracy": float((predicted == torch.tensor(self.labels)).float().mean())}
+
+    def write_predictions(self, directory: Path) -> dict[str, str]:
+        if self.predictions is None:
+            raise ValueError("no predictions yet: call the evaluator on a model first")
+        write_label_predictions(Path(directory) / LABELS_FILE, self.idx, self.predictions, self.labels, self.names)
+        return {"predictions": LABELS_FILE}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "FAR_DATA_DIR"
 _TRUE = {"1", "true", "yes", "on"}
@@ -41,3 +44,24 @@ def not_found_message(what: str, looked: Sequence[Path], hint: str) -> str:
     where = ", ".join(str(p) for p in looked) if looked else "nowhere: no --data-dir given and $FAR_DATA_DIR unset"
     offline = " (the hub is not an option: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)" if hub_offline() else ""
     return f"no {what} found{offline}; looked in: {where}. {hint}"
+
+
+def find_local(data_dir: str | os.PathLike | None, folder: str, name: str, *, what: str, hint: str) -> Path | None:
+    """`<root>/<folder>/<name>` or `<root>/<name>` under the local data root, whichever exists first.
+
+    Returns None (and logs where it looked) when there is none and the hub may be used instead.
+
+    Raises:
+        FileNotFoundError: there is none and the hub is offline; the message says where it looked
+            and `hint` how to point at the data.
+    """
+    root = resolve_data_dir(data_dir)
+    looked = [root / folder / name, root / name] if root is not None else []
+    found = next((p for p in looked if p.exists()), None)
+    if found is None:
+        if hub_offline():
+            raise FileNotFoundError(not_found_message(what, looked, hint))
+        logger.info(
+            "no local %s (looked in %s); loading it from the hub", what, ", ".join(map(str, looked)) or "nowhere"
+        )
+    return found

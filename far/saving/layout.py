@@ -1,0 +1,77 @@
+"""A saved FAR layout rebuilt on a plain model: the one path from saved tensors back to split layers.
+
+A reconfigured model's tensors record its layout (each split FFN's `node_order` and learner
+block). FAR checkpoints (`far.from_pretrained`), `far.finetune` checkpoints and Trainer checkpoints
+under `far.FARCallback` all come back through `rebuild_layout`, which reads the learners with
+`far.surgery.learners_from_state_dict` and splits the model with `reconfigure_with_learners`, so
+that the model can then load the saved weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+import torch
+from safetensors import safe_open
+from torch import Tensor, nn
+
+from far.architectures import FFNSpec, find_ffns
+from far.config import FARConfig
+from far.selection import learner_count
+from far.surgery import is_reconfigured, learners, learners_from_state_dict, reconfigure_with_learners
+
+# The tensors of a state dict that say which nodes are learners (the rest are weights).
+LAYOUT_SUFFIXES = (".node_order", ".learner_weight")
+
+
+def read_layout(files: Iterable[str | os.PathLike]) -> dict[str, Tensor]:
+    """The tensors of safetensors files that record a FAR layout (node orders, learner blocks)."""
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys() if k.endswith(LAYOUT_SUFFIXES)})
+    return tensors
+
+
+def inferred_config(model: nn.Module, chosen: Mapping[str, Tensor], spec: FFNSpec | None = None) -> FARConfig:
+    """A `FARConfig` for learners saved without one: the overall retention, and the selection it fits.
+
+    Only retention can be read back from a layout; seed and freeze_embeddings take their defaults.
+    """
+    n_nodes = {name: ffn.n_nodes for name, ffn in find_ffns(model, spec).items()}
+    retention = sum(len(v) for v in chosen.values()) / sum(n_nodes.values())
+    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in chosen)
+    return FARConfig(retention=round(retention, 6), selection="per_layer" if uniform else "global")
+
+
+def rebuild_layout(
+    model: nn.Module,
+    tensors: Mapping[str, Tensor],
+    config: FARConfig | None = None,
+    *,
+    spec: FFNSpec | None = None,
+) -> nn.Module:
+    """Split `model` as the saved `tensors` record, in place, ready to load them.
+
+    Args:
+        model: A plain model of the saved architecture, or one already split the same way (it is
+            then left as it is).
+        tensors: The saved state dict, or at least its layout tensors (`read_layout`).
+        config: The `FARConfig` to record on the model; None infers it (`inferred_config`).
+        spec: FFN layout for architectures that are not built in.
+
+    Returns:
+        The same model object.
+
+    Raises:
+        ValueError: the tensors hold no layout for one of the model's FFNs, or the model is
+            already split with other learners.
+    """
+    wanted = learners_from_state_dict(model, tensors, spec)
+    if is_reconfigured(model):
+        have = learners(model, spec)
+        if have.keys() != wanted.keys() or any(not torch.equal(have[k], wanted[k]) for k in have):
+            raise ValueError("this model is reconfigured with other learners than the saved ones; pass the plain model")
+        return model
+    return reconfigure_with_learners(model, wanted, config or inferred_config(model, wanted, spec), spec=spec)

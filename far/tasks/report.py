@@ -1,0 +1,185 @@
+"""The one train-and-report path: fine-tune a task's model, evaluate it, write what the run did.
+
+Every training command (GLUE, SQuAD, GLUE by prompts, and any later one) builds a `TrainingRun`
+and hands it to `train_and_report`, which writes into the run's output folder:
+
+    metrics.json      the metric, method, retention, seconds per phase, peak RSS, parameters, files
+    predictions.*     the evaluator's last predictions (`Evaluator.write_predictions`)
+    train.log         every `far.*` log record of the run
+    log.jsonl         far.finetune's per-step log
+    model/            the fine-tuned model and its tokenizer (`far.save_pretrained`), unless not saved
+
+Nothing here prints; the caller shows the returned record as it likes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+import far
+from far.atomic import atomic_file
+from far.tasks.evaluators import Evaluator
+from far.tasks.settings import RECORDED_OPTIONS, RunSettings
+
+logger = logging.getLogger("far.tasks")
+
+LOG_FILE = "train.log"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass(kw_only=True)
+class TrainingRun:
+    """One fine-tuning run of a task, ready to go.
+
+    Args:
+        task: The task's name, e.g. "cola", "squad".
+        settings: What the run was asked for.
+        model / tokenizer: The model to train (in place), and the tokenizer saved beside it (None:
+            the model is not saved).
+        train_data / collate_fn / loss_fn: As `far.finetune` takes them (loss_fn None: the model's own).
+        evaluator: Scores the model and writes its predictions.
+        hyperparameters: The resolved hyper-parameters (`RunSettings.hyperparameters`).
+        options: The `far.finetune` keyword arguments (default `settings.finetune_options`).
+        prepare: Run on the model before training, inside the run's log: what a method does to
+            the model beyond `far.finetune` (e.g. gradient priming and surgery for a causal LM);
+            returns fields for the record.
+        extra: More fields for the record (example counts, the data split, ...).
+        label: Shown after the method in the log and the printed metrics, e.g. "prompts".
+    """
+
+    task: str
+    settings: RunSettings
+    model: nn.Module
+    tokenizer: Any = None
+    train_data: Any
+    collate_fn: Callable
+    loss_fn: Callable | None = None
+    evaluator: Evaluator
+    hyperparameters: dict
+    options: dict | None = None
+    prepare: Callable[[nn.Module], Mapping] | None = None
+    extra: dict = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def title(self) -> str:
+        """e.g. "cola (far)" or "sst2 (far, prompts)"."""
+        return f"{self.task} ({', '.join(filter(None, (self.settings.method, self.label)))})"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.settings.output_path(f"{self.task}-{self.settings.method}")
+
+
+@contextmanager
+def run_log(directory: Path) -> Iterator[Path]:
+    """Copy every `far.*` log record into `<directory>/train.log` while the block runs."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOG_FILE
+    handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    root = logging.getLogger("far")
+    previous_level = root.level
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    try:
+        yield path
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous_level)
+        handler.close()
+
+
+def _json_safe(value: Any) -> Any:
+    # NaN/inf (e.g. Pearson of constant predictions) are not JSON: write null.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON atomically (NaN and infinities become null)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def save_model(model: nn.Module, tokenizer: Any, directory: Path) -> Path:
+    """Save the fine-tuned model with `far.save_pretrained` (FAR layout kept) and the tokenizer beside it."""
+    far.save_pretrained(model, directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def train_and_report(run: TrainingRun) -> dict:
+    """Train with `far.finetune`, evaluate, then write predictions, the model and metrics.json.
+
+    Returns:
+        The record that metrics.json holds: the task, method, `far.FinetuneResult`'s fields, the
+        metrics, the hyper-parameters, `run.extra` and what `run.prepare` returned, the files.
+    """
+    settings, out, model = run.settings, run.output_dir, run.model
+    options = settings.finetune_options(run.hyperparameters) if run.options is None else run.options
+    with run_log(out):
+        logger.info(
+            "far %s: model %s, optimizer %s, %d training examples; hyper-parameters %s",
+            run.title,
+            settings.model,
+            settings.optimizer,
+            len(run.train_data),
+            run.hyperparameters,
+        )
+        prepared = dict(run.prepare(model)) if run.prepare is not None else {}
+        result = far.finetune(
+            model,
+            run.train_data,
+            collate_fn=run.collate_fn,
+            loss_fn=run.loss_fn,
+            eval_fn=run.evaluator,
+            output_dir=out,
+            **options,
+        )
+        metrics = dict(result.metrics or {}) or run.evaluator(model)  # no evaluation ran yet: do it here
+        logger.info("%s: %s", run.title, metrics)
+    files = {"log": LOG_FILE, **run.evaluator.write_predictions(out)}
+    if result.log_path:
+        files["step_log"] = Path(result.log_path).name
+    model_dir = settings.model_path(out)
+    if model_dir is not None and run.tokenizer is not None:
+        save_model(model, run.tokenizer, model_dir)
+        files["model"] = str(model_dir)
+    far_config = settings.far_config()
+    record = {
+        "task": run.task,
+        "method": settings.method,
+        "retention": None if far_config is None else far_config.retention,
+        "selection": None if far_config is None else far_config.selection,
+        "optimizer": settings.optimizer,
+        "model": settings.model,
+        **result.to_dict(),
+        "metrics": metrics,
+        "hyperparameters": {**run.hyperparameters, **{k: options[k] for k in RECORDED_OPTIONS if k in options}},
+        **prepared,
+        **run.extra,
+        "files": files,
+        "far_version": far.__version__,
+    }
+    write_json(out / METRICS_FILE, record)
+    return record

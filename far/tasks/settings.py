@@ -1,0 +1,210 @@
+"""What a training run of a task is asked to do: the method, the optimizer, hyper-parameters, outputs.
+
+`RunSettings` is what the `far` command's flags fill in (and what a script or notebook may build
+itself); `METHODS` is the one table of fine-tuning methods. Hyper-parameters left None take the
+task's defaults for the optimizer (`GLUE_DEFAULTS`, ...), resolved by `RunSettings.hyperparameters`.
+
+    >>> settings = RunSettings(method="far", retention=0.4, max_steps=100)
+    >>> settings.finetune_options(settings.hyperparameters(GLUE_DEFAULTS))["retention"]
+    0.4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from far.config import FARConfig
+from far.tasks.models import DEFAULT_MODEL
+from far.training.plan import check_length
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to fine-tune, as `far.finetune` options; a method is added by adding a row to `METHODS`.
+
+    Args:
+        name: The `--method` value.
+        help: One line for the help text.
+        selection: FAR's learner selection; None for a method without surgery.
+        freeze_ffn: Freeze every FFN weight (the freeze-FFN ablation).
+    """
+
+    name: str
+    help: str
+    selection: str | None = None
+    freeze_ffn: bool = False
+
+    def far_config(self, retention: float, *, seed: int = 0, freeze_embeddings: bool = False) -> FARConfig | None:
+        """The surgery this method makes (checked by `FARConfig`), or None."""
+        if self.selection is None:
+            return None
+        return FARConfig(retention, self.selection, seed=seed, freeze_embeddings=freeze_embeddings)
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("full", "full fine-tuning"),
+        Method("far", "FAR: learners chosen by priming", selection="per_layer"),
+        Method("random", "FAR's surgery with learners drawn at random (the paper's baseline)", selection="random"),
+        Method("freeze-ffn", "every FFN weight frozen (an ablation)", freeze_ffn=True),
+    )
+}
+OPTIMIZERS = ("adamw", "mezo")
+HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
+# far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
+RECORDED_OPTIONS = (
+    "priming",
+    "weight_decay",
+    "grad_accum",
+    "bf16",
+    "freeze_embeddings",
+    "seed",
+    "mezo_eps",
+    "mezo_directions",
+)
+
+# Per optimizer, for MiniLM-size encoders (small models take a higher AdamW rate than BERT-base's 2e-5..5e-5).
+# MeZO needs many cheap steps with a small learning rate.
+GLUE_DEFAULTS = {
+    "adamw": dict(lr=1e-4, epochs=3.0, max_steps=None, batch_size=32, max_length=128, warmup=0.06),
+    "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=128, warmup=0.0),
+}
+SQUAD_DEFAULTS = {
+    "adamw": dict(lr=5e-5, epochs=2.0, max_steps=None, batch_size=16, max_length=384, warmup=0.1),
+    "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=384, warmup=0.0),
+}
+# SmolLM2-135M on SST-2 prompts (experiments/llm_sst2.py): MeZO + FAR trained well at lr 3e-4 in 80 steps,
+# where MeZO on every weight diverged; 1e-4 is the safe default for both.
+PROMPT_DEFAULTS = {
+    "adamw": dict(lr=1e-5, epochs=1.0, max_steps=None, batch_size=16, max_length=128, warmup=0.0),
+    "mezo": dict(lr=1e-4, epochs=None, max_steps=1000, batch_size=16, max_length=128, warmup=0.0),
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a training run of a task is asked for; checked when built, before anything loads.
+
+    Hyper-parameters (`HYPERPARAMETERS`) left None take the task's defaults. Paths: `output_dir`
+    (default `runs/<task>-<method>`) gets metrics.json, predictions and logs; the model is saved
+    to `model_dir` (default `<output_dir>/model`) unless `save_model` is False.
+    """
+
+    model: str = DEFAULT_MODEL
+    method: str = "far"
+    retention: float = 0.4
+    optimizer: str = "adamw"
+    lr: float | None = None
+    epochs: float | None = None
+    max_steps: int | None = None
+    batch_size: int | None = None
+    max_length: int | None = None
+    warmup: float | int | None = None
+    priming: float | int = 0.1
+    weight_decay: float = 0.0
+    grad_accum: int = 1
+    mezo_eps: float = 1e-3
+    mezo_directions: int = 1
+    freeze_embeddings: bool = False
+    bf16: bool = False
+    eval_every: int | None = None
+    seed: int = 0
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    eval_batch_size: int = 64
+    data_dir: str | None = None
+    output_dir: str | None = None
+    model_dir: str | None = None
+    save_model: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        self.far_config()  # FARConfig checks retention
+        check_length("priming", self.priming)
+        for name in ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+
+    @property
+    def method_spec(self) -> Method:
+        return METHODS[self.method]
+
+    def far_config(self) -> FARConfig | None:
+        """The surgery of this run's method, or None (full fine-tuning, freeze-FFN)."""
+        return self.method_spec.far_config(self.retention, seed=self.seed, freeze_embeddings=self.freeze_embeddings)
+
+    def hyperparameters(self, defaults: Mapping[str, Mapping]) -> dict:
+        """Every hyper-parameter, the ones left None filled from `defaults[optimizer]`, checked.
+
+        The run's length comes whole from the settings (epochs and/or max_steps) or whole from the defaults.
+        """
+        chosen = {k: getattr(self, k) for k in HYPERPARAMETERS}
+        user_length = self.epochs is not None or self.max_steps is not None
+        for key, value in defaults[self.optimizer].items():
+            if chosen.get(key) is None and not (user_length and key in ("epochs", "max_steps")):
+                chosen[key] = value
+        checks = [
+            ("lr", chosen["lr"] > 0),
+            ("batch_size", chosen["batch_size"] >= 1),
+            ("max_length", chosen["max_length"] >= 8),
+            ("epochs", chosen["epochs"] is None or chosen["epochs"] > 0),
+            ("max_steps", chosen["max_steps"] is None or chosen["max_steps"] >= 1),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"{name} {chosen[name]} is out of range")
+        check_length("warmup", chosen["warmup"])
+        if chosen["epochs"] is None and chosen["max_steps"] is None:
+            raise ValueError("give epochs or max_steps")
+        return chosen
+
+    def finetune_options(self, hyperparameters: Mapping) -> dict:
+        """Keyword arguments for `far.finetune` from the method, optimizer and hyper-parameters."""
+        method = self.method_spec
+        surgery = (
+            dict(retention=None, freeze_ffn=method.freeze_ffn)
+            if method.selection is None
+            else dict(retention=self.retention, selection=method.selection)
+        )
+        return dict(
+            optimizer=self.optimizer,
+            priming=self.priming,
+            freeze_embeddings=self.freeze_embeddings,
+            epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
+            max_steps=hyperparameters["max_steps"],
+            lr=hyperparameters["lr"],
+            batch_size=hyperparameters["batch_size"],
+            warmup=hyperparameters["warmup"],
+            weight_decay=self.weight_decay,
+            grad_accum=self.grad_accum,
+            bf16=self.bf16,
+            eval_every=self.eval_every,
+            seed=self.seed,
+            mezo_eps=self.mezo_eps,
+            mezo_directions=self.mezo_directions,
+            progress=self.progress,
+            **surgery,
+        )
+
+    def output_path(self, name: str) -> Path:
+        """Where the run of `name` (e.g. "cola-far") writes its outputs."""
+        return Path(self.output_dir) if self.output_dir else Path("runs") / name
+
+    def model_path(self, output: Path) -> Path | None:
+        """Where the fine-tuned model goes; None when it is not saved."""
+        if not self.save_model:
+            return None
+        return Path(self.model_dir) if self.model_dir else output / "model"
+
+
+def first(dataset, n: int | None):
+    """The first `n` rows of a `datasets.Dataset` (all when n is None or larger)."""
+    return dataset if n is None or n >= len(dataset) else dataset.select(range(n))
