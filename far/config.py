@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import asdict, dataclass
@@ -73,15 +74,7 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
-def as_config(
-    config: FARConfig | float = UNSET,
-    *,
-    retention: float | None = None,
-    selection: str | None = None,
-    seed: int | None = None,
-    freeze_embeddings: bool | None = None,
-    recompute_activations: bool | None = None,
-) -> FARConfig:
+def as_config(config: FARConfig | float = UNSET, **fields: Any) -> FARConfig:
     """The `FARConfig` that a verb's arguments describe: a config, or its fields as keywords.
 
     Every verb that takes a configuration (`far.reconfigure`, `far.FARCallback`, ...) accepts
@@ -97,14 +90,11 @@ def as_config(
         >>> as_config(retention=0.4, selection="random") == FARConfig(0.4, "random")
         True
     """
-    given = dict(
-        retention=retention,
-        selection=selection,
-        seed=seed,
-        freeze_embeddings=freeze_embeddings,
-        recompute_activations=recompute_activations,
-    )
-    fields = {k: v for k, v in given.items() if v is not None}
+    known = [f.name for f in dataclasses.fields(FARConfig)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise TypeError(f"unknown far.FARConfig field(s) {unknown}; the fields are {', '.join(known)}")
+    fields = {k: v for k, v in fields.items() if v is not None}
     if isinstance(config, FARConfig):
         if fields:
             raise TypeError(

@@ -121,13 +121,9 @@ def reconfigure(
     model: nn.Module,
     config: FARConfig | float = UNSET,
     *,
-    retention: float | None = None,
-    selection: str | None = None,
-    seed: int | None = None,
-    freeze_embeddings: bool | None = None,
-    recompute_activations: bool | None = None,
     scores: Primer | Mapping[str, Tensor] | None = None,
     spec: FFNSpec | None = None,
+    **fields,
 ) -> nn.Module:
     """Freeze and reconfigure every FFN of `model`, in place, as `config` says.
 
@@ -141,8 +137,8 @@ def reconfigure(
             described by `spec`.
         config: A `far.FARConfig`; or leave it out and give its fields as keywords (a number here
             is the retention). Defaults: retention 0.4, per-layer selection.
-        retention / selection / seed / freeze_embeddings / recompute_activations: The config's
-            fields, as keywords.
+        **fields: The config's fields as keywords: retention, selection, seed,
+            freeze_embeddings, recompute_activations (see `far.FARConfig`).
         scores: `{output_projection_name: (n,) scores}`, or the `far.Primer` that watched this
             model; default: the Primer attached to `model` (the latest created on it). Unused by
             selection="random".
@@ -157,14 +153,7 @@ def reconfigure(
         >>> far.reconfigure(model, retention=0.4)  # or far.reconfigure(model, far.FARConfig(0.4))
         >>> far.summary(model)
     """
-    config = as_config(
-        config,
-        retention=retention,
-        selection=selection,
-        seed=seed,
-        freeze_embeddings=freeze_embeddings,
-        recompute_activations=recompute_activations,
-    )
+    config = as_config(config, **fields)
     _check_model(model)
     ffns = find_ffns(model, spec)
     if is_reconfigured(model):

@@ -126,11 +126,8 @@ def prime_and_reconfigure(
     loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
     config: FARConfig | float = UNSET,
     *,
-    retention: float | None = None,
-    selection: str | None = None,
-    seed: int | None = None,
-    freeze_embeddings: bool | None = None,
     spec: FFNSpec | None = None,
+    **fields,
 ) -> dict[str, Tensor] | None:
     """FAR for a memory-bound model: `gradient_scores` priming, then `far.reconfigure`, in place.
 
@@ -144,16 +141,15 @@ def prime_and_reconfigure(
             the FFNs (less the embeddings when `freeze_embeddings`).
         batches: Priming batches for `gradient_scores` (unused with selection="random").
         loss_fn: `loss_fn(model, batch) -> scalar loss`.
-        config / retention / selection / seed / freeze_embeddings / spec: As for
-            `far.reconfigure`, except that freeze_embeddings defaults to True when the config is
-            given as keywords.
+        config / spec / **fields: As for `far.reconfigure`, except that freeze_embeddings
+            defaults to True when the config is given as keywords.
 
     Returns:
         The priming scores (None for selection="random").
     """
-    if not isinstance(config, FARConfig) and freeze_embeddings is None:
-        freeze_embeddings = True
-    config = as_config(config, retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
+    if not isinstance(config, FARConfig) and fields.get("freeze_embeddings") is None:
+        fields["freeze_embeddings"] = True
+    config = as_config(config, **fields)
     names = ffn_parameter_names(model, spec)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
