@@ -16,6 +16,8 @@ including GPT-2's `Conv1D`, which stores its weight transposed.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -67,7 +69,8 @@ def _joined(first: Tensor, second: Tensor) -> Tensor | None:
     ):
         return None
     shape = (first.shape[0] + second.shape[0], *first.shape[1:])
-    return first.detach().as_strided(shape, torch.empty(shape, device="meta").stride(), first.storage_offset())
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))  # row-major, as contiguous
+    return first.detach().as_strided(shape, strides, first.storage_offset())
 
 
 class SplitLinear(nn.Module):
@@ -182,21 +185,19 @@ class SplitLinear(nn.Module):
         return nn.Parameter(merged, requires_grad=self.learner_bias.requires_grad)
 
     def _rows(self) -> Tensor:
-        """All nodes' weight rows (n, f) as one view; re-joins the two parts if something split them."""
-        rows = _joined(self.learner_weight, self.frozen_weight)
-        if rows is None:
-            self._rejoin()
-            rows = _joined(self.learner_weight, self.frozen_weight)
-        return rows
+        """All nodes' weight rows (n, f) as one view."""
+        return self._whole(self.learner_weight, self.frozen_weight)
 
     def _node_bias(self) -> Tensor | None:
-        if self.learner_bias is None:
-            return None
-        bias = _joined(self.learner_bias, self.frozen_bias)
-        if bias is None:
+        """An input projection's bias over all nodes (n,) as one view; None without one."""
+        return None if self.learner_bias is None else self._whole(self.learner_bias, self.frozen_bias)
+
+    def _whole(self, learners: Tensor, frozen: Tensor) -> Tensor:
+        whole = _joined(learners, frozen)
+        if whole is None:  # something gave the parts storages of their own
             self._rejoin()
-            bias = _joined(self.learner_bias, self.frozen_bias)
-        return bias
+            whole = _joined(learners, frozen)
+        return whole
 
     @torch.no_grad()
     def _rejoin(self) -> None:

@@ -146,6 +146,10 @@ def test_a_config_or_its_fields_not_both():
         far.reconfigure(model, far.FARConfig(0.4, "random"), seed=3)
     with pytest.raises(TypeError, match="retention is given twice"):
         far.reconfigure(model, 0.4, retention=0.5, selection="random")
+    with pytest.raises(TypeError, match=r"unknown far.FARConfig field\(s\) \['retension'\]; the fields are retention"):
+        far.reconfigure(model, retension=0.5, selection="random")
+    with pytest.raises(TypeError, match="recompute_activations must be True or False"):
+        far.reconfigure(model, 0.4, selection="random", recompute_activations="yes")
     assert not far.is_reconfigured(model)
     far.reconfigure(model, far.FARConfig(0.5, "random", seed=3))
     assert far.get_config(model) == far.FARConfig(retention=0.5, selection="random", seed=3)
