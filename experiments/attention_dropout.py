@@ -7,6 +7,7 @@ attention dropout and with none, seed by seed, one process per run, and reports 
 training time; `bench_step.py --attention-dropout 0` gives the memory side.
 
     python experiments/attention_dropout.py                   # SST-2, 3,000 sentences, FAR r=0.4, seeds 0 1 2
+    python experiments/attention_dropout.py --seeds 0 1 --max-train-samples 2000   # the committed result
     python experiments/attention_dropout.py --method full --seeds 0
 """
 
