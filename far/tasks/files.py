@@ -283,15 +283,16 @@ def load_text_files(
                 )
     labels = label_space([(p, t[label_column]) for p, t in zip(paths, tables, strict=True)], label_column)
     train, validation = (_examples(p, t, texts, labels, label_column) for p, t in zip(paths, tables, strict=True))
+    name = run_name(paths[0])
     logger.info(
         "%s: %d training / %d validation examples, text %s, %s",
-        paths[0].stem,
+        name,
         len(train),
         len(validation),
         list(texts),
         f"classes {list(labels.names)}" if labels.names else "regression",
     )
-    return TextFiles(run_name(paths[0]), train, validation, texts, label_column, labels)
+    return TextFiles(name, train, validation, texts, label_column, labels)
 
 
 def run_name(train_file: Path) -> str:
