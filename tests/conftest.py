@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -52,6 +54,24 @@ def tiny_batch(batch: int = 3, length: int = 7, seed: int = 1, vocab: int = 97) 
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (batch, length), generator=generator)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """`rows` in the format of `path`'s suffix: CSV, TSV (no quoting), JSON (a list) or JSONL."""
+    suffix = path.suffix
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows), encoding="utf-8")
+    elif suffix == ".tsv":  # GLUE's way: tabs, no quoting at all
+        lines = ["\t".join(rows[0]), *("\t".join(str(v) for v in r.values()) for r in rows)]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
 
 
 def load_experiment(name: str) -> ModuleType:

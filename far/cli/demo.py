@@ -1,8 +1,10 @@
-"""`far demo`: the whole FAR story on the embedded MiniLM and CoLA, in a few minutes.
+"""`far demo`: FAR against full fine-tuning on the embedded MiniLM and SST-2, in a few minutes.
 
-Prime (ordinary fine-tuning while a Primer watches the FFNs) -> select learners -> split every FFN
--> check outputs are unchanged -> train only the learners -> evaluate -> save the learners-only
-file -> restore a plain model and save it. Each step prints what it did.
+Fine-tune the same model on the same sentences with the same hyper-parameters twice: full
+fine-tuning, and FAR (prime 10% of the steps, keep 20% of the FFN nodes as learners, embeddings
+frozen). Print both dev accuracies beside the majority-class baseline, the trainable parameters,
+their step times measured side by side, the parity check (split vs merged logits), and the size of
+FAR's learners-only file beside the merged model's.
 
     far demo --data-dir ../shared/data
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import time
 from pathlib import Path
 
@@ -19,22 +22,34 @@ from transformers import DataCollatorWithPadding
 
 import far
 from far.cli.common import add_data_arguments
+from far.tasks.compare import majority_baseline, paired_step_times
 from far.tasks.evaluators import GlueEvaluator
 from far.tasks.glue import GLUE_TASKS, load_glue, tokenize_glue
 from far.tasks.models import DEFAULT_MODEL, load_model_and_tokenizer
+from far.tasks.predict import Predictor, model_card
 from far.tasks.settings import first
+
+TASK = GLUE_TASKS["sst2"]
+MAX_LENGTH = 64  # SST-2's sentences: 99.8% of the dev set fits
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="a few-minute tour: prime, reconfigure, train, evaluate, save, restore",
-        description=__doc__.split("\n\n")[0],
+        help="a few-minute tour: FAR vs full fine-tuning on SST-2, parity, learners file, predictions",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--retention", type=float, default=0.4, help="(default: 0.4)")
-    parser.add_argument("--max-train-samples", type=int, default=None, help="CoLA training sentences (default: all)")
+    parser.add_argument("--retention", type=float, default=0.2, help="FAR's share of learner nodes (default: 0.2)")
+    parser.add_argument(
+        "--train-embeddings", action="store_true", help="let FAR train the embeddings too (a far larger learners file)"
+    )
+    parser.add_argument(
+        "--max-train-samples", type=int, default=2000, help="SST-2 training sentences (default: the first 2000)"
+    )
     parser.add_argument("--epochs", type=float, default=1.0, help="(default: 1)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="(default: 1e-4)")
+    parser.add_argument("--timing-rounds", type=int, default=10, help="side-by-side step-time rounds (default: 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/demo", help="(default: runs/demo)")
     add_data_arguments(parser)
@@ -45,49 +60,101 @@ def _step(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:.1f} MiB"
+
+
 def run(args: argparse.Namespace) -> int:
-    task = GLUE_TASKS["cola"]
+    started = time.perf_counter()
     out = Path(args.output_dir)
-    splits = load_glue(task.name, args.data_dir)  # a clear error, before anything else, if there is no data
-    model, tokenizer = load_model_and_tokenizer(args.model, task.kind, task.num_labels, seed=args.seed)
-    train = tokenize_glue(first(splits["train"], args.max_train_samples), tokenizer, task, 64)
-    dev = tokenize_glue(first(splits["validation"], args.max_eval_samples), tokenizer, task, 64)
+    far_config = far.FARConfig(args.retention, seed=args.seed, freeze_embeddings=not args.train_embeddings)
+    splits = load_glue(TASK.name, args.data_dir)  # a clear error, before anything else, if there is no data
+    model, tokenizer = load_model_and_tokenizer(
+        args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
+    )
+    full_model = copy.deepcopy(model)  # the same pretrained weights and the same new head
+    train = tokenize_glue(first(splits["train"], args.max_train_samples), tokenizer, TASK, MAX_LENGTH)
+    dev = tokenize_glue(first(splits["validation"], args.max_eval_samples), tokenizer, TASK, MAX_LENGTH)
     collate = DataCollatorWithPadding(tokenizer)
-    evaluate = GlueEvaluator(task, dev, collate)
+    evaluate = GlueEvaluator(TASK, dev, collate)
+    majority, baseline = majority_baseline(dev["labels"], evaluate.metric)
     print(
         f"model {args.model}: {far.summary(model, verbose=False).total_parameters:,} parameters, "
-        f"{len(far.find_ffns(model))} FFNs; CoLA: {len(train)} training / {len(dev)} dev sentences"
+        f"{len(far.find_ffns(model))} FFNs; SST-2: {len(train):,} training / {len(dev):,} dev sentences"
     )
+    print(f"majority-class baseline (always {TASK.label_names[majority]!r}): dev accuracy {baseline['accuracy']:.4f}")
+    hyper = dict(epochs=args.epochs, lr=args.lr, batch_size=32, warmup=0.06, collate_fn=collate, eval_fn=evaluate)
+    shown = f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch 32, seed {args.seed}"
 
-    _step(f"far.finetune: prime 10% of the steps, keep {args.retention:.0%} of FFN nodes, train the learners")
+    _step(f"full fine-tuning: every weight trains ({shown})")
+    full = far.finetune(full_model, train, retention=None, seed=args.seed, progress=True, **hyper)
+    print(f"dev accuracy {full.metrics['accuracy']:.4f}; training {full.priming_seconds + full.training_seconds:.0f} s")
+
+    embeddings = "frozen" if far_config.freeze_embeddings else "trained"
+    _step(f"FAR: prime 10% of the steps, keep {args.retention:.0%} of FFN nodes, embeddings {embeddings} ({shown})")
     result = far.finetune(
-        model, train, retention=args.retention, epochs=args.epochs, lr=5e-5, batch_size=32, warmup=0.06,
-        collate_fn=collate, eval_fn=evaluate, seed=args.seed, output_dir=out, progress=True,
-    )  # fmt: skip
-    far.summary(model)
-    print(f"dev Matthews correlation: {result.metrics['matthews_correlation']:.4f}")
+        model,
+        train,
+        retention=far_config.retention,
+        freeze_embeddings=far_config.freeze_embeddings,
+        seed=args.seed,
+        output_dir=out / "far",
+        progress=True,
+        **hyper,
+    )
     print(
-        f"time: priming {result.priming_seconds:.1f} s + training {result.training_seconds:.1f} s "
-        f"(+ eval {result.eval_seconds:.1f} s); peak RSS {result.peak_rss_bytes / 2**20:,.0f} MiB"
+        f"dev accuracy {result.metrics['accuracy']:.4f}; training "
+        f"{result.priming_seconds + result.training_seconds:.0f} s (priming included)"
+    )
+    far.summary(model)
+
+    _step(f"step time, side by side: one training step of each model per round, {args.timing_rounds} rounds")
+    batch = collate([train[i] for i in range(min(32, len(train)))])
+    times = paired_step_times({"full": full_model, "far": model}, batch, rounds=args.timing_rounds, lr=args.lr)
+    ratios = sorted(f / g for f, g in zip(times["far"], times["full"], strict=True))
+    q1, q3 = statistics.quantiles(ratios, n=4)[0], statistics.quantiles(ratios, n=4)[2]
+    print(
+        f"median step: full {statistics.median(times['full']) * 1e3:.0f} ms, FAR "
+        f"{statistics.median(times['far']) * 1e3:.0f} ms; FAR / full per round: median "
+        f"{statistics.median(ratios):.3f} (quartiles {q1:.3f}-{q3:.3f})"
     )
 
     _step("parity: the split model and its merged copy give the same logits")
-    batch = collate([dev[i] for i in range(min(16, len(dev)))])
-    batch.pop("labels", None)
+    probe = collate([dev[i] for i in range(min(16, len(dev)))])
+    probe.pop("labels", None)
     merged = far.restore(copy.deepcopy(model)).eval()
     with torch.no_grad():
-        difference = (model.eval()(**batch).logits - merged(**batch).logits).abs().max().item()
+        difference = (model.eval()(**probe).logits - merged(**probe).logits).abs().max().item()
     print(f"max |logit difference| = {difference:.2e} (fp32 summation order only)")
 
-    _step("save: the learners-only file (what a user's adaptation weighs), then a plain merged model")
-    started = time.perf_counter()
+    _step("save: FAR's learners-only file (one user's adaptation), then the merged model")
     learners_file = far.save_learners(model, out / "learners.safetensors")
-    far.restore(model).save_pretrained(out / "merged")
+    merged.save_pretrained(out / "merged")
     tokenizer.save_pretrained(out / "merged")
+    learners_bytes = learners_file.stat().st_size
     merged_bytes = sum(f.stat().st_size for f in (out / "merged").glob("*.safetensors"))
     print(
-        f"{learners_file}: {learners_file.stat().st_size / 2**20:.1f} MiB; {out / 'merged'}: "
-        f"{merged_bytes / 2**20:.1f} MiB of weights, loads with AutoModelForSequenceClassification "
-        f"({time.perf_counter() - started:.1f} s)"
+        f"{learners_file}: {_mib(learners_bytes)}, {learners_bytes / merged_bytes:.0%} of the merged model "
+        f"({out / 'merged'}: {_mib(merged_bytes)}, loads with AutoModelForSequenceClassification)"
+    )
+
+    _step(f"predict with the merged model (far predict --model {out / 'merged'})")
+    predictor = Predictor(merged, tokenizer, model_card(out / "merged"))
+    for row in predictor(["A gorgeous, funny and moving film.", "A tedious mess that goes nowhere."]):
+        print(f"{row['label']:>8} {row['score']:.3f}  {row['sentence']}")
+
+    full_params = far.summary(full_model, verbose=False).trainable_parameters
+    far_params = far.summary(model, verbose=False).trainable_parameters
+    _step(f"summary: SST-2 dev accuracy, {len(train):,} training sentences, {shown}")
+    print(f"{'':<34}{'dev accuracy':>13}{'trainable params':>18}{'step / full':>13}")
+    print(f"{'majority class':<34}{baseline['accuracy']:>13.4f}")
+    print(f"{'full fine-tuning':<34}{full.metrics['accuracy']:>13.4f}{full_params:>18,}{1:>13.3f}")
+    print(
+        f"{f'FAR r={args.retention:g}, embeddings {embeddings}':<34}{result.metrics['accuracy']:>13.4f}"
+        f"{far_params:>18,}{statistics.median(ratios):>13.3f}"
+    )
+    print(
+        f"learners file {_mib(learners_bytes)} = {learners_bytes / merged_bytes:.0%} of the merged model's "
+        f"{_mib(merged_bytes)}; parity {difference:.1e}; demo wall time {time.perf_counter() - started:.0f} s"
     )
     return 0

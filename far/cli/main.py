@@ -16,16 +16,17 @@ import sys
 from collections.abc import Sequence
 
 import far
-from far.cli import demo, export, glue, squad
+from far.cli import demo, export, glue, predict, squad, train
 from far.cli import eval as evaluate
 from far.cli.common import UsageError
 
-COMMANDS = (demo, glue, squad, evaluate, export)  # in help order
+COMMANDS = (demo, train, predict, glue, squad, evaluate, export)  # in help order
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="far", description="FAR (Freeze And Reconfigure) and MeZO fine-tuning: GLUE and SQuAD scripts."
+        prog="far",
+        description="FAR (Freeze And Reconfigure) and MeZO fine-tuning: your own files, GLUE and SQuAD; predictions.",
     )
     parser.add_argument("--version", action="version", version=f"far {far.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

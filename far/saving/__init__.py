@@ -7,7 +7,14 @@
 >>> far.restore(model).save_pretrained("plain")        # ordinary Hugging Face checkpoint
 """
 
-from far.saving.learners_file import LearnersFileError, load_learners, save_learners
+from far.saving.learners_file import LearnersFileError, learners_model_config, load_learners, save_learners
 from far.saving.pretrained import from_pretrained, save_pretrained
 
-__all__ = ["LearnersFileError", "from_pretrained", "load_learners", "save_learners", "save_pretrained"]
+__all__ = [
+    "LearnersFileError",
+    "from_pretrained",
+    "learners_model_config",
+    "load_learners",
+    "save_learners",
+    "save_pretrained",
+]

@@ -12,7 +12,9 @@ Layout of a file (format version 1):
 The metadata records the format, the `FARConfig`, the model type, the FFN layout, a fingerprint
 of the base weights the file was trained from (see `far.saving.fingerprint`) and a sha256 of the
 file's own contents, so a flipped byte or a file for another base is refused before anything is
-loaded.
+loaded. It also keeps what the model's Hugging Face config says beyond its defaults (`model_config`:
+class names, problem type, ...), so that the head a file trained can be rebuilt on a bare base
+(`learners_model_config`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from far.surgery import get_config, is_reconfigured, learners, reconfigure_with_
 FORMAT = "far.learners"
 FORMAT_VERSION = "1"
 _CONTENT_KEY = "content_sha256"
+_MODEL_CONFIG_KEY = "model_config"
 
 
 class LearnersFileError(ValueError):
@@ -121,6 +124,9 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         "ffns": json.dumps({ffn.name: list(ffn.inputs) for ffn in ffns.values()}),
         "base_fingerprint": base_fingerprint(model, ffns, chosen, others),
     }
+    hf_config = getattr(model, "config", None)
+    if hasattr(hf_config, "to_diff_dict"):  # the head's labels and problem type travel with the file
+        metadata[_MODEL_CONFIG_KEY] = json.dumps(hf_config.to_diff_dict(), sort_keys=True, default=str)
     metadata[_CONTENT_KEY] = _content_hash(metadata, tensors)
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
@@ -155,6 +161,23 @@ def _read(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
             f"{str(path)!r} is corrupted: its contents do not match the sha256 recorded when it was written"
         )
     return metadata, tensors
+
+
+def learners_model_config(path: str | os.PathLike) -> dict:
+    """The Hugging Face config (its non-default fields) of the model a learners file was saved from.
+
+    The file is verified first (as `load_learners` does); a file written without it gives {}.
+
+    Example:
+        >>> far.saving.learners_model_config("user-42.safetensors")["id2label"]
+        {'0': 'negative', '1': 'positive'}
+    """
+    metadata, _ = _read(Path(path))
+    try:
+        config = json.loads(metadata.get(_MODEL_CONFIG_KEY, "{}"))
+    except ValueError as error:
+        raise LearnersFileError(f"{str(path)!r} has an invalid model_config: {error}") from error
+    return config if isinstance(config, dict) else {}
 
 
 _REQUIRED = ("far_config", "model_type", "ffns", "base_fingerprint")

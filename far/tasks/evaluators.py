@@ -54,7 +54,7 @@ def write_label_predictions(
             writer.writerow([i, shown(prediction), shown(label)])
 
 
-def _batches(
+def model_outputs(
     model: torch.nn.Module, dataset: datasets.Dataset, collate_fn: Callable, batch_size: int, bf16: bool
 ) -> Iterator[tuple[dict, object]]:
     """(batch, model output) over `dataset` in order, in eval mode, no_grad, optionally under bf16 autocast."""
@@ -70,11 +70,82 @@ def _batches(
         model.train(was_training)
 
 
-class GlueEvaluator:
-    """Scores a GLUE dev split (tokenised by `tokenize_glue`); `predictions` holds the last run's outputs.
+class TextMetric:
+    """The default metrics of a run on the user's own files: accuracy and macro-F1, or Pearson and Spearman.
+
+    Example:
+        >>> TextMetric("classification").compute(predictions=[0, 1, 1], references=[0, 1, 0])
+        {'accuracy': 0.666..., 'macro_f1': 0.666...}
+    """
+
+    def __init__(self, kind: str) -> None:
+        if kind not in ("classification", "regression"):
+            raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
+        self.kind = kind
+
+    def compute(self, *, predictions, references) -> dict[str, float]:
+        if self.kind == "regression":
+            return {
+                "pearson": metrics.pearson(predictions, references),
+                "spearmanr": metrics.spearman(predictions, references),
+            }
+        return {
+            "accuracy": metrics.accuracy(predictions, references),
+            "macro_f1": metrics.f1(predictions, references, average="macro"),
+        }
+
+
+class LabelEvaluator:
+    """Scores a tokenised split with `labels` (class ids, or values when `label_names` is empty).
 
     Args:
-        idx: The examples' indices for the predictions file (GLUE's `idx` column); default 0..N-1.
+        dataset: Model inputs and `labels` (`tokenize_glue`, `tokenize_texts`).
+        collate_fn: Pads a batch (e.g. `DataCollatorWithPadding(tokenizer)`).
+        label_names: Class names in id order; empty for regression.
+        metric: Anything with `compute(predictions=..., references=...) -> dict` (an `evaluate` module).
+        idx: The examples' indices for the predictions file; default 0..N-1.
+
+    `predictions` holds the last run's class ids (or values).
+    """
+
+    def __init__(
+        self,
+        dataset: datasets.Dataset,
+        collate_fn: Callable,
+        *,
+        label_names: Sequence[str],
+        metric,
+        batch_size: int = 64,
+        bf16: bool = False,
+        idx: Sequence[int] | None = None,
+    ) -> None:
+        self.label_names, self.metric = tuple(label_names), metric
+        self.collate_fn, self.batch_size, self.bf16 = collate_fn, batch_size, bf16
+        self.idx = list(range(len(dataset))) if idx is None else list(idx)
+        self.references = np.asarray(dataset["labels"])
+        self.dataset = dataset.remove_columns("labels")  # no loss needed to predict
+        self.predictions: np.ndarray | None = None
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        logits = [
+            out.logits.float().cpu()
+            for _, out in model_outputs(model, self.dataset, self.collate_fn, self.batch_size, self.bf16)
+        ]
+        logits = torch.cat(logits).numpy()  # (N, num_labels)
+        self.predictions = logits.argmax(-1) if self.label_names else logits[:, 0]
+        return self.metric.compute(predictions=self.predictions, references=self.references)
+
+    def write_predictions(self, directory: Path) -> dict[str, str]:
+        if self.predictions is None:
+            raise ValueError("no predictions yet: call the evaluator on a model first")
+        write_label_predictions(
+            Path(directory) / LABELS_FILE, self.idx, self.predictions, self.references, self.label_names
+        )
+        return {"predictions": LABELS_FILE}
+
+
+class GlueEvaluator(LabelEvaluator):
+    """Scores a GLUE dev split (tokenised by `tokenize_glue`) with the task's GLUE metric.
 
     Example:
         >>> evaluator = GlueEvaluator(GLUE_TASKS["cola"], dev, DataCollatorWithPadding(tokenizer))
@@ -91,29 +162,16 @@ class GlueEvaluator:
         bf16: bool = False,
         idx: Sequence[int] | None = None,
     ) -> None:
-        self.task, self.collate_fn, self.batch_size, self.bf16 = task, collate_fn, batch_size, bf16
-        self.idx = list(range(len(dataset))) if idx is None else list(idx)
-        self.references = np.asarray(dataset["labels"])
-        self.dataset = dataset.remove_columns("labels")  # no loss needed to predict
-        self.metric = metrics.load("glue", task.name)
-        self.predictions: np.ndarray | None = None
-
-    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        logits = [
-            out.logits.float().cpu()
-            for _, out in _batches(model, self.dataset, self.collate_fn, self.batch_size, self.bf16)
-        ]
-        logits = torch.cat(logits).numpy()  # (N, num_labels)
-        self.predictions = logits[:, 0] if self.task.kind == "regression" else logits.argmax(-1)
-        return self.metric.compute(predictions=self.predictions, references=self.references)
-
-    def write_predictions(self, directory: Path) -> dict[str, str]:
-        if self.predictions is None:
-            raise ValueError("no predictions yet: call the evaluator on a model first")
-        write_label_predictions(
-            Path(directory) / LABELS_FILE, self.idx, self.predictions, self.references, self.task.label_names
+        super().__init__(
+            dataset,
+            collate_fn,
+            label_names=task.label_names,
+            metric=metrics.load("glue", task.name),
+            batch_size=batch_size,
+            bf16=bf16,
+            idx=idx,
         )
-        return {"predictions": LABELS_FILE}
+        self.task = task
 
 
 class SquadEvaluator:
@@ -149,7 +207,7 @@ class SquadEvaluator:
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         starts, ends, row = [], [], 0
-        for _, out in _batches(model, self.inputs, self.collate_fn, self.batch_size, self.bf16):
+        for _, out in model_outputs(model, self.inputs, self.collate_fn, self.batch_size, self.bf16):
             start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()  # (B, L)
             width = start.shape[1]
             for b in range(start.shape[0]):

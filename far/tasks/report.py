@@ -8,6 +8,8 @@ and hands it to `train_and_report`, which writes into the run's output folder:
     train.log         every `far.*` log record of the run
     log.jsonl         far.finetune's per-step log
     model/            the fine-tuned model and its tokenizer (`far.save_pretrained`), unless not saved
+    learners.safetensors  what training changed (`far.save_learners`), when the method reconfigured
+                      the model (far, random) and the model is saved
 
 Nothing here prints; the caller shows the returned record as it likes.
 """
@@ -35,6 +37,7 @@ logger = logging.getLogger("far.tasks")
 
 LOG_FILE = "train.log"
 METRICS_FILE = "metrics.json"
+LEARNERS_FILE = "learners.safetensors"
 
 
 @dataclass(kw_only=True)
@@ -165,6 +168,13 @@ def train_and_report(run: TrainingRun) -> dict:
     if model_dir is not None and run.tokenizer is not None:
         save_model(model, run.tokenizer, model_dir)
         files["model"] = str(model_dir)
+    sizes = {}
+    if model_dir is not None and far.is_reconfigured(model):
+        learners = far.save_learners(model, out / LEARNERS_FILE)
+        files["learners"] = LEARNERS_FILE
+        sizes["learners_file_bytes"] = learners.stat().st_size
+        # The whole model's weights (parameters, tied ones once): what the learners file spares storing.
+        sizes["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     far_config = settings.far_config()
     record = {
         "task": run.task,
@@ -178,6 +188,7 @@ def train_and_report(run: TrainingRun) -> dict:
         "hyperparameters": {**run.hyperparameters, **{k: options[k] for k in RECORDED_OPTIONS if k in options}},
         **prepared,
         **run.extra,
+        **sizes,
         "files": files,
         "far_version": far.__version__,
     }

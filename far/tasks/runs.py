@@ -1,6 +1,6 @@
-"""Training runs of the built-in tasks: GLUE and SQuAD data, a model with the task's head, an evaluator.
+"""Training runs: GLUE, SQuAD or the user's own files; data, a model with the task's head, an evaluator.
 
-`glue_run` and `squad_run` load and tokenise everything a `TrainingRun` needs; `train_and_report`
+`glue_run`, `squad_run` and `text_files_run` load and tokenise everything a `TrainingRun` needs; `train_and_report`
 then trains it. `glue_evaluator` and `squad_evaluator` also score a saved model (`far eval`).
 Everything the user can get wrong (data, model, lengths) fails here, before any training.
 
@@ -14,12 +14,16 @@ from dataclasses import dataclass
 import datasets
 from transformers import DataCollatorWithPadding
 
-from far.tasks.evaluators import GlueEvaluator, SquadEvaluator
+from far.tasks.evaluators import GlueEvaluator, LabelEvaluator, SquadEvaluator, TextMetric
+from far.tasks.files import TextFiles, tokenize_texts
 from far.tasks.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
 from far.tasks.models import check_max_length, load_model_and_tokenizer
 from far.tasks.report import TrainingRun
-from far.tasks.settings import GLUE_DEFAULTS, SQUAD_DEFAULTS, RunSettings, first
+from far.tasks.settings import FILE_DEFAULTS, GLUE_DEFAULTS, SQUAD_DEFAULTS, RunSettings, first
 from far.tasks.squad import DEFAULT_HOLDOUT_ARTICLES, load_squad, squad_eval_dataset, squad_train_dataset
+
+# The model config's record of the columns it was trained on, so that `far predict` reads the same ones.
+COLUMNS_KEY = "far_columns"
 
 
 @dataclass(frozen=True)
@@ -160,5 +164,52 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
             "doc_stride": squad.doc_stride,
             "n_best": squad.n_best,
             "max_answer_length": squad.max_answer_length,
+        },
+    )
+
+
+def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
+    """A run on the user's own files (`load_text_files`): classification or regression, scored on the validation file.
+
+    The saved model's config holds the class names (`id2label` / `label2id`) and the text and label
+    columns (`far_columns`), which `far.tasks.predict` reads back.
+
+    Example:
+        >>> files = load_text_files("examples/reviews/train.csv", "examples/reviews/dev.csv")
+        >>> record = train_and_report(text_files_run(RunSettings(method="far"), files))
+    """
+    hparams = settings.hyperparameters(FILE_DEFAULTS)
+    train_raw = first(files.train, settings.max_train_samples)
+    dev_raw = first(files.validation, settings.max_eval_samples)
+    labels = files.labels
+    model, tokenizer = load_model_and_tokenizer(
+        settings.model, labels.kind, labels.num_labels, label_names=labels.names or None, seed=settings.seed
+    )
+    check_max_length(model, hparams["max_length"])
+    setattr(model.config, COLUMNS_KEY, {"text": list(files.text_columns), "label": files.label_column})
+    collate = DataCollatorWithPadding(tokenizer)
+    evaluator = LabelEvaluator(
+        tokenize_texts(dev_raw, tokenizer, files.text_columns, hparams["max_length"]),
+        collate,
+        label_names=labels.names,
+        metric=TextMetric(labels.kind),
+        batch_size=settings.eval_batch_size,
+        bf16=settings.bf16,
+    )
+    return TrainingRun(
+        task=files.name,
+        settings=settings,
+        model=model,
+        tokenizer=tokenizer,
+        train_data=tokenize_texts(train_raw, tokenizer, files.text_columns, hparams["max_length"]),
+        collate_fn=collate,
+        evaluator=evaluator,
+        hyperparameters=hparams,
+        extra={
+            "train_examples": len(train_raw),
+            "eval_examples": len(dev_raw),
+            "text_columns": list(files.text_columns),
+            "label_column": files.label_column,
+            "labels": list(labels.names) if labels.names else "regression",
         },
     )

@@ -72,6 +72,8 @@ GLUE_DEFAULTS = {
     "adamw": dict(lr=1e-4, epochs=3.0, max_steps=None, batch_size=32, max_length=128, warmup=0.06),
     "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=128, warmup=0.0),
 }
+# The user's own files (`far train`): GLUE's defaults, for sentences and pairs of GLUE's lengths.
+FILE_DEFAULTS = GLUE_DEFAULTS
 SQUAD_DEFAULTS = {
     "adamw": dict(lr=5e-5, epochs=2.0, max_steps=None, batch_size=16, max_length=384, warmup=0.1),
     "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=384, warmup=0.0),

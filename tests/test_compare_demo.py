@@ -1,0 +1,41 @@
+"""The demo's side-by-side helpers (`far.tasks.compare`) on a tiny model, and `far demo` end to end, briefly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_batch, tiny_model
+
+import far
+from far.cli.main import main
+from far.tasks.compare import majority_baseline, paired_step_times
+from far.tasks.evaluators import TextMetric
+
+
+def test_majority_baseline():
+    majority, metrics = majority_baseline([1, 0, 1, 1], TextMetric("classification"))
+    assert majority == 1 and metrics["accuracy"] == 0.75
+    with pytest.raises(ValueError, match="at least one label"):
+        majority_baseline([], TextMetric("classification"))
+
+
+def test_paired_step_times_leave_the_models_alone():
+    full = tiny_model("bert", num_labels=2)
+    split = far.reconfigure(tiny_model("bert", num_labels=2), far.FARConfig(0.5, "random", freeze_embeddings=True))
+    before = {k: v.clone() for k, v in full.state_dict().items()}
+    batch = {**tiny_batch(), "labels": torch.tensor([0, 1, 0])}
+    times = paired_step_times({"full": full, "far": split}, batch, rounds=3, warmup=1)
+    assert [len(t) for t in times.values()] == [3, 3] and all(s > 0 for t in times.values() for s in t)
+    assert all(torch.equal(before[k], v) for k, v in full.state_dict().items())
+
+
+def test_demo_end_to_end(data_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["demo", "--data-dir", str(data_dir), "--output-dir", str(tmp_path), "--max-train-samples", "32"]
+    assert main([*argv, "--max-eval-samples", "32", "--timing-rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    for line in ("majority-class baseline", "max |logit difference|", "of the merged model", "FAR r=0.2, embeddings"):
+        assert line in out, out
+    assert (tmp_path / "learners.safetensors").stat().st_size < (
+        tmp_path / "merged" / "model.safetensors"
+    ).stat().st_size / 4
