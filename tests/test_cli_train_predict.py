@@ -204,7 +204,11 @@ def test_learners_file_for_another_base_is_refused(trained, tiny_dir, tmp_path, 
     [
         ("missing column", ["--input", "{tmp}/wrong.csv"], "has no column 'text'; its columns are: review, label"),
         ("bad output suffix", ["--input", "{tmp}/in.csv", "--output", "{tmp}/out.txt"], "name a file ending in .csv"),
-        ("not a model", ["--input", "{tmp}/in.csv", "--model", "{tmp}"], "could not read the configuration"),
+        (
+            "not a model",
+            ["--input", "{tmp}/in.csv", "--model", "{tmp}"],
+            "has no config.json; give a Hugging Face model folder",
+        ),
         ("empty input", ["--input", "{tmp}/empty.jsonl"], "is empty"),
     ],
 )

@@ -31,7 +31,7 @@ def test_paired_step_times_leave_the_models_alone():
 
 def test_demo_end_to_end(data_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    argv = ["demo", "--data-dir", str(data_dir), "--output-dir", str(tmp_path), "--max-train-samples", "32"]
+    argv = ["demo", "--data-dir", str(data_dir), "--output-dir", str(tmp_path), "--max-train-samples", "128"]
     assert main([*argv, "--max-eval-samples", "32", "--timing-rounds", "1"]) == 0
     out = capsys.readouterr().out
     for line in ("majority-class baseline", "max |logit difference|", "of the merged model", "FAR r=0.2, embeddings"):
