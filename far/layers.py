@@ -16,6 +16,7 @@ including GPT-2's `Conv1D`, which stores its weight transposed.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,8 +45,9 @@ def node_rows(module: nn.Linear | Conv1D, role: str, weight: Tensor | None = Non
     return out_by_in if role == INPUT else out_by_in.t()
 
 
+@functools.cache
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AVX-512 BF16 or AMX)."""
+    """Whether this CPU multiplies bf16 matrices natively (AVX-512 BF16 or AMX); asked once."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 

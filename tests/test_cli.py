@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from far.cli.main import main
 
@@ -16,25 +15,6 @@ WORDS = "cat dog sat ran on under mat sofa quickly slowly big small red green ho
 
 def _sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))).capitalize() + "."
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, minilm_path):
-    """A tiny seeded BERT with MiniLM's tokenizer, saved as a Hugging Face folder (fast to train and load)."""
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=40,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-bert")
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

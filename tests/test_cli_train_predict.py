@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_model
 from conftest import write_rows as write
 from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassification
 
 import far
 from far.cli.main import main
@@ -32,25 +32,6 @@ def _rows(n: int, seed: int, pairs: bool = False) -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, minilm_path):
-    """A tiny seeded BERT with MiniLM's tokenizer (fast to train and load)."""
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=40,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-bert")
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -60,7 +41,7 @@ def offline(monkeypatch):
 QUICK = ["--max-steps", "3", "--batch-size", "8", "--no-progress"]
 
 
-def _train(tiny_dir, train, dev, out, *extra) -> int:
+def _train(tiny_model_dir, train, dev, out, *extra) -> int:
     return main(
         [
             "train",
@@ -69,7 +50,7 @@ def _train(tiny_dir, train, dev, out, *extra) -> int:
             "--validation-file",
             str(dev),
             "--model",
-            str(tiny_dir),
+            str(tiny_model_dir),
             "--output-dir",
             str(out),
             *QUICK,
@@ -79,11 +60,11 @@ def _train(tiny_dir, train, dev, out, *extra) -> int:
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".json", ".jsonl"])
-def test_train_every_format_writes_glue_outputs(tiny_dir, tmp_path, capsys, suffix):
+def test_train_every_format_writes_glue_outputs(tiny_model_dir, tmp_path, capsys, suffix):
     train = write(tmp_path / f"reviews{suffix}", _rows(24, 0))
     dev = write(tmp_path / f"dev{suffix}", _rows(8, 1))
     out = tmp_path / "run"
-    assert _train(tiny_dir, train, dev, out) == 0
+    assert _train(tiny_model_dir, train, dev, out) == 0
     printed = capsys.readouterr().out
     assert "reviews (far): accuracy = " in printed and "reviews (far): macro_f1 = " in printed
     record = json.loads((out / "metrics.json").read_text())
@@ -108,10 +89,10 @@ def test_train_every_format_writes_glue_outputs(tiny_dir, tmp_path, capsys, suff
         ["--method", "full", "--optimizer", "mezo"],
     ],
 )
-def test_train_every_method_and_optimizer(tiny_dir, tmp_path, extra):
+def test_train_every_method_and_optimizer(tiny_model_dir, tmp_path, extra):
     train, dev = write(tmp_path / "t.csv", _rows(24, 0)), write(tmp_path / "d.csv", _rows(8, 1))
     out = tmp_path / "run"
-    assert _train(tiny_dir, train, dev, out, *extra) == 0
+    assert _train(tiny_model_dir, train, dev, out, *extra) == 0
     record = json.loads((out / "metrics.json").read_text())
     assert record["method"] == extra[1] and record["optimizer"] == (extra[3] if len(extra) > 3 else "adamw")
     reconfigured = extra[1] in ("far", "random")
@@ -119,11 +100,11 @@ def test_train_every_method_and_optimizer(tiny_dir, tmp_path, extra):
     assert (out / "model" / "config.json").exists()
 
 
-def test_train_pairs_and_regression(tiny_dir, tmp_path, capsys):
+def test_train_pairs_and_regression(tiny_model_dir, tmp_path, capsys):
     rows = [{**r, "score": f"{i % 5 + 0.5}"} for i, r in enumerate(_rows(24, 0, pairs=True))]
     path = write(tmp_path / "sim.jsonl", [{k: v for k, v in r.items() if k != "label"} for r in rows])
     out = tmp_path / "run"
-    assert _train(tiny_dir, path, path, out, "--label-column", "score") == 0
+    assert _train(tiny_model_dir, path, path, out, "--label-column", "score") == 0
     assert "sim (far): pearson = " in capsys.readouterr().out
     record = json.loads((out / "metrics.json").read_text())
     assert record["labels"] == "regression" and record["text_columns"] == ["sentence1", "sentence2"]
@@ -133,11 +114,11 @@ def test_train_pairs_and_regression(tiny_dir, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_dir, tmp_path_factory):
+def trained(tiny_model_dir, tmp_path_factory):
     """A run of the random method (no priming: its learners file applies to the untouched base)."""
     root = tmp_path_factory.mktemp("trained")
     train, dev = write(root / "t.csv", _rows(32, 0)), write(root / "d.csv", _rows(8, 1))
-    assert _train(tiny_dir, train, dev, root / "run", "--method", "random", "--max-steps", "8") == 0
+    assert _train(tiny_model_dir, train, dev, root / "run", "--method", "random", "--max-steps", "8") == 0
     return root / "run"
 
 
@@ -167,13 +148,13 @@ def test_predict_from_stdin_and_in_python(trained, monkeypatch, capsys):
     assert same[0]["score"] == pytest.approx(rows[0]["score"])
 
 
-def test_predict_base_plus_learners_file(trained, tiny_dir, tmp_path):
+def test_predict_base_plus_learners_file(trained, tiny_model_dir, tmp_path):
     with safe_open(trained / "learners.safetensors", framework="pt") as f:
         assert json.loads(f.metadata()["model_config"])["id2label"] == {"0": "negative", "1": "positive"}
     texts = ["Good great lovely.", "Bad awful dull."]
     whole = predict(trained / "model", texts)
     output = tmp_path / "out.jsonl"
-    argv = ["predict", "--model", str(tiny_dir), "--learners", str(trained / "learners.safetensors")]
+    argv = ["predict", "--model", str(tiny_model_dir), "--learners", str(trained / "learners.safetensors")]
     monkey_input = tmp_path / "in.jsonl"
     write(monkey_input, [{"text": t} for t in texts])
     assert main([*argv, "--input", str(monkey_input), "--output", str(output)]) == 0
@@ -182,13 +163,13 @@ def test_predict_base_plus_learners_file(trained, tiny_dir, tmp_path):
     assert [r["score"] for r in rows] == pytest.approx([r["score"] for r in whole], abs=1e-6)
 
 
-def test_learners_file_for_another_base_is_refused(trained, tiny_dir, tmp_path, capsys):
+def test_learners_file_for_another_base_is_refused(trained, tiny_model_dir, tmp_path, capsys):
     other = tmp_path / "other-base"
-    model = BertForSequenceClassification.from_pretrained(tiny_dir)
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
     with torch.no_grad():
         model.bert.encoder.layer[0].intermediate.dense.weight.add_(0.01)  # frozen FFN nodes differ
     model.save_pretrained(other)
-    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(other)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(other)
     output = tmp_path / "out.csv"
     inputs = write(tmp_path / "in.csv", [{"text": "Good."}])
     argv = ["predict", "--model", str(other), "--learners", str(trained / "learners.safetensors")]
@@ -237,7 +218,7 @@ def test_predict_user_errors(trained, tmp_path, capsys, case, argv, message):
     ],
 )
 def test_train_user_errors_exit_2_before_anything(
-    tiny_dir, tmp_path, capsys, case, train_rows, dev_rows, extra, message
+    tiny_model_dir, tmp_path, capsys, case, train_rows, dev_rows, extra, message
 ):
     train = tmp_path / "train.csv"
     if train_rows is None:
@@ -252,7 +233,7 @@ def test_train_user_errors_exit_2_before_anything(
         train = tmp_path / "missing.csv"
     dev = write(tmp_path / "dev.csv", dev_rows or _rows(4, 1))
     out = tmp_path / "out"
-    assert _train(tiny_dir, train, dev, out, *extra) == 2, case
+    assert _train(tiny_model_dir, train, dev, out, *extra) == 2, case
     err = capsys.readouterr().err
     assert message in err, err
     assert "far train: error: " in err and "Traceback" not in err
