@@ -7,7 +7,16 @@
 >>> far.restore(model)                  # an ordinary Hugging Face model again
 """
 
-from far.architectures import BUILTIN_SPECS, FFN, FFNSpec, find_ffns
+from far.architectures import (
+    BUILTIN_ATTENTION_SPECS,
+    BUILTIN_SPECS,
+    FFN,
+    AttentionSpec,
+    FFNSpec,
+    NodeGroup,
+    find_attention,
+    find_ffns,
+)
 from far.config import FARConfig
 from far.layers import SplitLinear
 from far.priming import Primer
@@ -30,17 +39,21 @@ from far.training import FARCallback, FinetuneResult, MeZO, finetune
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionSpec",
+    "BUILTIN_ATTENTION_SPECS",
     "BUILTIN_SPECS",
     "FARCallback",
     "FARConfig",
     "FFN",
     "FFNSpec",
     "FinetuneResult",
+    "NodeGroup",
     "MeZO",
     "FARState",
     "Primer",
     "SplitLinear",
     "Summary",
+    "find_attention",
     "find_ffns",
     "finetune",
     "from_pretrained",

@@ -1,8 +1,16 @@
-"""Where the FFNs are: the one table of per-architecture knowledge, and FFN discovery.
+"""Where the FFNs and attention blocks are: the one table of per-architecture knowledge, and discovery.
 
 An FFN is found as a module (the *block*) that owns the input projection(s) and the output
 projection at the relative names its `FFNSpec` gives. Node *i* of an FFN is row *i* of each input
 projection (and its bias entry) plus column *i* of the output projection.
+
+An attention block is the same shape of thing one level up: its nodes are heads. Node *g* is the
+rows of head *g* in the query, key and value projections plus its columns of the output
+projection, so a node is `width` consecutive rows of a projection instead of one (the head size).
+Under grouped-query attention a key/value head serves several query heads; a node is then one
+such *group* (one key/value head and its query heads), since splitting a group would pair query
+heads with the wrong keys. Both kinds are described by one `NodeGroup`, so surgery, saving and
+priming treat them alike.
 """
 
 from __future__ import annotations
@@ -10,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from far.layers import PROJECTION_TYPES, SplitLinear, node_rows
 
@@ -44,6 +53,39 @@ class FFNSpec:
             raise ValueError(f"FFNSpec names must be distinct, got {names!r}")
 
 
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Names of an attention block's projections, relative to the module that holds them.
+
+    Head counts come from the model's config (`num_attention_heads`, and `num_key_value_heads`
+    for grouped-query attention) unless given here.
+
+    Example:
+        >>> AttentionSpec(query="attn.q", key="attn.k", value="attn.v", output="attn.o")
+        AttentionSpec(query='attn.q', key='attn.k', value='attn.v', output='attn.o', n_heads=None, n_kv_heads=None)
+    """
+
+    query: str
+    key: str
+    value: str
+    output: str
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        names = (self.query, self.key, self.value, self.output)
+        if not all(isinstance(n, str) and n for n in names) or len(set(names)) != 4:
+            raise ValueError(
+                f"AttentionSpec needs four distinct non-empty relative module names, got {names!r}; e.g. "
+                "AttentionSpec(query='self_attn.q_proj', key='self_attn.k_proj', value='self_attn.v_proj', "
+                "output='self_attn.o_proj')"
+            )
+        for field in ("n_heads", "n_kv_heads"):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"AttentionSpec.{field} must be a positive int or None, got {value!r}")
+
+
 _BERT_LIKE = FFNSpec(inputs=("intermediate.dense",), output="output.dense")
 _GATED = FFNSpec(inputs=("mlp.gate_proj", "mlp.up_proj"), output="mlp.down_proj")
 
@@ -62,23 +104,80 @@ BUILTIN_SPECS: dict[str, FFNSpec] = {
     "qwen2": _GATED,
 }
 
+_BERT_ATTENTION = AttentionSpec(
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    output="attention.output.dense",
+)
+_DECODER_ATTENTION = AttentionSpec(
+    query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", output="self_attn.o_proj"
+)
+# Attention layouts, and the architectures whose heads cannot be split, with the reason. A head
+# split reorders heads (learners first), which is exact only where every head is computed alike
+# from its own rows and columns.
+BUILTIN_ATTENTION_SPECS: dict[str, AttentionSpec | str] = {
+    "bert": _BERT_ATTENTION,
+    "roberta": _BERT_ATTENTION,
+    "xlm-roberta": _BERT_ATTENTION,
+    "electra": _BERT_ATTENTION,
+    "distilbert": AttentionSpec(
+        query="attention.q_lin", key="attention.k_lin", value="attention.v_lin", output="attention.out_lin"
+    ),
+    "opt": AttentionSpec(
+        query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", output="self_attn.out_proj"
+    ),
+    "llama": _DECODER_ATTENTION,
+    "mistral": _DECODER_ATTENTION,
+    "qwen2": _DECODER_ATTENTION,
+    "gpt2": "GPT-2 computes query, key and value in one fused Conv1D (attn.c_attn), whose head rows cannot be "
+    "split into one learner block and one frozen block",
+    "mpnet": "MPNet adds a relative position bias per head, shared by all layers, which a per-layer reordering "
+    "of heads would misalign",
+}
+
 _PROJECTION_TYPES = (*PROJECTION_TYPES, SplitLinear)
 
 
 @dataclass(frozen=True)
-class FFN:
-    """One FFN of a model, named by qualified module names.
+class NodeGroup:
+    """Projections that share nodes: an FFN (nodes: intermediate neurons) or an attention block (nodes: heads).
 
-    `name` (the output projection's qualified name) is the FFN's key in scores and learner maps.
+    `name` (the output projection's qualified name) is the group's key in scores and learner maps.
+    Node *i* is `width` consecutive rows of each input projection and columns of the output
+    projection, where a projection's width is its row count over `n_nodes` (1 in an FFN; the head
+    size, or a query group's size, in attention).
     """
 
     name: str
     inputs: tuple[str, ...]
     n_nodes: int
+    kind: str = "ffn"  # or "attention"
 
     @property
     def output(self) -> str:
         return self.name
+
+    @property
+    def projections(self) -> tuple[str, ...]:
+        return (*self.inputs, self.output)
+
+
+FFN = NodeGroup  # an FFN is the group most code deals with
+
+
+def projection_rows(module: nn.Module, role: str) -> int:
+    """How many node rows a projection has: outputs of an input projection, inputs of the output one."""
+    if isinstance(module, SplitLinear):
+        return module.n_nodes
+    return node_rows(module, role).shape[0]
+
+
+def expand_nodes(nodes: Tensor, width: int) -> Tensor:
+    """Node indices -> the row indices they cover, `width` consecutive rows each, in order."""
+    if width == 1:
+        return nodes
+    return (nodes.unsqueeze(1) * width + torch.arange(width, device=nodes.device)).reshape(-1)
 
 
 def model_type(model: nn.Module) -> str | None:
@@ -100,13 +199,6 @@ def resolve_spec(model: nn.Module, spec: FFNSpec | None = None) -> FFNSpec:
         f"{', '.join(sorted(BUILTIN_SPECS))}). Name the FFN projections yourself, relative to the "
         "module that holds them, e.g. spec=far.FFNSpec(inputs=('mlp.fc_in',), output='mlp.fc_out')"
     )
-
-
-def _node_count(module: nn.Module, role: str) -> int:
-    """Nodes of a projection: its outputs for an input projection, its inputs for the output one."""
-    if isinstance(module, SplitLinear):
-        return module.n_nodes
-    return node_rows(module, role).shape[0]
 
 
 def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
@@ -140,7 +232,7 @@ def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
         if not all(isinstance(p, _PROJECTION_TYPES) for p in parts):
             continue
         *input_names, output_name = names
-        counts = {_node_count(m, "input") for m in parts[:-1]} | {_node_count(parts[-1], "output")}
+        counts = {projection_rows(m, "input") for m in parts[:-1]} | {projection_rows(parts[-1], "output")}
         if len(counts) != 1:
             raise ValueError(
                 f"the FFN at {block_name!r} has projections of different node counts {sorted(counts)}; "
@@ -153,3 +245,86 @@ def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
             "input and output projections (nn.Linear or Conv1D) relative to their common parent module"
         )
     return ffns
+
+
+def resolve_attention_spec(model: nn.Module, spec: AttentionSpec | None = None) -> AttentionSpec:
+    """The caller's attention spec if given, else the built-in one; a clear error where heads cannot be split."""
+    if spec is not None:
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"attention_spec must be a far.AttentionSpec, got {type(spec).__name__}")
+        return spec
+    kind = model_type(model)
+    found = BUILTIN_ATTENTION_SPECS.get(kind)
+    if isinstance(found, str):
+        raise ValueError(
+            f"far cannot split the attention heads of {kind!r} models: {found}. Leave attention_retention unset"
+        )
+    if found is None:
+        supported = sorted(k for k, v in BUILTIN_ATTENTION_SPECS.items() if isinstance(v, AttentionSpec))
+        raise ValueError(
+            f"far has no built-in attention layout for model_type {kind!r} (built in: {', '.join(supported)}). "
+            "Name the projections yourself, e.g. attention_spec=far.AttentionSpec(query='self_attn.q_proj', "
+            "key='self_attn.k_proj', value='self_attn.v_proj', output='self_attn.o_proj'), or leave "
+            "attention_retention unset"
+        )
+    return found
+
+
+def _head_counts(model: nn.Module, spec: AttentionSpec) -> tuple[int, int]:
+    config = getattr(model, "config", None)
+    heads = spec.n_heads or getattr(config, "num_attention_heads", None)
+    kv_heads = spec.n_kv_heads or getattr(config, "num_key_value_heads", None) or heads
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"cannot tell the head counts of this model (num_attention_heads={heads!r}, "
+            f"num_key_value_heads={kv_heads!r}); give them as AttentionSpec(..., n_heads=..., n_kv_heads=...)"
+        )
+    return heads, kv_heads
+
+
+def find_attention(model: nn.Module, spec: AttentionSpec | None = None) -> dict[str, NodeGroup]:
+    """Every attention block of `model`, as node groups whose nodes are heads (key/value groups under GQA).
+
+    Args:
+        model: A plain model, or one whose heads FAR has split.
+        spec: Where the projections are, for architectures that are not built in.
+
+    Returns:
+        `{output_projection_name: NodeGroup(kind="attention")}` in module order; `n_nodes` is the
+        number of key/value heads (equal to the number of heads without grouped-query attention).
+
+    Raises:
+        ValueError: the architecture's heads cannot be split (fused QKV, per-head position
+            biases), it is unknown and no spec was given, or the shapes disagree with the head counts.
+
+    Example:
+        >>> far.find_attention(bert)["bert.encoder.layer.0.attention.output.dense"].n_nodes
+        12
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
+    spec = resolve_attention_spec(model, spec)
+    heads, kv_heads = _head_counts(model, spec)
+    modules: Mapping[str, nn.Module] = dict(model.named_modules())
+    blocks: dict[str, NodeGroup] = {}
+    for block_name in modules:
+        prefix = f"{block_name}." if block_name else ""
+        names = [prefix + n for n in (spec.query, spec.key, spec.value, spec.output)]
+        parts = [modules.get(n) for n in names]
+        if not all(isinstance(p, _PROJECTION_TYPES) for p in parts):
+            continue
+        q_rows, k_rows, v_rows = (projection_rows(m, "input") for m in parts[:3])
+        o_rows = projection_rows(parts[3], "output")
+        if q_rows % heads or k_rows != v_rows or k_rows * heads != q_rows * kv_heads or o_rows != q_rows:
+            raise ValueError(
+                f"the attention block at {block_name!r} has query/key/value/output sizes {q_rows}/{k_rows}/"
+                f"{v_rows}/{o_rows}, which do not fit {heads} heads and {kv_heads} key/value heads; check the "
+                "spec and the model's config"
+            )
+        blocks[names[3]] = NodeGroup(name=names[3], inputs=tuple(names[:3]), n_nodes=kv_heads, kind="attention")
+    if not blocks:
+        raise ValueError(
+            f"no attention block in {type(model).__name__} matches {spec}; pass attention_spec=far.AttentionSpec(...) "
+            "naming the query, key, value and output projections relative to their common parent module"
+        )
+    return blocks

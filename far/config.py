@@ -11,18 +11,18 @@ from typing import Any
 SELECTIONS = ("per_layer", "global", "random")
 
 
-def check_retention(retention: object) -> float:
+def check_retention(retention: object, name: str = "retention", what: str = "FFN nodes") -> float:
     """Return `retention` as a float, or raise if it is not a number in (0, 1]."""
     if isinstance(retention, bool) or not isinstance(retention, numbers.Real):
         raise TypeError(
-            f"retention must be a number in (0, 1], got {retention!r} of type "
-            f"{type(retention).__name__}; e.g. retention=0.4 keeps 40% of each FFN's nodes trainable"
+            f"{name} must be a number in (0, 1], got {retention!r} of type "
+            f"{type(retention).__name__}; e.g. {name}=0.4 keeps 40% of each layer's {what} trainable"
         )
     value = float(retention)
     if math.isnan(value) or not 0.0 < value <= 1.0:
         raise ValueError(
-            f"retention must be in (0, 1], got {retention!r}; it is the fraction of FFN nodes that "
-            "stay trainable (0.4 in the FAR paper, 1.0 keeps every node)"
+            f"{name} must be in (0, 1], got {retention!r}; it is the fraction of {what} that "
+            "stay trainable (1.0 keeps them all)"
         )
     return value
 
@@ -42,6 +42,9 @@ class FARConfig:
             learners' activation from what the activation function keeps anyway (GELU and SiLU
             their input, a gated MLP its two factors) instead of keeping a copy of it. Costs one
             elementwise op over the learners' part of the activation per layer in backward.
+        attention_retention: Also split every attention block: this fraction of each layer's
+            heads (key/value groups under grouped-query attention) stays trainable, chosen by the
+            same `selection` from the heads' priming scores. None (default) leaves attention as it is.
     """
 
     retention: float = 0.4
@@ -49,9 +52,13 @@ class FARConfig:
     seed: int = 0
     freeze_embeddings: bool = False
     recompute_activations: bool = False
+    attention_retention: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "retention", check_retention(self.retention))
+        if self.attention_retention is not None:
+            value = check_retention(self.attention_retention, "attention_retention", "attention heads")
+            object.__setattr__(self, "attention_retention", value)
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {', '.join(map(repr, SELECTIONS))}, got {self.selection!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
@@ -94,7 +101,7 @@ def as_config(config: FARConfig | float = UNSET, **fields: Any) -> FARConfig:
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise TypeError(f"unknown far.FARConfig field(s) {unknown}; the fields are {', '.join(known)}")
-    fields = {k: v for k, v in fields.items() if v is not None}
+    fields = {k: v for k, v in fields.items() if v is not None}  # attention_retention=None is its default too
     if isinstance(config, FARConfig):
         if fields:
             raise TypeError(

@@ -13,7 +13,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFN, FFNSpec, find_ffns
+from far.architectures import FFN, AttentionSpec, FFNSpec, NodeGroup, find_attention, find_ffns
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 
 PRIMER_ATTRIBUTE = "far_primer"
@@ -36,11 +36,14 @@ class Primer:
     """Snapshots a model's FFN weights, then scores each node by how much it changed.
 
     Create it before the priming steps and call `scores()` after them; the training loop is the
-    caller's own. The snapshot holds only the FFN projections, on CPU, in the model's dtype.
+    caller's own. The snapshot holds only the FFN projections, on CPU, in the model's dtype, plus,
+    with `heads=True`, the attention projections, whose heads `head_scores()` then scores.
 
     Args:
         model: A plain (not reconfigured) model.
         spec: FFN layout for architectures that are not built in.
+        heads: Also score attention heads (for `far.reconfigure(..., attention_retention=...)`).
+        attention_spec: Attention layout for architectures that are not built in.
 
     Example:
         >>> primer = far.Primer(model)
@@ -50,20 +53,29 @@ class Primer:
         >>> far.reconfigure(other_model, retention=0.4, scores=primer)  # ValueError: another model's
     """
 
-    def __init__(self, model: nn.Module, spec: FFNSpec | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: FFNSpec | None = None,
+        *,
+        heads: bool = False,
+        attention_spec: AttentionSpec | None = None,
+    ) -> None:
         self.ffns: dict[str, FFN] = find_ffns(model, spec)
+        self.blocks: dict[str, NodeGroup] = find_attention(model, attention_spec) if heads else {}
         modules = dict(model.named_modules())
-        if any(isinstance(modules[f.name], SplitLinear) for f in self.ffns.values()):
+        if any(isinstance(m, SplitLinear) for m in modules.values()):
             raise ValueError(
                 "this model is already reconfigured by FAR; prime the plain model, or call far.restore(model) first"
             )
         # The model holds its Primer, so the Primer holds the model weakly (no cycle) and its
         # projections strongly (the snapshot is compared with them).
         self._model = weakref.ref(model)
-        self._modules = {name: modules[name] for ffn in self.ffns.values() for name in (*ffn.inputs, ffn.output)}
+        groups = [*self.ffns.values(), *self.blocks.values()]
+        self._modules = {name: modules[name] for group in groups for name in group.projections}
         self._snapshot: dict[str, Tensor] = {}
-        for ffn in self.ffns.values():
-            for name in (*ffn.inputs, ffn.output):
+        for ffn in groups:
+            for name in ffn.projections:
                 module = modules[name]
                 role = INPUT if name in ffn.inputs else OUTPUT
                 self._snapshot[f"{name}.weight"] = node_rows(module, role).to("cpu", copy=True)  # (n, f)
@@ -75,6 +87,11 @@ class Primer:
         """Whether this Primer was created on `model` (the very object, not a copy)."""
         return self._model() is model
 
+    @property
+    def watches_heads(self) -> bool:
+        """Whether it records attention heads (created with `heads=True`)."""
+        return bool(self.blocks)
+
     @torch.no_grad()
     def scores(self) -> dict[str, Tensor]:
         """L1 weight change of every node since the snapshot.
@@ -83,17 +100,31 @@ class Primer:
             `{output_projection_name: (n_nodes,) float32 tensor}` where node *i* scores
             sum_j |dW_in[i, j]| + |db_in[i]| over the input projections, plus sum_j |dW_out[j, i]|.
         """
-        result = {}
-        for ffn in self.ffns.values():
-            score = torch.zeros(ffn.n_nodes, dtype=torch.float32)
-            for name in (*ffn.inputs, ffn.output):
-                module = self._modules[name]
-                rows = node_rows(module, INPUT if name in ffn.inputs else OUTPUT)  # (n, f), one row per node
-                score += self._delta(f"{name}.weight", rows).sum(dim=1)
-                if name in ffn.inputs and module.bias is not None:
-                    score += self._delta(f"{name}.bias", module.bias.detach())
-            result[ffn.name] = score
-        return result
+        return {ffn.name: self._group_score(ffn) for ffn in self.ffns.values()}
+
+    @torch.no_grad()
+    def head_scores(self) -> dict[str, Tensor]:
+        """L1 weight change of every attention head since the snapshot (`heads=True` only).
+
+        Returns:
+            `{output_projection_name: (n_nodes,) float32 tensor}`: head *g* (key/value group *g*
+            under grouped-query attention) scores the summed |change| of its rows of the query,
+            key and value weights and biases and its columns of the output projection.
+        """
+        if not self.blocks:
+            raise ValueError("this Primer does not record attention heads; create it as far.Primer(model, heads=True)")
+        return {block.name: self._group_score(block) for block in self.blocks.values()}
+
+    def _group_score(self, group: NodeGroup) -> Tensor:
+        score = torch.zeros(group.n_nodes, dtype=torch.float32)
+        for name in group.projections:
+            module = self._modules[name]
+            rows = node_rows(module, INPUT if name in group.inputs else OUTPUT)  # (n * width, f)
+            # A node is `width` consecutive rows (a head's rows; 1 row in an FFN).
+            score += self._delta(f"{name}.weight", rows).reshape(group.n_nodes, -1).sum(dim=1)
+            if name in group.inputs and module.bias is not None:
+                score += self._delta(f"{name}.bias", module.bias.detach()).reshape(group.n_nodes, -1).sum(dim=1)
+        return score
 
     def _delta(self, key: str, current: Tensor) -> Tensor:
         before = self._snapshot[key]

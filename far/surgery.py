@@ -8,13 +8,23 @@ reads and `far.restore` removes; it is the one attribute surgery sets.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFN, FFNSpec, find_ffns
+from far.architectures import (
+    FFN,
+    AttentionSpec,
+    FFNSpec,
+    NodeGroup,
+    expand_nodes,
+    find_attention,
+    find_ffns,
+    projection_rows,
+)
 from far.config import UNSET, FARConfig, as_config
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.priming import Primer, detach_primer, primer_of
@@ -51,15 +61,17 @@ def _few(names: list[str]) -> str:
     return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")
 
 
-def _check_scores(scores: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
+def _check_scores(scores: object, ffns: Mapping[str, FFN], argument: str = "scores") -> dict[str, Tensor]:
+    unit = "attention block" if argument == "head_scores" else "FFN"
     if not isinstance(scores, Mapping):
         raise TypeError(
-            f"scores must be a dict of FFN name -> 1-D tensor (as Primer.scores() returns), got {type(scores).__name__}"
+            f"{argument} must be a dict of {unit} name -> 1-D tensor (as Primer.{argument}() returns), "
+            f"got {type(scores).__name__}"
         )
     missing, extra = sorted(set(ffns) - set(scores)), sorted(set(scores) - set(ffns))
     if missing or extra:
         raise ValueError(
-            "scores must have one entry per FFN, keyed by the output projection's name; missing "
+            f"{argument} must have one entry per {unit}, keyed by the output projection's name; missing "
             f"{_few(missing)}, unexpected {_few(extra)}. Use the scores of a Primer created on this same model"
         )
     checked = {}
@@ -67,16 +79,23 @@ def _check_scores(scores: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
         s = scores[name]
         if not isinstance(s, Tensor) or s.shape != (ffn.n_nodes,) or not s.is_floating_point():
             shape = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
-            raise ValueError(f"scores[{name!r}] must be a 1-D float tensor of {ffn.n_nodes} node scores, got {shape}")
+            raise ValueError(
+                f"{argument}[{name!r}] must be a 1-D float tensor of {ffn.n_nodes} node scores, got {shape}"
+            )
         if not torch.isfinite(s).all():
-            raise ValueError(f"scores[{name!r}] has NaN or infinite values; priming diverged, lower the learning rate")
+            raise ValueError(
+                f"{argument}[{name!r}] has NaN or infinite values; priming diverged, lower the learning rate"
+            )
         checked[name] = s.detach().cpu()
     return checked
 
 
 def _check_learners(learners: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
     if not isinstance(learners, Mapping) or set(learners) != set(ffns):
-        raise ValueError("learners must map every FFN name (see far.find_ffns) to its learner node indices")
+        raise ValueError(
+            "learners must map every FFN name (see far.find_ffns), and every attention block's when the config "
+            "splits attention (see far.find_attention), to its learner node indices"
+        )
     checked = {}
     for name, ffn in ffns.items():
         idx = torch.as_tensor(learners[name])
@@ -87,6 +106,32 @@ def _check_learners(learners: object, ffns: Mapping[str, FFN]) -> dict[str, Tens
             raise ValueError(f"learners[{name!r}] must hold distinct node indices in [0, {ffn.n_nodes})")
         checked[name] = idx
     return checked
+
+
+def _watching_primer(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None) -> Primer | None:
+    """The Primer `reconfigure` reads: the one passed as `scores`, else the one attached to `model`."""
+    if isinstance(scores, Primer):
+        if not scores.watches(model):
+            raise ValueError(
+                "scores=primer: this Primer was created on another model; pass the Primer (or the scores) of "
+                "the model being reconfigured"
+            )
+        return scores
+    return primer_of(model) if scores is None else None
+
+
+def _primer_head_scores(model: nn.Module, scores: object, head_scores: object) -> object:
+    """The head scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
+    if head_scores is not None:
+        return head_scores
+    primer = _watching_primer(model, scores)
+    if primer is None or not primer.watches_heads:
+        raise ValueError(
+            "attention_retention with a score-based selection needs head priming scores: create "
+            "far.Primer(model, heads=True) before the priming steps (far.finetune does when attention_retention "
+            "is set), pass head_scores=..., or use selection='random'"
+        )
+    return primer.head_scores()
 
 
 def _primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None, selection: str) -> object:
@@ -122,15 +167,18 @@ def reconfigure(
     config: FARConfig | float = UNSET,
     *,
     scores: Primer | Mapping[str, Tensor] | None = None,
+    head_scores: Mapping[str, Tensor] | None = None,
     spec: FFNSpec | None = None,
+    attention_spec: AttentionSpec | None = None,
     **fields,
 ) -> nn.Module:
     """Freeze and reconfigure every FFN of `model`, in place, as `config` says.
 
     Each FFN projection becomes a `SplitLinear`: the learner nodes (the `retention` fraction with
     the largest priming scores) stay trainable, the others are frozen and never get a gradient.
-    Outputs are unchanged. Everything outside the FFNs keeps its `requires_grad`, except the
-    embeddings when `freeze_embeddings=True`.
+    With `attention_retention`, every attention block is split the same way, a node being a head
+    (its query, key and value rows and its output-projection columns). Outputs are unchanged.
+    Everything else keeps its `requires_grad`, except the embeddings when `freeze_embeddings=True`.
 
     Args:
         model: A plain model whose architecture is built in (see `far.BUILTIN_SPECS`) or
@@ -138,11 +186,14 @@ def reconfigure(
         config: A `far.FARConfig`; or leave it out and give its fields as keywords (a number here
             is the retention). Defaults: retention 0.4, per-layer selection.
         **fields: The config's fields as keywords: retention, selection, seed,
-            freeze_embeddings, recompute_activations (see `far.FARConfig`).
+            freeze_embeddings, recompute_activations, attention_retention (see `far.FARConfig`).
         scores: `{output_projection_name: (n,) scores}`, or the `far.Primer` that watched this
             model; default: the Primer attached to `model` (the latest created on it). Unused by
             selection="random".
+        head_scores: `{attention_output_projection_name: (n_heads,) scores}` for
+            `attention_retention`; default: those of the Primer (created with `heads=True`).
         spec: FFN layout for architectures that are not built in.
+        attention_spec: Attention layout for architectures that are not built in.
 
     Returns:
         The same model object, reconfigured.
@@ -156,6 +207,7 @@ def reconfigure(
     config = as_config(config, **fields)
     _check_model(model)
     ffns = find_ffns(model, spec)
+    blocks = find_attention(model, attention_spec) if config.attention_retention is not None else {}
     if is_reconfigured(model):
         raise ValueError(
             "this model is already reconfigured by FAR; call far.restore(model) before reconfiguring it again"
@@ -165,7 +217,16 @@ def reconfigure(
     else:
         checked = _check_scores(_primer_scores(model, scores, config.selection), ffns)
         chosen = select_learners(config, scores=checked)
-    return _split(model, ffns, chosen, config)
+    if blocks:
+        # Heads are chosen by the same strategy at their own retention, and drawn separately
+        # (for "random"), so that adding attention never changes which FFN nodes are learners.
+        head_config = dataclasses.replace(config, retention=config.attention_retention)
+        if config.selection == "random":
+            chosen |= select_learners(head_config, n_nodes={n: b.n_nodes for n, b in blocks.items()})
+        else:
+            checked = _check_scores(_primer_head_scores(model, scores, head_scores), blocks, "head_scores")
+            chosen |= select_learners(head_config, scores=checked)
+    return _split(model, {**ffns, **blocks}, chosen, config)
 
 
 def reconfigure_with_learners(
@@ -174,30 +235,69 @@ def reconfigure_with_learners(
     config: FARConfig,
     *,
     spec: FFNSpec | None = None,
+    attention_spec: AttentionSpec | None = None,
 ) -> nn.Module:
     """Reconfigure `model` in place with explicit learner indices (as `far.learners` returns).
 
     For reloading a recorded layout; `config` is recorded as given (its selection is not rerun).
+    With `config.attention_retention` set, `learners` also holds every attention block's learner heads.
     """
     _check_model(model)
     if not isinstance(config, FARConfig):
         raise TypeError(f"config must be a far.FARConfig, got {type(config).__name__}")
-    ffns = find_ffns(model, spec)
+    groups = node_groups(model, spec, attention=config.attention_retention is not None, attention_spec=attention_spec)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
-    return _split(model, ffns, _check_learners(learners, ffns), config)
+    return _split(model, groups, _check_learners(learners, groups), config)
 
 
-def _split(model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Tensor], config: FARConfig) -> nn.Module:
+def node_groups(
+    model: nn.Module,
+    spec: FFNSpec | None = None,
+    *,
+    attention: bool | None = None,
+    attention_spec: AttentionSpec | None = None,
+) -> dict[str, NodeGroup]:
+    """The FFNs of `model`, then its attention blocks if `attention` (None: if FAR has split them)."""
+    groups = dict(find_ffns(model, spec))
+    if attention is None:
+        attention = _heads_split(model, attention_spec)
+    if attention:
+        groups.update(find_attention(model, attention_spec))
+    return groups
+
+
+def _heads_split(model: nn.Module, attention_spec: AttentionSpec | None) -> bool:
+    config = get_config(model)
+    if config is not None:
+        return config.attention_retention is not None
+    try:  # a model split by hand or loaded without its state: look at the layers
+        blocks = find_attention(model, attention_spec)
+    except ValueError:
+        return False
+    return any(isinstance(model.get_submodule(name), SplitLinear) for name in blocks)
+
+
+def projection_learners(model: nn.Module, group: NodeGroup, name: str, nodes: Tensor) -> Tensor:
+    """A group's learner nodes as rows of one of its projections (`name`), `width` rows a node."""
+    role = OUTPUT if name == group.output else INPUT
+    return expand_nodes(nodes, projection_rows(model.get_submodule(name), role) // group.n_nodes)
+
+
+def _split(
+    model: nn.Module, groups: Mapping[str, NodeGroup], learners: Mapping[str, Tensor], config: FARConfig
+) -> nn.Module:
     # Everything was validated by the caller; from here on nothing raises on user input.
-    for ffn in ffns.values():
-        idx = learners[ffn.name]
-        for name in ffn.inputs:
-            _set_module(model, name, SplitLinear.from_linear(model.get_submodule(name), idx, INPUT))
-        output = SplitLinear.from_linear(
-            model.get_submodule(ffn.output), idx, OUTPUT, recompute=config.recompute_activations
-        )
-        _set_module(model, ffn.output, output)
+    for group in groups.values():
+        idx = learners[group.name]
+        for name in group.inputs:
+            rows = projection_learners(model, group, name, idx)
+            _set_module(model, name, SplitLinear.from_linear(model.get_submodule(name), rows, INPUT))
+        rows = projection_learners(model, group, group.output, idx)
+        # Attention's output projection reads the attention output, not an activation it could rebuild.
+        recompute = config.recompute_activations and group.kind == "ffn"
+        output = SplitLinear.from_linear(model.get_submodule(group.output), rows, OUTPUT, recompute=recompute)
+        _set_module(model, group.output, output)
     frozen = []
     if config.freeze_embeddings:
         for module_name, module in model.named_modules():
@@ -235,17 +335,27 @@ def restore(model: nn.Module) -> nn.Module:
     return model
 
 
-def learners(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, Tensor]:
-    """Sorted original indices of every FFN's learner nodes, keyed like the priming scores."""
+def learners(
+    model: nn.Module, spec: FFNSpec | None = None, *, attention_spec: AttentionSpec | None = None
+) -> dict[str, Tensor]:
+    """Sorted original indices of every FFN's learner nodes, keyed like the priming scores.
+
+    Where FAR split the attention too, the result also holds each attention block's learner heads
+    (key/value groups under grouped-query attention), keyed by its output projection's name.
+    """
     _check_model(model)
-    ffns = find_ffns(model, spec)
     result = {}
-    for name in ffns:
-        module = model.get_submodule(name)
+    for group in node_groups(model, spec, attention_spec=attention_spec).values():
+        module = model.get_submodule(group.name)
         if not isinstance(module, SplitLinear):
             raise ValueError("this model is not reconfigured by FAR; call far.reconfigure(model, ...) first")
-        result[name] = module.learner_indices()
+        result[group.name] = _nodes_of_rows(module.learner_indices(), module.n_nodes // group.n_nodes)
     return result
+
+
+def _nodes_of_rows(rows: Tensor, width: int) -> Tensor:
+    """Sorted row indices, `width` per node -> the node indices (the inverse of `expand_nodes`)."""
+    return rows[::width] // width
 
 
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -254,22 +364,36 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def learners_from_state_dict(
-    model: nn.Module, state_dict: Mapping[str, Tensor], spec: FFNSpec | None = None
+    model: nn.Module,
+    state_dict: Mapping[str, Tensor],
+    spec: FFNSpec | None = None,
+    *,
+    attention_spec: AttentionSpec | None = None,
 ) -> dict[str, Tensor]:
     """Learner indices recorded in the `state_dict` of a reconfigured model of `model`'s architecture.
 
     With `reconfigure_with_learners`, this rebuilds a saved FAR layout on a plain model before
-    loading the saved weights into it.
+    loading the saved weights into it. Attention blocks are included when the state dict records
+    split heads.
     """
+    groups = node_groups(model, spec, attention=False)
+    try:
+        blocks = find_attention(model, attention_spec)
+    except ValueError:
+        blocks = {}
+    if any(f"{name}.node_order" in state_dict for name in blocks):
+        groups.update(blocks)
     result = {}
-    for name in find_ffns(model, spec):
+    for group in groups.values():
+        name = group.name
         order, weight = state_dict.get(f"{name}.node_order"), state_dict.get(f"{name}.learner_weight")
         if order is None or weight is None:
             raise ValueError(
-                f"the state dict has no FAR layout for the FFN {name!r} (no {name}.node_order); "
-                "was it saved from a reconfigured model of this architecture?"
+                f"the state dict has no FAR layout for the {'FFN' if group.kind == 'ffn' else 'attention block'} "
+                f"{name!r} (no {name}.node_order); was it saved from a reconfigured model of this architecture?"
             )
-        result[name] = order[: weight.shape[0]].sort().values  # nodes are stored as rows
+        rows = order[: weight.shape[0]].sort().values  # nodes are stored as rows
+        result[name] = _nodes_of_rows(rows, order.numel() // group.n_nodes)
     return result
 
 

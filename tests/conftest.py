@@ -49,9 +49,9 @@ TINY_CONFIGS = {
 ARCHITECTURES = sorted(TINY_CONFIGS)
 
 
-def tiny_model(model_type: str = "bert", num_labels: int = 3, seed: int = 0) -> torch.nn.Module:
+def tiny_model(model_type: str = "bert", num_labels: int = 3, seed: int = 0, **overrides) -> torch.nn.Module:
     """A tiny seeded sequence-classification model of `model_type`, in eval mode, fp32."""
-    config = AutoConfig.for_model(model_type, num_labels=num_labels, **TINY_CONFIGS[model_type])
+    config = AutoConfig.for_model(model_type, num_labels=num_labels, **{**TINY_CONFIGS[model_type], **overrides})
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_config(config).eval()
 
