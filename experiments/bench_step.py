@@ -42,14 +42,18 @@ from far.layers import SplitLinear, native_bf16
 CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}
 
 
-def _scores(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def _scores(groups: dict) -> dict[str, torch.Tensor]:
     # Timing does not depend on which nodes learn, only on how many: seeded random scores.
     generator = torch.Generator().manual_seed(0)
-    return {name: torch.rand(f.n_nodes, generator=generator) for name, f in far.find_ffns(model).items()}
+    return {name: torch.rand(g.n_nodes, generator=generator) for name, g in groups.items()}
 
 
 def _far(retention: float, **kwargs) -> Callable[[torch.nn.Module], torch.nn.Module]:
-    return lambda m: far.reconfigure(m, retention, scores=_scores(m), **kwargs)
+    def apply(m: torch.nn.Module) -> torch.nn.Module:
+        heads = _scores(far.find_attention(m)) if kwargs.get("attention_retention") is not None else None
+        return far.reconfigure(m, retention, scores=_scores(far.find_ffns(m)), head_scores=heads, **kwargs)
+
+    return apply
 
 
 CONFIGS.update(
@@ -62,6 +66,11 @@ CONFIGS.update(
         "freeze-ffn": far.freeze_ffns,
         "far-0.4+frozen-emb": _far(0.4, freeze_embeddings=True),
         "far-0.4+recompute": _far(0.4, recompute_activations=True),
+        # Attention heads split too, at three head retentions (1.0: every head a learner, the split's own cost).
+        "far-0.4+heads-1.0": _far(0.4, attention_retention=1.0),
+        "far-0.4+heads-0.4": _far(0.4, attention_retention=0.4),
+        "far-0.4+heads-0.2": _far(0.4, attention_retention=0.2),
+        "far-0.4+heads-0.4+recompute": _far(0.4, attention_retention=0.4, recompute_activations=True),
     }
 )
 

@@ -48,6 +48,17 @@ METHODS: dict[str, list[str]] = {
     "far+frozen-emb": ["--method", "far", "--retention", "0.4", "--freeze-embeddings"],
     "far-0.2+frozen-emb": ["--method", "far", "--retention", "0.2", "--freeze-embeddings"],
     "far-0.4-priming-0.05": ["--method", "far", "--retention", "0.4", "--priming", "0.05"],
+    # Attention heads split too (FFN retention, head retention).
+    "far+heads-0.4": ["--method", "far", "--retention", "0.4", "--attention-retention", "0.4"],
+    "far-0.2+heads-0.2+frozen-emb": [
+        "--method",
+        "far",
+        "--retention",
+        "0.2",
+        "--attention-retention",
+        "0.2",
+        "--freeze-embeddings",
+    ],  # fmt: skip
 }
 PAPER_METHODS = ["full", "far", "random", "freeze-ffn"]
 

@@ -38,7 +38,7 @@ def step_flops(model: nn.Module, batch_size: int, seq_len: int) -> StepFlops:
     """FLOPs (2 per multiply-add) of one training step's matrix products.
 
     Counts every linear projection (forward, gradient of its input, gradient of its trainable
-    weights; a split FFN layer only for its learners) and attention's two batched products per
+    weights; a split layer, FFN or attention, only for its learners) and attention's two batched products per
     layer (QK^T and AV; both operands need gradients). Every layer's input is taken to need a
     gradient, true whenever anything below it trains (e.g. the embedding LayerNorm).
     """

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from conftest import ARCHITECTURES, tiny_batch, tiny_model
+from transformers import Trainer
 
 import far
 from far.architectures import BUILTIN_ATTENTION_SPECS
@@ -133,7 +134,10 @@ def test_an_unknown_architecture_needs_an_attention_spec():
     with pytest.raises(ValueError, match="AttentionSpec"):
         far.find_attention(model)
     spec = far.AttentionSpec(
-        query="attention.self.query", key="attention.self.key", value="attention.self.value", output="attention.output.dense"
+        query="attention.self.query",
+        key="attention.self.key",
+        value="attention.self.value",
+        output="attention.output.dense",
     )
     assert len(far.find_attention(model, spec)) == 2
 
@@ -201,3 +205,109 @@ def test_mezo_moves_only_learner_heads():
     for name, before in frozen.items():
         assert torch.equal(model.get_submodule(name).frozen_weight, before)
     assert any(not torch.equal(model.get_submodule(n).learner_weight, w) for n, w in learner.items())
+
+
+def _trained_with_heads(arch, steps=2):
+    model = tiny_model(arch)
+    far.reconfigure(model, 0.4, selection="random", seed=3, attention_retention=0.5)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(steps):
+        model(**tiny_batch(), labels=torch.tensor([0, 1, 2])).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("arch", ["bert", "opt", "llama"])
+def test_learners_file_and_checkpoint_round_trip_with_split_heads(arch, tmp_path):
+    model = _trained_with_heads(arch)
+    with torch.no_grad():
+        expected = model(**tiny_batch()).logits
+    path = far.save_learners(model, tmp_path / "learners.safetensors")
+    base = tiny_model(arch)
+    far.load_learners(base, path)
+    assert far.get_config(base) == far.get_config(model)
+    assert {k: v.tolist() for k, v in far.learners(base).items()} == {
+        k: v.tolist() for k, v in far.learners(model).items()
+    }
+    with torch.no_grad():
+        assert torch.equal(base(**tiny_batch()).logits, expected)
+
+    far.save_pretrained(model, tmp_path / "ckpt")
+    loaded = far.from_pretrained(tmp_path / "ckpt")
+    assert far.get_config(loaded).attention_retention == 0.5
+    assert _state(loaded).keys() == _state(model).keys()
+    assert all(torch.equal(a, b) for a, b in zip(_state(loaded).values(), _state(model).values(), strict=True))
+
+
+def test_a_learners_file_with_heads_is_refused_by_another_base_before_any_change(tmp_path):
+    path = far.save_learners(_trained_with_heads("bert"), tmp_path / "learners.safetensors")
+    other = tiny_model("bert", seed=1)
+    before = _state(other)
+    with pytest.raises(ValueError, match="different base model"):
+        far.load_learners(other, path)
+    assert not far.is_reconfigured(other)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+def _examples(n=20, length=6):
+    generator = torch.Generator().manual_seed(0)
+    return [
+        {
+            "input_ids": torch.randint(3, 97, (length,), generator=generator),
+            "attention_mask": torch.ones(length, dtype=torch.long),
+            "labels": torch.tensor(i % 3),
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "mezo"])
+def test_finetune_primes_heads_and_resumes_exactly(tmp_path, optimizer):
+    options = dict(optimizer=optimizer, lr=1e-2, priming=2, max_steps=6, batch_size=4, attention_retention=0.5)
+
+    def run(**kwargs):
+        model = tiny_model("bert")
+        far.finetune(model, _examples(), progress=False, **options, **kwargs)
+        return model
+
+    whole = run(output_dir=tmp_path / "a", checkpoint_every=3, keep_checkpoints=None)
+    assert far.get_config(whole).attention_retention == 0.5
+    blocks = far.find_attention(whole)
+    assert set(blocks) <= set(far.learners(whole)) and all(far.learners(whole)[b].numel() == 2 for b in blocks)
+    resumed = run(output_dir=tmp_path / "b", checkpoint_every=3, resume_from=tmp_path / "a" / "checkpoints" / "step-3")
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.allclose(a.float(), b.float(), rtol=0, atol=1e-6), name
+
+
+def test_attention_retention_without_far_is_refused():
+    with pytest.raises(ValueError, match="give a retention"):
+        far.finetune(tiny_model("bert"), _examples(), retention=None, attention_retention=0.5, progress=False)
+    with pytest.raises(ValueError, match="cannot split the attention heads"):
+        far.finetune(
+            tiny_model("gpt2"), _examples(), attention_retention=0.5, max_steps=10, batch_size=4, progress=False
+        )
+
+
+def test_the_trainer_callback_splits_heads_after_priming_and_resumes(tmp_path):
+    from test_trainer_callback import arguments, examples
+
+    run_dir = tmp_path / "run"
+    args = arguments(run_dir, save_strategy="steps", save_steps=4)
+    whole = tiny_model("bert")
+    callback = far.FARCallback(retention=0.5, priming=2, attention_retention=0.5)
+    Trainer(model=whole, args=args, train_dataset=examples(), callbacks=[callback]).train()
+    assert far.get_config(whole).attention_retention == 0.5
+    assert set(far.find_attention(whole)) <= set(far.learners(whole))
+
+    model = tiny_model("bert")
+    callback = far.FARCallback(retention=0.5, priming=2, attention_retention=0.5)
+    trainer = Trainer(model=model, args=args, train_dataset=examples(), callbacks=[callback])
+    callback.restore_layout(model, run_dir / "checkpoint-4")
+    trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
+    for (name, a), b in zip(whole.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.allclose(a.float(), b.float(), rtol=0, atol=1e-6), name

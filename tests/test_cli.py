@@ -127,6 +127,19 @@ def test_glue_far_run_writes_outputs_and_reloads(tiny_model_dir, data, tmp_path,
     assert evaluated["far"]["retention"] == 0.5
 
 
+def test_glue_far_with_split_heads_records_them_and_reloads(tiny_model_dir, data, tmp_path, capsys):
+    out = tmp_path / "cola"
+    assert _glue("cola", tiny_model_dir, data, out, "--attention-retention", "0.5") == 0
+    record = _metrics(out)
+    assert record["hyperparameters"]["attention_retention"] == 0.5
+    value = record["metrics"]["matthews_correlation"]
+    argv = ["eval", "--checkpoint", str(out / "model"), "--data-dir", str(data), "--output-dir", str(tmp_path / "e")]
+    assert main(argv) == 0
+    evaluated = json.loads((tmp_path / "e" / "eval_metrics.json").read_text())
+    assert evaluated["metrics"]["matthews_correlation"] == pytest.approx(value, abs=1e-6)
+    assert evaluated["far"]["attention_retention"] == 0.5
+
+
 def test_glue_runs_are_reproducible_and_methods_differ(tiny_model_dir, data, tmp_path, capsys):
     runs = {}
     for name, args in {
@@ -268,6 +281,16 @@ def vision_model_dir(tmp_path):
             "bad retention",
             ["glue", "--task", "cola", "--data-dir", "{data}", "--retention", "1.5"],
             "retention must be in (0, 1], got 1.5",
+        ),
+        (
+            "bad attention retention",
+            ["glue", "--task", "cola", "--data-dir", "{data}", "--attention-retention", "0"],
+            "attention_retention must be in (0, 1], got 0.0",
+        ),
+        (
+            "heads without FAR",
+            ["glue", "--task", "cola", "--data-dir", "{data}", "--method", "full", "--attention-retention", "0.5"],
+            "method 'full' has none",
         ),
         (
             "squad split conflict",

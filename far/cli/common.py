@@ -67,6 +67,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retention", type=float, default=0.4, help="fraction of FFN nodes kept trainable by far/random (default: 0.4)"
     )
+    parser.add_argument(
+        "--attention-retention",
+        type=float,
+        default=None,
+        help="also split attention: fraction of each layer's heads kept trainable by far/random (default: attention "
+        "untouched)",
+    )
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="(default: adamw)")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: per task and optimizer)")
     parser.add_argument("--epochs", type=float, default=None, help="training epochs (default: per task)")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec, find_ffns
+from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
 from far.layers import INPUT, OUTPUT, node_rows
 from far.llm.memory import to_private_memory
@@ -34,6 +34,7 @@ def gradient_scores(
     *,
     spec: FFNSpec | None = None,
     checkpointing: bool = True,
+    heads: bool = False,
 ) -> dict[str, Tensor]:
     """Score every FFN node by the L1 norm of its weights' gradients, summed over `batches`.
 
@@ -47,15 +48,18 @@ def gradient_scores(
         spec: FFN layout for architectures that are not built in.
         checkpointing: Recompute each layer's activations in the backward (Hugging Face models that
             support it), so the pass needs about one layer's activations instead of all of them.
+        heads: Also score every attention head (key/value group under grouped-query attention)
+            by its rows of the query, key and value weights and its columns of the output projection.
 
     Returns:
-        `{output_projection_name: (n_nodes,) float32 scores}`, the form `far.reconfigure(scores=...)` takes.
+        `{output_projection_name: (n_nodes,) float32 scores}`, the form `far.reconfigure(scores=...)` takes;
+        with `heads`, also one entry per attention block (what `head_scores=` takes).
 
     Example:
         >>> scores = gradient_scores(model, batches[:8], loss_fn)
         >>> far.reconfigure(model, retention=0.4, scores=scores)
     """
-    ffns = find_ffns(model, spec)
+    ffns = {**find_ffns(model, spec), **(find_attention(model) if heads else {})}
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; score the plain model (far.restore(model) first)")
     scores = {name: torch.zeros(ffn.n_nodes, dtype=torch.float32) for name, ffn in ffns.items()}
@@ -71,8 +75,10 @@ def gradient_scores(
     def fold(name: str, module: nn.Module, role: str) -> Callable[[Tensor], None]:
         def hook(param: Tensor) -> None:
             grad = param.grad.detach().abs().float()
-            # a bias gradient is already one value per node; a weight's is summed over its node rows
-            scores[name] += grad if grad.dim() == 1 else node_rows(module, role, grad).sum(dim=1)
+            # a bias gradient is already one value per row; a weight's is summed over its node rows;
+            # an attention node (a head) is several consecutive rows
+            per_row = grad if grad.dim() == 1 else node_rows(module, role, grad).sum(dim=1)
+            scores[name] += per_row.reshape(scores[name].numel(), -1).sum(dim=1)
             param.grad = None  # never more than one FFN weight's gradient alive
 
         return hook
@@ -111,10 +117,10 @@ def gradient_scores(
     return scores
 
 
-def ffn_parameter_names(model: nn.Module, spec: FFNSpec | None = None) -> list[str]:
-    """Qualified names of every FFN projection's parameters (weights and biases)."""
+def ffn_parameter_names(model: nn.Module, spec: FFNSpec | None = None, *, heads: bool = False) -> list[str]:
+    """Qualified names of every FFN projection's parameters (weights and biases), and attention's with `heads`."""
     names = []
-    for ffn in find_ffns(model, spec).values():
+    for ffn in {**find_ffns(model, spec), **(find_attention(model) if heads else {})}.values():
         for module_name in (*ffn.inputs, ffn.output):
             names += [f"{module_name}.{n}" for n, _ in model.get_submodule(module_name).named_parameters(recurse=False)]
     return names
@@ -150,10 +156,17 @@ def prime_and_reconfigure(
     if not isinstance(config, FARConfig) and fields.get("freeze_embeddings") is None:
         fields["freeze_embeddings"] = True
     config = as_config(config, **fields)
-    names = ffn_parameter_names(model, spec)
+    heads = config.attention_retention is not None
+    names = ffn_parameter_names(model, spec, heads=heads)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
     to_private_memory(model, names)
-    scores = None if config.selection == "random" else gradient_scores(model, batches, loss_fn, spec=spec)
-    reconfigure(model, config, scores=scores, spec=spec)
+    if config.selection == "random":
+        reconfigure(model, config, spec=spec)
+        return None
+    scores = gradient_scores(model, batches, loss_fn, spec=spec, heads=heads)
+    ffns = find_ffns(model, spec)
+    ffn_scores = {name: s for name, s in scores.items() if name in ffns}
+    head_scores = {name: s for name, s in scores.items() if name not in ffns} if heads else None
+    reconfigure(model, config, scores=ffn_scores, head_scores=head_scores, spec=spec)
     return scores

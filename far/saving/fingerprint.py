@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFN
+from far.architectures import FFN, expand_nodes, projection_rows
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 
 
@@ -71,7 +71,8 @@ def _base_tensors(
         for name in (*ffn.inputs, ffn.output):
             module = model.get_submodule(name)
             role = INPUT if name in ffn.inputs else OUTPUT
-            weight, bias = _frozen_part(module, role, frozen)
+            rows = expand_nodes(frozen, projection_rows(module, role) // ffn.n_nodes)  # a head is several rows
+            weight, bias = _frozen_part(module, role, rows)
             yield f"{name}.weight[frozen]", weight
             if bias is not None:
                 yield f"{name}.bias[frozen]", bias
@@ -87,7 +88,7 @@ def base_fingerprint(
 
     Args:
         model: A plain model, or one reconfigured with exactly `learners`.
-        ffns: `far.find_ffns(model)`.
+        ffns: `far.find_ffns(model)`, plus the attention blocks where FAR splits them.
         learners: `{ffn_name: sorted original learner indices}`; their rows/columns are excluded.
         stored: Names of the non-learner parameters the file holds (trainable heads, norms, ...);
             they, and every name tied to them, are excluded.

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec, find_ffns
+from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import FARConfig
 from far.selection import learner_count
 from far.surgery import is_reconfigured, learners, learners_from_state_dict, reconfigure_with_learners
@@ -37,12 +37,23 @@ def read_layout(files: Iterable[str | os.PathLike]) -> dict[str, Tensor]:
 def inferred_config(model: nn.Module, chosen: Mapping[str, Tensor], spec: FFNSpec | None = None) -> FARConfig:
     """A `FARConfig` for learners saved without one: the overall retention, and the selection it fits.
 
-    Only retention can be read back from a layout; seed and freeze_embeddings take their defaults.
+    Only retention (and attention retention, where heads are split) can be read back from a
+    layout; seed and freeze_embeddings take their defaults.
     """
-    n_nodes = {name: ffn.n_nodes for name, ffn in find_ffns(model, spec).items()}
-    retention = sum(len(v) for v in chosen.values()) / sum(n_nodes.values())
-    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in chosen)
-    return FARConfig(retention=round(retention, 6), selection="per_layer" if uniform else "global")
+    ffns = find_ffns(model, spec)
+    n_nodes = {name: ffn.n_nodes for name, ffn in ffns.items()}
+    retention = sum(len(chosen[n]) for n in n_nodes) / sum(n_nodes.values())
+    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in n_nodes)
+    heads = [name for name in chosen if name not in ffns]
+    attention_retention = None
+    if heads:  # the fraction of heads kept, over all blocks
+        blocks = find_attention(model)
+        attention_retention = round(sum(len(chosen[n]) for n in heads) / sum(blocks[n].n_nodes for n in heads), 6)
+    return FARConfig(
+        retention=round(retention, 6),
+        selection="per_layer" if uniform else "global",
+        attention_retention=attention_retention,
+    )
 
 
 def rebuild_layout(

@@ -2,10 +2,11 @@
 
 Layout of a file (format version 1):
 
-- `<ffn>.learner_indices` (k,) int64: sorted original indices of the FFN's learner nodes;
+- `<ffn>.learner_indices` (k,) int64: sorted original indices of the FFN's learner nodes (for a
+  split attention block, keyed by its output projection: its learner heads);
 - `<projection>.learner_weight` (k, in) for input projections, (out, k) for the output projection,
   in nn.Linear layout and ascending node order; `<projection>.learner_bias` (k,) for input
-  projections with a bias;
+  projections with a bias (k rows are k * width for attention: a head is `width` rows);
 - every other trainable parameter under its own name (heads, norms, attention, embeddings, the
   output projection's bias).
 
@@ -29,12 +30,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec, find_ffns, model_type
+from far.architectures import FFNSpec, model_type, projection_rows
 from far.atomic import atomic_file
 from far.config import FARConfig
-from far.layers import INPUT, SplitLinear, node_rows
+from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.fingerprint import base_fingerprint, hash_tensors
-from far.surgery import get_config, is_reconfigured, learners, reconfigure_with_learners
+from far.surgery import get_config, is_reconfigured, learners, node_groups, reconfigure_with_learners
 
 FORMAT = "far.learners"
 FORMAT_VERSION = "1"
@@ -90,7 +91,7 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
             "save_learners saves what FAR training changed, and this model is not reconfigured by FAR; "
             "call far.reconfigure(model, ...) before training, or use far.save_pretrained for a full checkpoint"
         )
-    ffns = find_ffns(model, spec)
+    ffns = node_groups(model, spec)  # the FFNs, and the attention blocks if FAR split them
     chosen = learners(model, spec)
     tensors: dict[str, Tensor] = {}
     for ffn in ffns.values():
@@ -240,7 +241,7 @@ def _check_against_model(
             f"{str(path)!r} was saved from a {metadata['model_type']!r} model, this model is "
             f"{model_type(model)!r}: load it onto the base model it was trained from"
         )
-    ffns = find_ffns(model, spec)
+    ffns = node_groups(model, spec, attention=config.attention_retention is not None)
     if layout != {ffn.name: list(ffn.inputs) for ffn in ffns.values()}:
         raise LearnersFileError(
             f"{str(path)!r} describes other FFNs ({len(layout)}, e.g. {next(iter(layout), None)!r}) than this "
@@ -254,12 +255,14 @@ def _check_against_model(
         k = idx.numel()
         ffn_keys.add(f"{ffn.name}.learner_indices")
         for name in (*ffn.inputs, ffn.output):
-            (out_f, in_f), dtype, has_bias = _linear_shape(model.get_submodule(name))
-            shape = (k, in_f) if name in ffn.inputs else (out_f, k)
+            module = model.get_submodule(name)
+            (out_f, in_f), dtype, has_bias = _linear_shape(module)
+            rows = k * projection_rows(module, INPUT if name in ffn.inputs else OUTPUT) // ffn.n_nodes
+            shape = (rows, in_f) if name in ffn.inputs else (out_f, rows)
             _expect(path, tensors, f"{name}.learner_weight", shape, dtype)
             ffn_keys.add(f"{name}.learner_weight")
             if name in ffn.inputs and has_bias:
-                _expect(path, tensors, f"{name}.learner_bias", (k,), dtype)
+                _expect(path, tensors, f"{name}.learner_bias", (rows,), dtype)
                 ffn_keys.add(f"{name}.learner_bias")
     # Every other tensor overwrites a whole parameter; inside an FFN only the output bias may be
     # overwritten, which belongs to no node (a whole FFN weight would overwrite frozen nodes).
@@ -323,7 +326,7 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     # Everything is verified; from here on nothing raises on bad input.
     if not is_reconfigured(model):
         reconfigure_with_learners(model, chosen, config, spec=spec)
-    for ffn in find_ffns(model, spec).values():
+    for ffn in node_groups(model, spec).values():
         for name in (*ffn.inputs, ffn.output):
             module = model.get_submodule(name)
             perm = module.node_order[: module.n_learners].argsort()  # file row -> stored position

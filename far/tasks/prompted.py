@@ -84,7 +84,7 @@ def prompted_run(settings: RunSettings, task_name: str) -> TrainingRun:
     release_freed_memory()
     # The surgery (if any) happens in `prepare`, so far.finetune trains the model as it finds it.
     options = settings.finetune_options(hparams)
-    for key in ("freeze_ffn", "priming", "freeze_embeddings", "selection"):
+    for key in ("freeze_ffn", "priming", "freeze_embeddings", "selection", "attention_retention"):
         options.pop(key, None)
     options["retention"] = None
     far_config = settings.far_config()

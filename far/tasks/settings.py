@@ -36,11 +36,26 @@ class Method:
     selection: str | None = None
     freeze_ffn: bool = False
 
-    def far_config(self, retention: float, *, seed: int = 0, freeze_embeddings: bool = False) -> FARConfig | None:
+    def far_config(
+        self,
+        retention: float,
+        *,
+        seed: int = 0,
+        freeze_embeddings: bool = False,
+        attention_retention: float | None = None,
+    ) -> FARConfig | None:
         """The surgery this method makes (checked by `FARConfig`), or None."""
         if self.selection is None:
+            if attention_retention is not None:
+                raise ValueError(f"attention_retention splits heads with FAR's surgery; method {self.name!r} has none")
             return None
-        return FARConfig(retention, self.selection, seed=seed, freeze_embeddings=freeze_embeddings)
+        return FARConfig(
+            retention,
+            self.selection,
+            seed=seed,
+            freeze_embeddings=freeze_embeddings,
+            attention_retention=attention_retention,
+        )
 
 
 METHODS: dict[str, Method] = {
@@ -56,6 +71,7 @@ OPTIMIZERS = ("adamw", "mezo")
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
+    "attention_retention",
     "priming",
     "weight_decay",
     "grad_accum",
@@ -98,6 +114,7 @@ class RunSettings:
     model: str = DEFAULT_MODEL
     method: str = "far"
     retention: float = 0.4
+    attention_retention: float | None = None
     optimizer: str = "adamw"
     lr: float | None = None
     epochs: float | None = None
@@ -141,7 +158,12 @@ class RunSettings:
 
     def far_config(self) -> FARConfig | None:
         """The surgery of this run's method, or None (full fine-tuning, freeze-FFN)."""
-        return self.method_spec.far_config(self.retention, seed=self.seed, freeze_embeddings=self.freeze_embeddings)
+        return self.method_spec.far_config(
+            self.retention,
+            seed=self.seed,
+            freeze_embeddings=self.freeze_embeddings,
+            attention_retention=self.attention_retention,
+        )
 
     def hyperparameters(self, defaults: Mapping[str, Mapping]) -> dict:
         """Every hyper-parameter, the ones left None filled from `defaults[optimizer]`, checked.
@@ -174,7 +196,9 @@ class RunSettings:
         surgery = (
             dict(retention=None, freeze_ffn=method.freeze_ffn)
             if method.selection is None
-            else dict(retention=self.retention, selection=method.selection)
+            else dict(
+                retention=self.retention, selection=method.selection, attention_retention=self.attention_retention
+            )
         )
         return dict(
             optimizer=self.optimizer,

@@ -134,19 +134,26 @@ class FARCallback(TrainerCallback):
         if self.priming_steps == 0:
             self._switch(model, optimizer, None)
         else:
-            self._primer = Primer(model, self.spec)
+            self._primer = Primer(model, self.spec, heads=self.config.attention_retention is not None)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         # The Trainer passes its model and optimizer (and more) as keywords.
         if self._primer is not None and state.global_step >= self.priming_steps:
             scores = self._primer.scores()
+            head_scores = self._primer.head_scores() if self._primer.watches_heads else None
             self._primer = None
-            self._switch(kwargs["model"], kwargs["optimizer"], scores)
+            self._switch(kwargs["model"], kwargs["optimizer"], scores, head_scores)
 
-    def _switch(self, model: nn.Module, optimizer: Optimizer, scores: dict[str, torch.Tensor] | None) -> None:
+    def _switch(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        scores: dict[str, torch.Tensor] | None,
+        head_scores: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         index = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
         group_of = {name: index[id(p)] for name, p in model.named_parameters() if id(p) in index}
-        reconfigure(model, self.config, scores=scores, spec=self.spec)
+        reconfigure(model, self.config, scores=scores, head_scores=head_scores, spec=self.spec)
         retarget_optimizer(optimizer, model, group_of)
 
     def restore_layout(self, model: nn.Module, checkpoint: str | os.PathLike) -> nn.Module:

@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 from transformers import default_data_collator
 
-from far.architectures import FFNSpec, find_ffns
+from far.architectures import FFNSpec, find_attention, find_ffns
 from far.surgery import is_reconfigured
 from far.training.checkpoint import has_run, read_checkpoint
 from far.training.data import BatchStream
@@ -37,6 +37,7 @@ def finetune(
     *,
     optimizer: str = "adamw",
     retention: float | None = 0.4,
+    attention_retention: float | None = None,
     selection: str = "per_layer",
     priming: float | int = 0.1,
     priming_optimizer: str = "adamw",
@@ -92,6 +93,8 @@ def finetune(
         optimizer: "adamw" or "mezo" (or "sgd") for the training phase.
         retention: Fraction of FFN nodes kept trainable; None is full fine-tuning (no priming, no
             surgery, the same loop otherwise).
+        attention_retention: Also split every attention block, keeping this fraction of each
+            layer's heads trainable (see `far.FARConfig`); None leaves attention as it is.
         selection: "per_layer", "global" or "random" (random needs no priming and skips it).
         priming: Priming length: a fraction of the run's steps in [0, 1), or a number of steps.
         priming_optimizer: "adamw" (default), "sgd" or "mezo".
@@ -150,6 +153,7 @@ def finetune(
         n_examples,
         optimizer=optimizer,
         retention=retention,
+        attention_retention=attention_retention,
         selection=selection,
         priming=priming,
         priming_optimizer=priming_optimizer,
@@ -177,6 +181,8 @@ def finetune(
         raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
     if plan.far is not None or plan.freeze_ffn:
         find_ffns(model, spec)  # a clear error for an architecture far does not know
+    if plan.far is not None and plan.far.attention_retention is not None:
+        find_attention(model)  # ... or whose heads it cannot split
     checkpoint = None
     if resume_from is not None:
         checkpoint = read_checkpoint(resume_from)

@@ -131,7 +131,8 @@ class Loop:
                     if isinstance(module, nn.Embedding):
                         module.weight.requires_grad_(False)
         elif plan.priming_steps:
-            self.primer = Primer(model, self.spec)  # snapshot of the FFNs before priming moves them
+            # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
+            self.primer = Primer(model, self.spec, heads=plan.far.attention_retention is not None)
         else:  # random selection: no scores needed
             reconfigure(model, plan.far, spec=self.spec)
         self._build(0)
@@ -154,8 +155,9 @@ class Loop:
         """
         t = time.perf_counter()
         scores = self.primer.scores()
+        head_scores = self.primer.head_scores() if self.primer.watches_heads else None
         self.primer = self.optimizer = self.scheduler = None  # free the priming state first
-        reconfigure(self.model, self.plan.far, scores=scores, spec=self.spec)
+        reconfigure(self.model, self.plan.far, scores=scores, head_scores=head_scores, spec=self.spec)
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))

@@ -133,6 +133,7 @@ def plan_training(
     retention: float | None,
     selection: str,
     priming: float | int,
+    attention_retention: float | None = None,
     priming_optimizer: str,
     priming_lr: float | None,
     freeze_embeddings: bool,
@@ -158,8 +159,16 @@ def plan_training(
     optimizer = _optimizer_name("optimizer", optimizer)
     priming_optimizer = _optimizer_name("priming_optimizer", priming_optimizer)
     far = None
+    if retention is None and attention_retention is not None:
+        raise ValueError("attention_retention splits heads as part of FAR; give a retention too (e.g. retention=0.4)")
     if retention is not None:
-        far = FARConfig(retention=retention, selection=selection, seed=seed, freeze_embeddings=freeze_embeddings)
+        far = FARConfig(
+            retention=retention,
+            selection=selection,
+            seed=seed,
+            freeze_embeddings=freeze_embeddings,
+            attention_retention=attention_retention,
+        )
         if freeze_ffn:
             raise ValueError(
                 "freeze_ffn=True is the freeze-FFN ablation of full fine-tuning; use it with retention=None"
