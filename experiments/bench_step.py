@@ -71,6 +71,7 @@ CONFIGS.update(
         "far-0.4+heads-0.4": _far(0.4, attention_retention=0.4),
         "far-0.4+heads-0.2": _far(0.4, attention_retention=0.2),
         "far-0.4+heads-0.4+recompute": _far(0.4, attention_retention=0.4, recompute_activations=True),
+        "far-0.2+heads-0.2+frozen-emb": _far(0.2, attention_retention=0.2, freeze_embeddings=True),
     }
 )
 
