@@ -180,6 +180,10 @@ def reconfigure(
     (its query, key and value rows and its output-projection columns). Outputs are unchanged.
     Everything else keeps its `requires_grad`, except the embeddings when `freeze_embeddings=True`.
 
+    A head split stores learner heads first, so inside the attention the heads are reordered:
+    attention maps a model returns with `output_attentions=True` come in that order, and attention
+    dropout draws its masks for other heads than the unsplit model would (the same distribution).
+
     Args:
         model: A plain model whose architecture is built in (see `far.BUILTIN_SPECS`) or
             described by `spec`.

@@ -91,3 +91,30 @@ def test_selection_from_the_scores_and_a_failing_loss_leaves_the_model_as_it_was
         gradient_scores(model, batches, failing)
     assert all(p.requires_grad for p in model.parameters()) and not model.training
     assert not model.is_activation_checkpointing
+
+
+def test_head_scores_sum_each_key_value_groups_gradient_rows_and_columns():
+    model, batches = model_and_batches()
+    blocks = far.find_attention(model)
+    expected = {name: torch.zeros(block.n_nodes) for name, block in blocks.items()}
+    for batch in batches:
+        model.zero_grad()
+        lm_loss(model, batch).backward()
+        for name, block in blocks.items():
+            query, key, value, output = (model.get_submodule(n).weight.grad.abs() for n in block.projections)
+            # 4 query heads of size 8 in 2 groups: a group is 16 query rows, 8 key and value rows, 16 output columns
+            expected[name] += query.reshape(2, -1).sum(1) + key.reshape(2, -1).sum(1) + value.reshape(2, -1).sum(1)
+            expected[name] += output.t().reshape(2, -1).sum(1)
+    model.zero_grad(set_to_none=True)
+    got = gradient_scores(model, batches, lm_loss, heads=True)
+    assert set(got) == set(far.find_ffns(model)) | set(blocks)
+    for name in blocks:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-6)
+
+
+def test_prime_and_reconfigure_splits_heads_from_gradient_scores():
+    model, batches = model_and_batches()
+    far.llm.prime_and_reconfigure(model, batches, lm_loss, retention=0.5, attention_retention=0.5)
+    chosen = far.learners(model)
+    assert all(chosen[name].numel() == 1 for name in far.find_attention(model))
+    assert not model.get_input_embeddings().weight.requires_grad
