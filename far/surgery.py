@@ -136,17 +136,9 @@ def _primer_head_scores(model: nn.Module, scores: object, head_scores: object) -
 
 def _primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None, selection: str) -> object:
     """The scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
-    if isinstance(scores, Primer):
-        if not scores.watches(model):
-            raise ValueError(
-                "scores=primer: this Primer was created on another model; pass the Primer (or the scores) of "
-                "the model being reconfigured"
-            )
-        primer = scores
-    elif scores is not None:
+    if scores is not None and not isinstance(scores, Primer):
         return scores
-    else:
-        primer = primer_of(model)
+    primer = _watching_primer(model, scores)
     if primer is None:
         raise ValueError(
             f"selection={selection!r} needs priming scores, and this model was never primed. Create "
