@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -86,12 +87,20 @@ def run_one(task: str, method: str, seed: int, runs_dir: Path, extra: list[str],
         *extra, *(QUICK_ARGS if quick else []),
     ]  # fmt: skip
     print(f"$ {' '.join(command[1:])}", flush=True)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _children_cpu_seconds()
     subprocess.run(command, check=True)
     record = json.loads(metrics_file.read_text())
     record["process_seconds"] = time.perf_counter() - start
+    # CPU seconds (user + system) of the whole run: unlike wall time, barely moved by other
+    # processes competing for the cores, so runs made at different times still compare.
+    record["process_cpu_seconds"] = _children_cpu_seconds() - cpu_start
     metrics_file.write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _mean_std(values: list[float]) -> dict:
