@@ -96,6 +96,28 @@ def _task_type(model: nn.Module) -> str:
     raise ValueError(f"--method lora knows the heads {', '.join(_TASK_TYPES)}; {name} is none of them")
 
 
+def _check_targets(model: nn.Module, targets: tuple[str, ...] | None) -> None:
+    # PEFT matches a target by a module's full name or its last parts; say what there is before it fails.
+    if targets is None:
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"lora target modules {', '.join(missing)} are not modules of this {type(model).__name__}; "
+            f"its linear layers are named: {', '.join(linear)}"
+        )
+
+
+def lora_record(model: nn.Module) -> dict:
+    """The LoRA options of a model wrapped by `add_lora`, for a run's record."""
+    config = model.peft_config["default"]
+    return dict(
+        r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout, target_modules=sorted(config.target_modules)
+    )
+
+
 def is_lora(model: nn.Module) -> bool:
     """Whether `model` is wrapped by PEFT (without importing PEFT when it is not)."""
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
@@ -117,6 +139,7 @@ def add_lora(model: nn.Module, settings: LoraSettings, *, base_model: str | None
     """
     peft = _peft()
     task_type = _task_type(model)
+    _check_targets(model, settings.target_modules)
     config = peft.LoraConfig(
         task_type=task_type,
         r=settings.r,

@@ -33,7 +33,7 @@ from torch import nn
 import far
 from far.atomic import atomic_file
 from far.tasks.evaluators import Evaluator
-from far.tasks.lora import ADAPTER_WEIGHTS, add_lora, is_lora, save_lora
+from far.tasks.lora import ADAPTER_WEIGHTS, is_lora, save_lora
 from far.tasks.settings import RECORDED_OPTIONS, RunSettings
 
 logger = logging.getLogger("far.tasks")
@@ -154,11 +154,6 @@ def train_and_report(run: TrainingRun) -> dict:
             run.hyperparameters,
         )
         prepared = dict(run.prepare(model)) if run.prepare is not None else {}
-        if settings.method_spec.lora:
-            lora = settings.lora_settings()
-            model = add_lora(model, lora, base_model=settings.model)
-            targets = sorted(model.peft_config["default"].target_modules)
-            prepared["lora"] = dict(r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=targets)
         result = far.finetune(
             model,
             run.train_data,

@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import datasets
+from torch import nn
 from transformers import DataCollatorWithPadding
 
 from far.tasks.evaluators import GlueEvaluator, LabelEvaluator, SquadEvaluator, TextMetric
 from far.tasks.files import TextFiles, tokenize_texts
 from far.tasks.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
+from far.tasks.lora import add_lora, lora_record
 from far.tasks.models import check_max_length, load_model_and_tokenizer
 from far.tasks.report import TrainingRun
 from far.tasks.settings import (
@@ -71,6 +73,14 @@ class SquadSettings:
             eval_file=self.eval_file,
             holdout_articles=self.holdout_articles,
         )
+
+
+def _with_method(model: nn.Module, settings: RunSettings) -> tuple[nn.Module, dict]:
+    # LoRA wraps the task model (PEFT) before the run is built, so a bad target module fails here.
+    if not settings.method_spec.lora:
+        return model, {}
+    model = add_lora(model, settings.lora_settings(), base_model=settings.model)
+    return model, {"lora": lora_record(model)}
 
 
 def _held_out(settings: RunSettings) -> dict:
@@ -128,6 +138,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
         seed=settings.seed,
     )
     check_max_length(model, hparams["max_length"])
+    model, method_record = _with_method(model, settings)
     evaluator = glue_evaluator(
         task, dev_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
     )
@@ -144,6 +155,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
             "train_examples": len(train_raw),
             "eval_examples": len(dev_raw),
             **_held_out(settings),
+            **method_record,
         },
     )
 
@@ -163,6 +175,7 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
         settings.model, "question-answering", finetuning_task=squad.task, seed=settings.seed
     )
     check_max_length(model, hparams["max_length"])
+    model, method_record = _with_method(model, settings)
     train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], squad.doc_stride)
     evaluator = squad_evaluator(
         squad, eval_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
@@ -186,6 +199,7 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
             "doc_stride": squad.doc_stride,
             "n_best": squad.n_best,
             "max_answer_length": squad.max_answer_length,
+            **method_record,
         },
     )
 
@@ -208,6 +222,7 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
     )
     check_max_length(model, hparams["max_length"])
     setattr(model.config, COLUMNS_KEY, {"text": list(files.text_columns), "label": files.label_column})
+    model, method_record = _with_method(model, settings)
     collate = DataCollatorWithPadding(tokenizer)
     evaluator = LabelEvaluator(
         tokenize_texts(dev_raw, tokenizer, files.text_columns, hparams["max_length"]),
@@ -233,5 +248,6 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
             "label_column": files.label_column,
             "labels": list(labels.names) if labels.names else "regression",
             **_held_out(settings),
+            **method_record,
         },
     )
