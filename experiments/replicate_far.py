@@ -104,30 +104,32 @@ KEPT_FILES = {
 }
 
 
-def kept_file_bytes(task: str, method: str, output: Path, extra: list[str]) -> dict:
-    """The file a user keeps per task after training with `method`: measured once by a one-step run that saves.
+KEPT_FILE_TASK = "cola"
 
-    LoRA keeps its adapter, FAR (and random) its learners file, the others the whole model; the size does not
-    depend on how long the run trained. Cached in `<output>/kept_files.json`.
+
+def kept_file_bytes(method: str, output: Path) -> dict:
+    """The file a user keeps per task after training with `method`: measured once by a 4-step CoLA run that saves.
+
+    LoRA keeps its adapter, FAR (and random) its learners file, the others the whole model. The size does not
+    depend on how long the run trained, and another task's head changes it by a few KB at most (MiniLM: 384
+    weights per output). Cached in `<output>/kept_files.json`.
     """
     cache = output / "kept_files.json"
     sizes = json.loads(cache.read_text()) if cache.exists() else {}
-    key = f"{task}-{method}"
-    if key not in sizes:
+    if method not in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             command = [
-                sys.executable, "-m", "far.cli.main", *TASKS[task]["args"], *method_args(method), *extra,
-                "--output-dir", tmp, "--no-progress", *QUICK_ARGS[:4], "--max-steps", "1",
+                sys.executable, "-m", "far.cli.main", *TASKS[KEPT_FILE_TASK]["args"], *method_args(method),
+                "--output-dir", tmp, "--no-progress", *QUICK_ARGS,
             ]  # fmt: skip
             print(f"$ {' '.join(command[1:])}", flush=True)
             subprocess.run(command, check=True, capture_output=True)
-            kept = KEPT_FILES.get(
-                method.split("+")[0] if method.startswith("far") else method, "model/model.safetensors"
-            )
-            sizes[key] = {"file": kept, "bytes": (Path(tmp) / kept).stat().st_size}
+            args = method_args(method)
+            kept = KEPT_FILES.get(args[args.index("--method") + 1], "model/model.safetensors")
+            sizes[method] = {"file": kept, "bytes": (Path(tmp) / kept).stat().st_size, "task": KEPT_FILE_TASK}
         output.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(sizes, indent=2) + "\n")
-    return sizes[key]
+    return sizes[method]
 
 
 def _mean_std(values: list[float]) -> dict:
@@ -170,7 +172,7 @@ def _mib(n: int | None) -> str:
 
 
 def markdown(summary: dict, kept: dict | None = None) -> str:
-    """The summary as a table; times of runs from an earlier session are marked †, and `kept` (task-method ->
+    """The summary as a table; times of runs from an earlier session are marked †, and `kept` (method ->
     {"bytes": ...}) adds the kept file's size."""
     lines = [
         "| task | metric | method | metric (mean ± std) | Δ vs full | train time s (mean ± std) | time saved vs full "
@@ -188,7 +190,7 @@ def markdown(summary: dict, kept: dict | None = None) -> str:
                 f"{'' if delta is None else f'{scale * delta:+.2f}'} | {t['mean']:.0f} ± {t['std']:.0f}"
                 f"{' †' if row.get('times_from') else ''} | {'' if saving is None else f'{100 * saving:.1f}%'} | "
                 f"{m['n']} | {row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} | "
-                f"{_mib((kept or {}).get(f'{task}-{method}', {}).get('bytes'))} |"
+                f"{_mib((kept or {}).get(method, {}).get('bytes'))} |"
             )
     return "\n".join(lines)
 
@@ -214,7 +216,10 @@ def main(argv: list[str] | None = None) -> None:
         help="an earlier grid's output: its runs stand in for missing ones (metrics and memory; times marked †)",
     )
     parser.add_argument(
-        "--kept-files", action="store_true", help="also measure the file a user keeps per task and method"
+        "--kept-files", action="store_true", help="also measure the file a user keeps, per method (on CoLA)"
+    )
+    parser.add_argument(
+        "--summarize-only", action="store_true", help="summarize the runs there are; run none that is missing"
     )
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "replication")
     parser.add_argument(
@@ -230,13 +235,19 @@ def main(argv: list[str] | None = None) -> None:
         seeds = args.seeds or TASKS[task]["seeds"]
         for seed in seeds:
             for method in args.methods:
+                if args.summarize_only and not any(
+                    (folder / "runs" / f"{task}-{method}-s{seed}" / "metrics.json").exists()
+                    for folder in (args.output, args.earlier_runs)
+                    if folder is not None
+                ):
+                    continue
                 records[(task, method, seed)] = run_one(
                     task, method, seed, args.output / "runs", args.extra, args.quick, args.earlier_runs
                 )
                 # after every run: a stopped grid keeps its results
                 write_summary(records, args.output, args.name, command)
     if args.kept_files:
-        kept = {f"{t}-{m}": kept_file_bytes(t, m, args.output, args.extra) for t, m, _ in records}
+        kept = {m: kept_file_bytes(m, args.output) for _, m, _ in records}
         write_summary(records, args.output, args.name, command, kept)
 
 

@@ -45,7 +45,7 @@ def test_summary_marks_earlier_times_and_shows_memory_and_kept_file(replicate_fa
     }
     summary = replicate_far.summarize(records)
     assert summary["cola"]["lora"]["peak_rss_bytes"] == 2**30 + 2**20  # the worse of the seeds
-    kept = {"cola-lora": {"bytes": 3 * 2**19}, "cola-full": {"bytes": 90 * 2**20}}
+    kept = {"lora": {"bytes": 3 * 2**19}, "full": {"bytes": 90 * 2**20}}
     table = replicate_far.markdown(summary, kept)
     assert (
         "| cola | matthews_correlation | full | 25.00 ± 0.00 | +0.00 | 100 ± 0 | 0.0% | 1 | 22 | 3,072.0 | 90.0 |"
