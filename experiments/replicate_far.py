@@ -54,7 +54,7 @@ METHODS: dict[str, list[str]] = {
     "far-0.2+frozen-emb": ["--method", "far", "--retention", "0.2", "--freeze-embeddings"],
     "far-0.4-priming-0.05": ["--method", "far", "--retention", "0.4", "--priming", "0.05"],
     # PEFT's LoRA defaults (r=8, alpha 8, query and value); its learning rate is experiments/lr_sweep.py's choice.
-    "lora": ["--method", "lora", "--lr", "LORA_LR"],
+    "lora": ["--method", "lora", "--lr", "0.002"],
 }
 PAPER_METHODS = ["full", "far", "random", "freeze-ffn"]
 
