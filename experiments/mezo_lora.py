@@ -5,7 +5,8 @@ dev set of 872 sentences), cached under `<output>/runs/`. The summary gives the 
 the majority class's, the mean loss of the first and the last 10% of the steps, and seconds per step
 (separate processes: the side-by-side step ratio is experiments/bench_step.py's).
 
-    python experiments/mezo_lora.py                      # the committed check (~6 min on 2 cores)
+    python experiments/mezo_lora.py --steps 300 --arms lora-mezo-lr1e-4 lora-mezo-lr1e-3   # committed (~4 min)
+    python experiments/mezo_lora.py                      # with MeZO on every weight (~1.2 s a step here)
 """
 
 from __future__ import annotations

@@ -146,15 +146,22 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
     for (task, method, _), record in records.items():
         row = summary.setdefault(task, {}).setdefault(method, {"metric": [], "train_seconds": [], "total_seconds": []})
         row["metric"].append(record["metrics"][TASKS[task]["metric"]])
-        # End to end: priming (with the surgery) + training; evaluation is the same for every method.
-        row["train_seconds"].append(record["priming_seconds"] + record["training_seconds"])
-        row["total_seconds"].append(record["total_seconds"])
+        # End to end: priming (with the surgery) + training; evaluation is the same for every method. Times of
+        # this session's runs and of an earlier session's are kept apart: only one kind makes the row's time.
+        times = row.setdefault("earlier_times" if record.get("earlier_session") else "session_times", [])
+        times.append((record["priming_seconds"] + record["training_seconds"], record["total_seconds"]))
         row["trainable_parameters"] = record["trainable_parameters"]
         row.setdefault("peak_rss_bytes", []).append(record.get("peak_rss_bytes"))
         if record.get("earlier_session"):
-            row["times_from"] = record["earlier_session"]
+            row["earlier_session"] = record["earlier_session"]
     for methods in summary.values():
         for row in methods.values():
+            times = row.pop("session_times", None)
+            if times is None:  # only runs of an earlier session: their times, marked
+                times, row["times_from"] = row["earlier_times"], row["earlier_session"]
+            row.pop("earlier_times", None)
+            row["train_seconds"] = [train for train, _ in times]
+            row["total_seconds"] = [total for _, total in times]
             for key in ("metric", "train_seconds", "total_seconds"):
                 row[key] = _mean_std(row[key])
             rss = [b for b in row["peak_rss_bytes"] if b is not None]
@@ -163,7 +170,8 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
         for row in methods.values():
             if full:
                 row["metric_delta_vs_full"] = row["metric"]["mean"] - full["metric"]["mean"]
-                row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
+                if bool(row.get("times_from")) == bool(full.get("times_from")):  # times of one session only
+                    row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
     return summary
 
 
@@ -252,8 +260,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 TIMES_NOTE = (
-    "† times of a run from an earlier session (`--earlier-runs`): its metric and memory stand, but its time was "
-    "taken on another day's machine load; compare times only between unmarked rows."
+    "† times of runs from an earlier session (`--earlier-runs`): their metric and memory stand, but their time was "
+    "taken on another day's machine load; times compare only among marked or among unmarked rows (a row with runs of "
+    "both sessions shows this session's times; its seeds count all runs), and no saving is given across the two."
 )
 
 
