@@ -38,6 +38,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 import far
 from far.flops import step_flops
 from far.layers import SplitLinear, native_bf16
+from far.tasks.lora import LoraSettings, add_lora
 
 CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}
 
@@ -72,8 +73,12 @@ CONFIGS.update(
         "far-0.4+heads-0.2": _far(0.4, attention_retention=0.2),
         "far-0.4+heads-0.4+recompute": _far(0.4, attention_retention=0.4, recompute_activations=True),
         "far-0.2+heads-0.2+frozen-emb": _far(0.2, attention_retention=0.2, freeze_embeddings=True),
+        # Hugging Face PEFT's LoRA with its defaults (r=8, alpha 8, BERT: query and value), the head trained.
+        "lora": lambda m: add_lora(m, LoraSettings()),
     }
 )
+# Configurations that are not in the default grid (they need an optional dependency: PEFT).
+OPTIONAL_CONFIGS = ("lora",)
 
 
 FROZEN_EMB = "+frozen-emb"
@@ -226,22 +231,32 @@ def summarize_times(times: dict[str, list[float]]) -> dict[str, dict]:
     return rows
 
 
-def time_mezo(base: torch.nn.Module, batch: int, length: int, bf16: bool, steps: int, warmup: int) -> dict:
-    """far.MeZO steps (two forward passes, no gradients, dropout off) of the plain model and of FAR r=0.4."""
+def time_mezo(
+    base: torch.nn.Module, batch: int, length: int, bf16: bool, steps: int, warmup: int, lora: bool = False
+) -> dict:
+    """far.MeZO steps (two forward passes, no gradients, dropout off) of the plain model and of FAR r=0.4 (and of
+    PEFT's LoRA if `lora`: MeZO perturbs and updates only the adapters and the head)."""
     models = {"plain": copy.deepcopy(base).eval(), "far-0.4": CONFIGS["far-0.4"](copy.deepcopy(base)).eval()}
+    if lora:
+        models["lora"] = CONFIGS["lora"](copy.deepcopy(base)).eval()
     optimizers = {name: far.MeZO(model.parameters(), lr=1e-6, eps=1e-3) for name, model in models.items()}
     data = make_batch(base, batch, length)
     times: dict[str, list[float]] = {name: [] for name in models}
     with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
         for round_ in range(warmup + steps):
-            for name in list(models)[:: 1 if round_ % 2 else -1]:
+            shift = round_ % len(models)
+            for name in list(models)[shift:] + list(models)[:shift]:
                 model, optimizer = models[name], optimizers[name]
                 start = time.perf_counter()
                 optimizer.step(lambda model=model: model(**data).loss)
                 if round_ >= warmup:
                     times[name].append(time.perf_counter() - start)
     plain, split = statistics.median(times["plain"]), statistics.median(times["far-0.4"])
-    return {"plain_s": plain, "far_0.4_s": split, "ratio": split / plain}
+    result = {"plain_s": plain, "far_0.4_s": split, "ratio": split / plain}
+    if lora:
+        result["lora_s"] = statistics.median(times["lora"])
+        result["lora_ratio"] = result["lora_s"] / plain
+    return result
 
 
 def time_forward(base: torch.nn.Module, batch: int, length: int, bf16: bool, steps: int, warmup: int) -> dict:
@@ -325,6 +340,19 @@ def markdown(results: list[dict]) -> str:
             f"{f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} | "
             f"{z['plain_s']:.3f} | {z['far_0.4_s']:.3f} | {z['ratio']:.3f} |"
         )
+    with_lora = [cell for cell in results if "lora_s" in cell["mezo"]]
+    if with_lora:
+        lines += [
+            "",
+            "| model | batch x len | precision | MeZO step: plain (s) | LoRA (s) | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for cell in with_lora:
+            z = cell["mezo"]
+            lines.append(
+                f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
+                f"{z['plain_s']:.3f} | {z['lora_s']:.3f} | {z['lora_ratio']:.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -343,7 +371,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", default=["32x64", "32x128"], help="batch x length, e.g. 32x64")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument(
-        "--configs", nargs="+", default=list(CONFIGS), help=f"of {', '.join(CONFIGS)}, far-<R>, far-<R>{FROZEN_EMB}"
+        "--configs",
+        nargs="+",
+        default=[name for name in CONFIGS if name not in OPTIONAL_CONFIGS],
+        help=f"of {', '.join(CONFIGS)}, far-<R>, far-<R>{FROZEN_EMB}",
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -373,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
                     base, args.configs, batch, length, bf16, args.steps, args.warmup, args.optimizer
                 )
                 cell["forward"] = time_forward(base, batch, length, bf16, args.steps, args.warmup)
-                cell["mezo"] = time_mezo(base, batch, length, bf16, args.steps, args.warmup)
+                cell["mezo"] = time_mezo(base, batch, length, bf16, args.steps, args.warmup, "lora" in args.configs)
                 if args.memory:
                     for name in args.configs:
                         cell["configs"][name]["peak_rss_bytes"] = peak_rss_of(

@@ -3,11 +3,15 @@
 Every run is one `far glue` / `far squad` command in its own process (so one run's memory and
 threads cannot leak into the next), interleaved seed by seed so that slow drift of the machine hits
 all methods alike. Each run's metrics.json stays under `<output>/runs/`; the summary (mean ± std
-over seeds of the task metric and of the wall time) goes to `<output>/replication.{json,md}`.
+over seeds of the task metric and of the wall time) goes to `<output>/replication.{json,md}`, with each
+method's whole-process peak RSS (the run's own `peak_rss_bytes`) and, with `--kept-files`, the size of the
+file a user keeps per task (measured once per task and method by a short run that saves: the LoRA
+adapter, FAR's learners file, or the whole model).
 
     python experiments/replicate_far.py                              # the committed grid (~3 h on 2 cores)
     python experiments/replicate_far.py --tasks cola --seeds 0       # the headline task, one seed
     python experiments/replicate_far.py --quick                      # a smoke run: tiny subsets
+    python experiments/replicate_far.py --methods full far lora --earlier-runs experiments/results/replication
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,6 +65,8 @@ METHODS: dict[str, list[str]] = {
         "0.2",
         "--freeze-embeddings",
     ],  # fmt: skip
+    # PEFT's LoRA defaults (r=8, alpha 8, query and value); its learning rate is experiments/lr_sweep.py's choice.
+    "lora": ["--method", "lora", "--lr", "0.002"],
 }
 PAPER_METHODS = ["full", "far", "random", "freeze-ffn"]
 
@@ -76,11 +83,17 @@ def method_args(name: str) -> list[str]:
 QUICK_ARGS = ["--max-train-samples", "64", "--max-eval-samples", "64", "--max-steps", "4"]
 
 
-def run_one(task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool) -> dict:
+def run_one(
+    task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool, earlier: Path | None = None
+) -> dict:
     out = runs_dir / f"{task}-{method}-s{seed}"
     metrics_file = out / "metrics.json"
     if metrics_file.exists():  # a finished run is not redone: the grid can be resumed
         return json.loads(metrics_file.read_text())
+    earlier_file = None if earlier is None else earlier / "runs" / out.name / "metrics.json"
+    if earlier_file is not None and earlier_file.exists():
+        # A run of an earlier session: its metric stands, its times were taken on another day's machine.
+        return {**json.loads(earlier_file.read_text()), "earlier_session": str(earlier)}
     command = [
         sys.executable, "-m", "far.cli.main", *TASKS[task]["args"], *method_args(method),
         "--seed", str(seed), "--output-dir", str(out), "--no-save-model", "--no-progress",
@@ -103,6 +116,42 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# What a run of each `--method` leaves for the user to keep per task; the others keep the whole model.
+KEPT_FILES = {
+    "lora": "adapter/adapter_model.safetensors",
+    "far": "learners.safetensors",
+    "random": "learners.safetensors",
+}
+
+
+KEPT_FILE_TASK = "cola"
+
+
+def kept_file_bytes(method: str, output: Path) -> dict:
+    """The file a user keeps per task after training with `method`: measured once by a 4-step CoLA run that saves.
+
+    LoRA keeps its adapter, FAR (and random) its learners file, the others the whole model. The size does not
+    depend on how long the run trained, and another task's head changes it by a few KB at most (MiniLM: 384
+    weights per output). Cached in `<output>/kept_files.json`.
+    """
+    cache = output / "kept_files.json"
+    sizes = json.loads(cache.read_text()) if cache.exists() else {}
+    if method not in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            command = [
+                sys.executable, "-m", "far.cli.main", *TASKS[KEPT_FILE_TASK]["args"], *method_args(method),
+                "--output-dir", tmp, "--no-progress", *QUICK_ARGS,
+            ]  # fmt: skip
+            print(f"$ {' '.join(command[1:])}", flush=True)
+            subprocess.run(command, check=True, capture_output=True)
+            args = method_args(method)
+            kept = KEPT_FILES.get(args[args.index("--method") + 1], "model/model.safetensors")
+            sizes[method] = {"file": kept, "bytes": (Path(tmp) / kept).stat().st_size, "task": KEPT_FILE_TASK}
+        output.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(sizes, indent=2) + "\n")
+    return sizes[method]
+
+
 def _mean_std(values: list[float]) -> dict:
     return {
         "mean": statistics.fmean(values),
@@ -117,27 +166,46 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
     for (task, method, _), record in records.items():
         row = summary.setdefault(task, {}).setdefault(method, {"metric": [], "train_seconds": [], "total_seconds": []})
         row["metric"].append(record["metrics"][TASKS[task]["metric"]])
-        # End to end: priming (with the surgery) + training; evaluation is the same for every method.
-        row["train_seconds"].append(record["priming_seconds"] + record["training_seconds"])
-        row["total_seconds"].append(record["total_seconds"])
+        # End to end: priming (with the surgery) + training; evaluation is the same for every method. Times of
+        # this session's runs and of an earlier session's are kept apart: only one kind makes the row's time.
+        times = row.setdefault("earlier_times" if record.get("earlier_session") else "session_times", [])
+        times.append((record["priming_seconds"] + record["training_seconds"], record["total_seconds"]))
         row["trainable_parameters"] = record["trainable_parameters"]
+        row.setdefault("peak_rss_bytes", []).append(record.get("peak_rss_bytes"))
+        if record.get("earlier_session"):
+            row["earlier_session"] = record["earlier_session"]
     for methods in summary.values():
         for row in methods.values():
+            times = row.pop("session_times", None)
+            if times is None:  # only runs of an earlier session: their times, marked
+                times, row["times_from"] = row["earlier_times"], row["earlier_session"]
+            row.pop("earlier_times", None)
+            row["train_seconds"] = [train for train, _ in times]
+            row["total_seconds"] = [total for _, total in times]
             for key in ("metric", "train_seconds", "total_seconds"):
                 row[key] = _mean_std(row[key])
+            rss = [b for b in row["peak_rss_bytes"] if b is not None]
+            row["peak_rss_bytes"] = max(rss) if rss else None
         full = methods.get("full")  # deltas once every row is summarized, whatever the methods' order
         for row in methods.values():
             if full:
                 row["metric_delta_vs_full"] = row["metric"]["mean"] - full["metric"]["mean"]
-                row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
+                if bool(row.get("times_from")) == bool(full.get("times_from")):  # times of one session only
+                    row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
     return summary
 
 
-def markdown(summary: dict) -> str:
+def _mib(n: int | None) -> str:
+    return "" if n is None else f"{n / 2**20:,.1f}"
+
+
+def markdown(summary: dict, kept: dict | None = None) -> str:
+    """The summary as a table; times of runs from an earlier session are marked †, and `kept` (method ->
+    {"bytes": ...}) adds the kept file's size."""
     lines = [
         "| task | metric | method | metric (mean ± std) | Δ vs full | train time s (mean ± std) | time saved vs full "
-        "| seeds | trainable params |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| seeds | trainable params | peak RSS MiB (max) | kept file MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, methods in summary.items():
         for method, row in methods.items():
@@ -147,8 +215,10 @@ def markdown(summary: dict) -> str:
             saving = row.get("time_saving_vs_full")
             lines.append(
                 f"| {task} | {TASKS[task]['metric']} | {method} | {scale * m['mean']:.2f} ± {scale * m['std']:.2f} | "
-                f"{'' if delta is None else f'{scale * delta:+.2f}'} | {t['mean']:.0f} ± {t['std']:.0f} | "
-                f"{'' if saving is None else f'{100 * saving:.1f}%'} | {m['n']} | {row['trainable_parameters']:,} |"
+                f"{'' if delta is None else f'{scale * delta:+.2f}'} | {t['mean']:.0f} ± {t['std']:.0f}"
+                f"{' †' if row.get('times_from') else ''} | {'' if saving is None else f'{100 * saving:.1f}%'} | "
+                f"{m['n']} | {row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} | "
+                f"{_mib((kept or {}).get(method, {}).get('bytes'))} |"
             )
     return "\n".join(lines)
 
@@ -167,6 +237,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further `far` arguments for every run")
     parser.add_argument("--quick", action="store_true", help="tiny subsets and 4 steps: checks the pipeline only")
+    parser.add_argument(
+        "--earlier-runs",
+        type=Path,
+        default=None,
+        help="an earlier grid's output: its runs stand in for missing ones (metrics and memory; times marked †)",
+    )
+    parser.add_argument(
+        "--kept-files", action="store_true", help="also measure the file a user keeps, per method (on CoLA)"
+    )
+    parser.add_argument(
+        "--summarize-only", action="store_true", help="summarize the runs there are; run none that is missing"
+    )
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "replication")
     parser.add_argument(
         "--name", default="replication", help="summary file stem: grids with other methods share <output>/runs"
@@ -181,19 +263,37 @@ def main(argv: list[str] | None = None) -> None:
         seeds = args.seeds or TASKS[task]["seeds"]
         for seed in seeds:
             for method in args.methods:
+                if args.summarize_only and not any(
+                    (folder / "runs" / f"{task}-{method}-s{seed}" / "metrics.json").exists()
+                    for folder in (args.output, args.earlier_runs)
+                    if folder is not None
+                ):
+                    continue
                 records[(task, method, seed)] = run_one(
-                    task, method, seed, args.output / "runs", args.extra, args.quick
+                    task, method, seed, args.output / "runs", args.extra, args.quick, args.earlier_runs
                 )
                 # after every run: a stopped grid keeps its results
                 write_summary(records, args.output, args.name, command)
+    if args.kept_files:
+        kept = {m: kept_file_bytes(m, args.output) for _, m, _ in records}
+        write_summary(records, args.output, args.name, command, kept)
 
 
-def write_summary(records: dict, output: Path, name: str, command: str) -> None:
+TIMES_NOTE = (
+    "† times of runs from an earlier session (`--earlier-runs`): their metric and memory stand, but their time was "
+    "taken on another day's machine load; times compare only among marked or among unmarked rows (a row with runs of "
+    "both sessions shows this session's times; its seeds count all runs), and no saving is given across the two."
+)
+
+
+def write_summary(records: dict, output: Path, name: str, command: str, kept: dict | None = None) -> None:
     summary = summarize(records)
     output.mkdir(parents=True, exist_ok=True)
-    (output / f"{name}.json").write_text(json.dumps({"command": command, "summary": summary}, indent=2) + "\n")
-    table = markdown(summary)
-    (output / f"{name}.md").write_text(f"`{command}`\n\n{table}\n")
+    body = {"command": command, "summary": summary, "kept_files": kept}
+    (output / f"{name}.json").write_text(json.dumps(body, indent=2) + "\n")
+    table = markdown(summary, kept)
+    note = f"\n\n{TIMES_NOTE}" if any(r.get("earlier_session") for r in records.values()) else ""
+    (output / f"{name}.md").write_text(f"`{command}`\n\n{table}{note}\n")
     print(table, flush=True)
 
 

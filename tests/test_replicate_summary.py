@@ -34,7 +34,28 @@ def test_summary_compares_with_full_whatever_the_order(replicate_far):
     assert far["metric_delta_vs_full"] == pytest.approx(0.0)
     assert far["time_saving_vs_full"] == pytest.approx(0.05)
     table = replicate_far.markdown({"cola": summary})
-    assert "| cola | matthews_correlation | far | 25.00 ± 1.41 | +0.00 | 95 ± 7 | 5.0% | 2 | 18 |" in table
+    assert "| cola | matthews_correlation | far | 25.00 ± 1.41 | +0.00 | 95 ± 7 | 5.0% | 2 | 18 |  |  |" in table
+
+
+def test_summary_marks_earlier_times_and_shows_memory_and_kept_file(replicate_far):
+    records = {
+        ("cola", "full", 0): {**record(0.25, 0, 100, 22), "peak_rss_bytes": 3 * 2**30},
+        ("cola", "lora", 0): {**record(0.20, 0, 60, 1), "peak_rss_bytes": 2**30},
+        ("cola", "lora", 1): {**record(0.22, 0, 70, 1), "peak_rss_bytes": 2**30 + 2**20, "earlier_session": "old"},
+        ("cola", "far", 0): {**record(0.26, 10, 80, 18), "earlier_session": "old"},
+    }
+    summary = replicate_far.summarize(records)
+    assert summary["cola"]["lora"]["peak_rss_bytes"] == 2**30 + 2**20  # the worse of the seeds
+    kept = {"lora": {"bytes": 3 * 2**19}, "full": {"bytes": 90 * 2**20}}
+    table = replicate_far.markdown(summary, kept)
+    assert (
+        "| cola | matthews_correlation | full | 25.00 ± 0.00 | +0.00 | 100 ± 0 | 0.0% | 1 | 22 | 3,072.0 | 90.0 |"
+        in table
+    )
+    # A row with runs of both sessions times this session's only; its seeds count both.
+    assert "| lora | 21.00 ± 1.41 | -4.00 | 60 ± 0 | 40.0% | 2 | 1 | 1,025.0 | 1.5 |" in table
+    # Only an earlier session's runs: their time, marked, and no saving against this session's full.
+    assert "| far | 26.00 ± 0.00 | +1.00 | 90 ± 0 † |  | 1 | 18 |  |  |" in table
 
 
 def test_unknown_method_fails_before_any_run(replicate_far):

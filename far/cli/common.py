@@ -83,6 +83,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=None, help="tokens per sequence (default: per task)")
     parser.add_argument("--max-train-samples", type=int, default=None, help="train on the first N examples only")
     parser.add_argument(
+        "--validation-from-train",
+        type=float,
+        default=None,
+        metavar="F",
+        help="evaluate on a fraction F of the training data held out (seeded by --seed) instead of the "
+        "validation split: to choose hyper-parameters without the dev set",
+    )
+    parser.add_argument(
         "--priming",
         type=fraction_or_steps,
         default=0.1,
@@ -98,6 +106,17 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", type=int, default=1, help="batches per optimizer step (default: 1)")
     parser.add_argument("--mezo-eps", type=float, default=1e-3, help="MeZO perturbation size (default: 0.001)")
     parser.add_argument("--mezo-directions", type=int, default=1, help="MeZO random directions per step (default: 1)")
+    lora = parser.add_argument_group("LoRA (--method lora, Hugging Face PEFT; defaults are PEFT's)")
+    lora.add_argument("--lora-r", type=int, default=8, help="adapter rank (default: 8)")
+    lora.add_argument("--lora-alpha", type=int, default=8, help="scale numerator, alpha / r (default: 8)")
+    lora.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters (default: 0)")
+    lora.add_argument(
+        "--lora-target-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="modules to adapt (default: PEFT's for the architecture, e.g. query value for BERT)",
+    )
     parser.add_argument("--freeze-embeddings", action="store_true", help="also freeze the embeddings (far/random)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (always at the end)")

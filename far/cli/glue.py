@@ -1,6 +1,6 @@
 """`far glue`: fine-tune and evaluate on a GLUE task.
 
-Fine-tune a model on a GLUE task (full, FAR, random selection, frozen FFNs) and score its dev set;
+Fine-tune a model on a GLUE task (full, FAR, random selection, frozen FFNs, LoRA) and score its dev set;
 a causal LM (--model smollm2-135m or a .gguf file) is trained by prompts. Local data: --data-dir
 or $FAR_DATA_DIR with glue/<Task>/{train,dev}.tsv.
 

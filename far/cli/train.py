@@ -1,6 +1,6 @@
 """`far train`: fine-tune on your own CSV, TSV, JSON or JSONL files.
 
-Fine-tune a model (full, FAR, random selection, frozen FFNs; AdamW or MeZO) on a training file and
+Fine-tune a model (full, FAR, random selection, frozen FFNs, LoRA; AdamW or MeZO) on a training file and
 score it on a validation file, as transformers' run_glue.py does with --train_file/--validation_file:
 one or two text columns (default: sentence1/sentence2, else the other column, else sentence or text)
 and a label column (default: label). Text labels become classes (saved as the model's id2label),

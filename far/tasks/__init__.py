@@ -9,6 +9,7 @@ user's own CSV/TSV/JSON/JSONL files (`load_text_files`, `text_files_run`) and pr
 >>> splits = load_glue("stsb", "../shared/data")
 >>> train = tokenize_glue(splits["train"], tokenizer, "stsb", max_length=128)
 >>> record = train_and_report(glue_run(RunSettings(method="far", max_steps=100), "stsb"))
+>>> record = train_and_report(glue_run(RunSettings(method="lora", lora_r=8, lr=1e-3), "stsb"))  # PEFT's LoRA
 >>> predict("runs/stsb-far/model", [("A man plays a guitar.", "Someone plays music.")])
 """
 
@@ -24,6 +25,7 @@ from far.tasks.evaluators import (
 from far.tasks.files import DataFileError, LabelSpace, TextFiles, load_text_files, read_table, tokenize_texts
 from far.tasks.glue import GLUE_TASKS, GlueTask, get_task, load_glue, read_glue_tsv, tokenize_glue
 from far.tasks.locate import DATA_DIR_ENV, hub_offline, resolve_data_dir
+from far.tasks.lora import LoraSettings, add_lora, load_lora_adapter, save_lora
 from far.tasks.models import (
     DEFAULT_MODEL,
     MODEL_ALIASES,
@@ -51,6 +53,10 @@ from far.tasks.squad import (
 from far.tasks.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
 
 __all__ = [
+    "LoraSettings",
+    "add_lora",
+    "load_lora_adapter",
+    "save_lora",
     "DATA_DIR_ENV",
     "DataFileError",
     "LabelEvaluator",

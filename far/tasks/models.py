@@ -35,6 +35,7 @@ from transformers.models.auto.modeling_auto import (
 from far.llm.gguf import ensure_gguf_cache
 from far.saving import from_pretrained
 from far.tasks.locate import hub_offline
+from far.tasks.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
 
 TASK_KINDS = ("classification", "regression", "question-answering")
 DEFAULT_MODEL = "minilm"
@@ -275,10 +276,16 @@ def _load_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transfo
 def load_trained_model(folder: str | os.PathLike) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
     """A model that a training run saved (plain or FAR, `far.from_pretrained`), and the tokenizer beside it.
 
+    A LoRA adapter folder (a `--method lora` run's adapter/) is loaded onto its base model (the alias
+    or folder the run trained from) and merged.
+
     Raises:
         ValueError: `folder` is not a model folder, or holds no tokenizer.
     """
     folder = Path(folder)
+    if is_adapter_folder(folder):
+        base = resolve_model(adapter_base_model(folder))
+        return load_lora_adapter(folder, base), _load_tokenizer(folder, folder)
     if not folder.is_dir() or not (folder / "config.json").is_file():
         raise ValueError(
             f"checkpoint {folder} is not a model folder (no config.json there); pass the model "

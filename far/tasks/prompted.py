@@ -57,6 +57,11 @@ def prompted_run(settings: RunSettings, task_name: str) -> TrainingRun:
             f"--model {settings.model} is a causal LM, trained by prompts; there is a prompt for "
             f"{', '.join(PROMPT_TEMPLATES)} only, not {task.name}. Use an encoder model for {task.name}"
         )
+    if settings.method_spec.lora or settings.validation_from_train is not None:
+        raise ValueError(
+            "a causal LM trained by prompts takes --method full, far, random or freeze-ffn and the dev split; "
+            "--method lora and --validation-from-train are for encoder models (far glue, far squad, far train)"
+        )
     hparams = settings.hyperparameters(PROMPT_DEFAULTS)
     release_freed_memory()
     splits = load_glue(task.name, settings.data_dir)

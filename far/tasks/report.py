@@ -10,6 +10,8 @@ and hands it to `train_and_report`, which writes into the run's output folder:
     model/            the fine-tuned model and its tokenizer (`far.save_pretrained`), unless not saved
     learners.safetensors  what training changed (`far.save_learners`), when the method reconfigured
                       the model (far, random) and the model is saved
+    adapter/          the PEFT adapter folder of a `--method lora` run (`far.tasks.lora.save_lora`); its
+                      model/ is then the adapters merged into the base, a plain model
 
 Nothing here prints; the caller shows the returned record as it likes.
 """
@@ -31,6 +33,7 @@ from torch import nn
 import far
 from far.atomic import atomic_file
 from far.tasks.evaluators import Evaluator
+from far.tasks.lora import ADAPTER_WEIGHTS, is_lora, save_lora
 from far.tasks.settings import RECORDED_OPTIONS, RunSettings
 
 logger = logging.getLogger("far.tasks")
@@ -38,6 +41,7 @@ logger = logging.getLogger("far.tasks")
 LOG_FILE = "train.log"
 METRICS_FILE = "metrics.json"
 LEARNERS_FILE = "learners.safetensors"
+ADAPTER_DIR = "adapter"
 
 
 @dataclass(kw_only=True)
@@ -165,10 +169,17 @@ def train_and_report(run: TrainingRun) -> dict:
     if result.log_path:
         files["step_log"] = Path(result.log_path).name
     model_dir = settings.model_path(out)
-    if model_dir is not None and run.tokenizer is not None:
+    sizes = {}
+    if model_dir is not None and run.tokenizer is not None and is_lora(model):
+        # The adapter first: saving the merged model merges the adapters into the base in place.
+        saved = save_lora(model, run.tokenizer, adapter_dir=out / ADAPTER_DIR, model_dir=model_dir)
+        files["adapter"], files["model"] = ADAPTER_DIR, str(model_dir)
+        sizes["adapter_file_bytes"] = (saved["adapter"] / ADAPTER_WEIGHTS).stat().st_size
+        # The merged model's weights: what one adapter spares storing per task.
+        sizes["model_bytes"] = sum(p.numel() * p.element_size() for p in model.get_base_model().parameters())
+    elif model_dir is not None and run.tokenizer is not None:
         save_model(model, run.tokenizer, model_dir)
         files["model"] = str(model_dir)
-    sizes = {}
     if model_dir is not None and far.is_reconfigured(model):
         learners = far.save_learners(model, out / LEARNERS_FILE)
         files["learners"] = LEARNERS_FILE

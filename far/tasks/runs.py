@@ -12,14 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import datasets
+from torch import nn
 from transformers import DataCollatorWithPadding
 
 from far.tasks.evaluators import GlueEvaluator, LabelEvaluator, SquadEvaluator, TextMetric
 from far.tasks.files import TextFiles, tokenize_texts
 from far.tasks.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
+from far.tasks.lora import add_lora, lora_record
 from far.tasks.models import check_max_length, load_model_and_tokenizer
 from far.tasks.report import TrainingRun
-from far.tasks.settings import FILE_DEFAULTS, GLUE_DEFAULTS, SQUAD_DEFAULTS, RunSettings, first
+from far.tasks.settings import (
+    FILE_DEFAULTS,
+    GLUE_DEFAULTS,
+    SQUAD_DEFAULTS,
+    RunSettings,
+    first,
+    train_and_eval_splits,
+)
 from far.tasks.squad import DEFAULT_HOLDOUT_ARTICLES, load_squad, squad_eval_dataset, squad_train_dataset
 
 # The model config's record of the columns it was trained on, so that `far predict` reads the same ones.
@@ -66,6 +75,21 @@ class SquadSettings:
         )
 
 
+def _with_method(model: nn.Module, settings: RunSettings) -> tuple[nn.Module, dict]:
+    # LoRA wraps the task model (PEFT) before the run is built, so a bad target module fails here.
+    if not settings.method_spec.lora:
+        return model, {}
+    model = add_lora(model, settings.lora_settings(), base_model=settings.model)
+    return model, {"lora": lora_record(model)}
+
+
+def _held_out(settings: RunSettings) -> dict:
+    # The record says when the metric is on held-out training rows rather than the validation split.
+    if settings.validation_from_train is None:
+        return {}
+    return {"validation_from_train": settings.validation_from_train}
+
+
 def glue_evaluator(
     task: GlueTask, raw: datasets.Dataset, tokenizer, max_length: int, *, batch_size: int = 64, bf16: bool = False
 ) -> GlueEvaluator:
@@ -104,8 +128,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
     task = GLUE_TASKS[task_name]
     hparams = settings.hyperparameters(GLUE_DEFAULTS)
     splits = load_glue(task.name, settings.data_dir)
-    train_raw = first(splits["train"], settings.max_train_samples)
-    dev_raw = first(splits["validation"], settings.max_eval_samples)
+    train_raw, dev_raw = train_and_eval_splits(settings, splits["train"], splits["validation"])
     model, tokenizer = load_model_and_tokenizer(
         settings.model,
         task.kind,
@@ -115,6 +138,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
         seed=settings.seed,
     )
     check_max_length(model, hparams["max_length"])
+    model, method_record = _with_method(model, settings)
     evaluator = glue_evaluator(
         task, dev_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
     )
@@ -127,13 +151,23 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
         collate_fn=DataCollatorWithPadding(tokenizer),
         evaluator=evaluator,
         hyperparameters=hparams,
-        extra={"train_examples": len(train_raw), "eval_examples": len(dev_raw)},
+        extra={
+            "train_examples": len(train_raw),
+            "eval_examples": len(dev_raw),
+            **_held_out(settings),
+            **method_record,
+        },
     )
 
 
 def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
     """A SQuAD run: fine-tune for extractive QA, score exact match / F1 on the held-out questions."""
     hparams = settings.hyperparameters(SQUAD_DEFAULTS)
+    if settings.validation_from_train is not None:
+        raise ValueError(
+            "SQuAD holds out whole articles, not a fraction of the questions (which would share contexts with "
+            "training); use --holdout-articles instead of --validation-from-train"
+        )
     splits = squad.splits(settings.data_dir)
     train_raw = first(splits["train"], settings.max_train_samples)
     eval_raw = first(splits["validation"], settings.max_eval_samples)
@@ -141,6 +175,7 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
         settings.model, "question-answering", finetuning_task=squad.task, seed=settings.seed
     )
     check_max_length(model, hparams["max_length"])
+    model, method_record = _with_method(model, settings)
     train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], squad.doc_stride)
     evaluator = squad_evaluator(
         squad, eval_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
@@ -164,6 +199,7 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
             "doc_stride": squad.doc_stride,
             "n_best": squad.n_best,
             "max_answer_length": squad.max_answer_length,
+            **method_record,
         },
     )
 
@@ -179,14 +215,14 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
         >>> record = train_and_report(text_files_run(RunSettings(method="far"), files))
     """
     hparams = settings.hyperparameters(FILE_DEFAULTS)
-    train_raw = first(files.train, settings.max_train_samples)
-    dev_raw = first(files.validation, settings.max_eval_samples)
+    train_raw, dev_raw = train_and_eval_splits(settings, files.train, files.validation)
     labels = files.labels
     model, tokenizer = load_model_and_tokenizer(
         settings.model, labels.kind, labels.num_labels, label_names=labels.names or None, seed=settings.seed
     )
     check_max_length(model, hparams["max_length"])
     setattr(model.config, COLUMNS_KEY, {"text": list(files.text_columns), "label": files.label_column})
+    model, method_record = _with_method(model, settings)
     collate = DataCollatorWithPadding(tokenizer)
     evaluator = LabelEvaluator(
         tokenize_texts(dev_raw, tokenizer, files.text_columns, hparams["max_length"]),
@@ -211,5 +247,7 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
             "text_columns": list(files.text_columns),
             "label_column": files.label_column,
             "labels": list(labels.names) if labels.names else "regression",
+            **_held_out(settings),
+            **method_record,
         },
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from far.config import FARConfig
+from far.tasks.lora import LoraSettings
 from far.tasks.models import DEFAULT_MODEL
 from far.training.plan import check_length
 
@@ -29,12 +30,14 @@ class Method:
         help: One line for the help text.
         selection: FAR's learner selection; None for a method without surgery.
         freeze_ffn: Freeze every FFN weight (the freeze-FFN ablation).
+        lora: Train LoRA adapters (Hugging Face PEFT) on a frozen base instead (`far.tasks.lora`).
     """
 
     name: str
     help: str
     selection: str | None = None
     freeze_ffn: bool = False
+    lora: bool = False
 
     def far_config(
         self,
@@ -65,6 +68,7 @@ METHODS: dict[str, Method] = {
         Method("far", "FAR: learners chosen by priming", selection="per_layer"),
         Method("random", "FAR's surgery with learners drawn at random (the paper's baseline)", selection="random"),
         Method("freeze-ffn", "every FFN weight frozen (an ablation)", freeze_ffn=True),
+        Method("lora", "LoRA adapters (Hugging Face PEFT) on a frozen base, the task head trained", lora=True),
     )
 }
 OPTIMIZERS = ("adamw", "mezo")
@@ -127,11 +131,16 @@ class RunSettings:
     grad_accum: int = 1
     mezo_eps: float = 1e-3
     mezo_directions: int = 1
+    lora_r: int = 8
+    lora_alpha: int = 8
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] | None = None
     freeze_embeddings: bool = False
     bf16: bool = False
     eval_every: int | None = None
     seed: int = 0
     max_train_samples: int | None = None
+    validation_from_train: float | None = None
     max_eval_samples: int | None = None
     eval_batch_size: int = 64
     data_dir: str | None = None
@@ -146,6 +155,12 @@ class RunSettings:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         self.far_config()  # FARConfig checks retention
+        self.lora_settings()  # LoraSettings checks rank, alpha, dropout
+        if self.validation_from_train is not None and not 0.0 < self.validation_from_train < 1.0:
+            raise ValueError(
+                f"validation_from_train is the fraction of the training data held out, in (0, 1); "
+                f"got {self.validation_from_train}"
+            )
         check_length("priming", self.priming)
         for name in ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
@@ -164,6 +179,11 @@ class RunSettings:
             freeze_embeddings=self.freeze_embeddings,
             attention_retention=self.attention_retention,
         )
+
+    def lora_settings(self) -> LoraSettings:
+        """LoRA's options (used by `--method lora` only)."""
+        targets = tuple(self.lora_target_modules) if self.lora_target_modules else None
+        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, targets)
 
     def hyperparameters(self, defaults: Mapping[str, Mapping]) -> dict:
         """Every hyper-parameter, the ones left None filled from `defaults[optimizer]`, checked.
@@ -234,3 +254,16 @@ class RunSettings:
 def first(dataset, n: int | None):
     """The first `n` rows of a `datasets.Dataset` (all when n is None or larger)."""
     return dataset if n is None or n >= len(dataset) else dataset.select(range(n))
+
+
+def train_and_eval_splits(settings: RunSettings, train, validation):
+    """The run's (training, evaluation) rows: the given splits, or a seeded part of `train` held out.
+
+    With `validation_from_train` set, that fraction of the training rows (shuffled with the run's
+    seed) is evaluated on and the rest trained on, and `validation` is not used: hyper-parameters are
+    then chosen without looking at the dev set. `max_train_samples` / `max_eval_samples` apply after.
+    """
+    if settings.validation_from_train is not None:
+        split = train.train_test_split(test_size=settings.validation_from_train, seed=settings.seed)
+        train, validation = split["train"], split["test"]
+    return first(train, settings.max_train_samples), first(validation, settings.max_eval_samples)

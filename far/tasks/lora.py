@@ -1,0 +1,232 @@
+"""LoRA through Hugging Face PEFT: the `--method lora` runs, their two saved forms, and loading them back.
+
+LoRA is not re-implemented here: `add_lora` wraps a task model with `peft.get_peft_model` (the base
+frozen, low-rank adapters on the target modules, the fresh task head trained whole), `far.finetune`
+then trains whatever is trainable, and `save_lora` writes what a PEFT user expects:
+
+    adapter/   adapter_config.json + adapter_model.safetensors (PEFT's own files: the adapters and the
+               head), plus the task model's config.json and the tokenizer, so the folder says what it is
+    model/     the adapters merged into the base (`merge_and_unload`): a plain Hugging Face model
+
+PEFT is imported only when a LoRA function runs, so `import far` and `import far.tasks` work without it.
+
+    >>> model = add_lora(model, LoraSettings(r=8))
+    >>> far.finetune(model, train, retention=None)
+    >>> save_lora(model, tokenizer, adapter_dir="runs/cola-lora/adapter", model_dir="runs/cola-lora/model")
+    >>> model = load_lora_adapter("runs/cola-lora/adapter", base_path)   # merged, ready to evaluate
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+)
+
+from far.atomic import atomic_dir
+from far.saving import save_pretrained
+
+PEFT_REQUIREMENT = "peft>=0.21,<0.22"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# The config key naming what base model the adapter was trained on, as the user gave it (an alias stays an alias).
+BASE_MODEL_KEY = "far_lora_base_model"
+
+# Head class-name suffix -> (PEFT task type, the Auto class that rebuilds the base). PEFT's task type
+# decides which fresh head it trains whole beside the adapters (classifier/score, qa_outputs).
+_TASK_TYPES = {
+    "ForSequenceClassification": ("SEQ_CLS", AutoModelForSequenceClassification),
+    "ForQuestionAnswering": ("QUESTION_ANS", AutoModelForQuestionAnswering),
+    "ForCausalLM": ("CAUSAL_LM", AutoModelForCausalLM),
+}
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            f"--method lora needs Hugging Face PEFT; install it with: pip install '{PEFT_REQUIREMENT}'"
+        ) from None
+    return peft
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA's options, with PEFT's defaults (`peft.LoraConfig`).
+
+    Args:
+        r: Rank of the adapters.
+        alpha: Scale numerator (`lora_alpha`; the update is scaled by alpha / r).
+        dropout: Dropout on the adapters' input.
+        target_modules: Module names to adapt; None takes PEFT's table for the architecture
+            (BERT: query and value).
+    """
+
+    r: int = 8
+    alpha: int = 8
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora rank r must be at least 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora alpha must be positive, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora dropout must be in [0, 1), got {self.dropout}")
+        if self.target_modules is not None and not self.target_modules:
+            raise ValueError("lora target_modules must name at least one module, or be None for PEFT's default")
+
+
+def _task_type(model: nn.Module) -> str:
+    name = type(model).__name__
+    for suffix, (task_type, _) in _TASK_TYPES.items():
+        if name.endswith(suffix):
+            return task_type
+    raise ValueError(f"--method lora knows the heads {', '.join(_TASK_TYPES)}; {name} is none of them")
+
+
+def _check_targets(model: nn.Module, targets: tuple[str, ...] | None) -> None:
+    # PEFT matches a target by a module's full name or its last parts; say what there is before it fails.
+    if targets is None:
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"lora target modules {', '.join(missing)} are not modules of this {type(model).__name__}; "
+            f"its linear layers are named: {', '.join(linear)}"
+        )
+
+
+def lora_record(model: nn.Module) -> dict:
+    """The LoRA options of a model wrapped by `add_lora`, for a run's record."""
+    config = model.peft_config["default"]
+    return dict(
+        r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout, target_modules=sorted(config.target_modules)
+    )
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether `model` is wrapped by PEFT (without importing PEFT when it is not)."""
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def add_lora(model: nn.Module, settings: LoraSettings, *, base_model: str | None = None) -> nn.Module:
+    """Wrap `model` with LoRA adapters (`peft.get_peft_model`): only the adapters and the task head train.
+
+    Args:
+        model: A transformers model with a sequence-classification, question-answering or causal-LM head.
+        settings: Rank, alpha, dropout and target modules.
+        base_model: The name the base was loaded by (an alias, a folder), recorded for loading the adapter back.
+
+    Returns:
+        The `peft.PeftModel`; `model` itself is changed in place (adapters injected, base frozen).
+
+    Raises:
+        ValueError: a head LoRA does not know, or target modules the model does not have (PEFT's message).
+    """
+    peft = _peft()
+    task_type = _task_type(model)
+    _check_targets(model, settings.target_modules)
+    config = peft.LoraConfig(
+        task_type=task_type,
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules) if settings.target_modules else None,
+    )
+    if base_model is not None:
+        setattr(model.config, BASE_MODEL_KEY, base_model)
+    return peft.get_peft_model(model, config)
+
+
+def save_lora(
+    model: nn.Module,
+    tokenizer: Any,
+    *,
+    adapter_dir: str | os.PathLike,
+    model_dir: str | os.PathLike | None = None,
+) -> dict[str, Path]:
+    """Save a LoRA model's adapter folder and, if `model_dir` is given, the merged plain model.
+
+    Merging changes the model in place (`merge_and_unload`): call this last. The adapter folder is
+    PEFT's (`PeftModel.from_pretrained` reads it) plus the task model's config.json and the tokenizer.
+
+    Returns:
+        {"adapter": folder, "model": folder} (no "model" when `model_dir` is None).
+    """
+    if not is_lora(model):
+        raise ValueError("save_lora needs a model wrapped by add_lora (a peft.PeftModel)")
+    task_model = model.get_base_model()
+    # The config names the head class, which load_lora_adapter rebuilds the base with.
+    task_model.config.architectures = [type(task_model).__name__]
+    with atomic_dir(adapter_dir) as tmp:
+        model.save_pretrained(tmp)
+        task_model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    saved = {"adapter": Path(adapter_dir)}
+    if model_dir is not None:
+        merged = model.merge_and_unload()
+        save_pretrained(merged, model_dir)
+        tokenizer.save_pretrained(model_dir)
+        saved["model"] = Path(model_dir)
+    return saved
+
+
+def is_adapter_folder(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds a PEFT adapter (adapter_config.json)."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base_model(folder: str | os.PathLike) -> str:
+    """The base model an adapter folder was trained on: as the run named it, else as PEFT recorded it."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    recorded = config.get(BASE_MODEL_KEY) or json.loads((folder / ADAPTER_CONFIG).read_text()).get(
+        "base_model_name_or_path"
+    )
+    if not recorded:
+        raise ValueError(f"the adapter in {folder} does not say which base model it was trained on")
+    return recorded
+
+
+def load_lora_adapter(folder: str | os.PathLike, base_path: str | os.PathLike, *, merge: bool = True) -> nn.Module:
+    """An adapter folder (`save_lora`) loaded onto its base model.
+
+    Args:
+        folder: The adapter folder.
+        base_path: The base model's Hugging Face folder (see `adapter_base_model`).
+        merge: Merge the adapters into the base (a plain model, as fast as the original); False keeps
+            the `peft.PeftModel`.
+
+    Returns:
+        The model in eval mode, with the task head and config (labels, task) the run saved.
+    """
+    peft = _peft()
+    config = AutoConfig.from_pretrained(folder)
+    architecture = (config.architectures or [""])[0]
+    auto_class = next((auto for suffix, (_, auto) in _TASK_TYPES.items() if architecture.endswith(suffix)), None)
+    if auto_class is None:
+        raise ValueError(f"the adapter in {folder} is for a {architecture or 'model'} head, which LoRA runs never make")
+    # The head's weights come from the adapter file (PEFT's modules_to_save); the base's are a placeholder for it.
+    base = auto_class.from_pretrained(base_path, config=config, ignore_mismatched_sizes=True)
+    model = peft.PeftModel.from_pretrained(base, folder)
+    model = model.merge_and_unload() if merge else model
+    return model.eval()
+
+
+def adapter_file_bytes(folder: str | os.PathLike) -> int:
+    """Size of the adapter's weights file: what a user keeps per task besides the shared base."""
+    return (Path(folder) / ADAPTER_WEIGHTS).stat().st_size
