@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         help="without --lrs: each arm's grid is --lr-fractions of the largest stable lr measured there",
     )
     parser.add_argument("--lr-fractions", type=float, nargs="+", default=[0.5, 0.125])
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eps", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--retention", type=float, default=0.4)
