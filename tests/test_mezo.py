@@ -1,4 +1,4 @@
-"""far.MeZO: exact perturb/restore, sparse updates after FAR, the SPSA update, resume, bad input."""
+"""far.MeZO: perturb/restore within rounding, sparse updates after FAR, the SPSA update, resume, bad input."""
 
 from __future__ import annotations
 
@@ -27,34 +27,81 @@ def _assert_bit_identical(model: nn.Module, before: dict[str, torch.Tensor]) -> 
         assert torch.equal(_bits(p), before[n]), f"{n} changed"
 
 
+# One float32 add is off by at most half an ulp of its result (<= 2**-24 of it); the three adds of a
+# step (+εz, −2εz, +εz) each see values of at most |θ| + 2ε|z|, and their errors add up.
+ROUNDING = 3 * 2.0**-24
+
+
+def _assert_restored(model: nn.Module, before: dict[str, torch.Tensor], eps: float, steps: int = 1) -> None:
+    """Every weight within the rounding of `steps` perturb/restore round trips (|z| < 7 here)."""
+    for n, p in model.named_parameters():
+        theta = before[n].view(torch.float32)
+        bound = steps * ROUNDING * (theta.abs() + 2 * eps * 7) + 2.0**-140
+        assert ((p.detach() - theta).abs() <= bound).all(), f"{n} moved by more than rounding"
+
+
 def _awkward_model() -> nn.Module:
-    """Weights of every magnitude (tiny ones lose bits when εz is added), ±0, a tensor of several
-    chunks, and a bf16 tensor."""
+    """Weights of every magnitude (tiny ones lose bits when εz is added), ±0 and a tensor of several chunks."""
     torch.manual_seed(0)
     model = nn.Module()
-    spread = torch.randn(CHUNK + 1000) * torch.logspace(-9, 3, CHUNK + 1000)
+    spread = torch.randn(3 * CHUNK + 1000) * torch.logspace(-9, 3, 3 * CHUNK + 1000)
     spread[:4] = torch.tensor([0.0, -0.0, 1.0, -(2.0**-126)])
     model.big = nn.Parameter(spread)
-    model.brain = nn.Parameter(torch.randn(300, 7).to(torch.bfloat16))
     model.small = nn.Parameter(torch.randn(5, 3) * 1e-4)
     return model
 
 
-def test_perturb_and_restore_is_bit_exact():
+def test_perturb_and_restore_is_exact_up_to_rounding():
     model = _awkward_model()
     before = _snapshot(model)
-    optimizer = far.MeZO(model.parameters(), lr=1e-3, eps=1e-3)
-    params, eps = optimizer._trainable(), 1e-3
+    eps = 1e-3
+    optimizer = far.MeZO(model.parameters(), lr=1e-3, eps=eps)
+    params = optimizer._trainable()
     seed = derive_seed(0, 0, 0)
     optimizer._scratch = scratch_for([p for p, _ in params], {})
+    theta = before["big"].view(torch.float32)
+    z = torch.cat([z.clone() for i, _, z in optimizer._directions(params, seed) if i == 0])
     with torch.no_grad():
-        optimizer._move(params, seed, eps, 0, 1)
-        moved = (model.big.detach() - before["big"].view(torch.float32)).abs()
-        assert moved.max() > 0  # it did perturb
-        optimizer._move(params, seed, eps, 1, -1)
-        optimizer._move(params, seed, eps, -1, 0)
+        optimizer._add(params, seed, eps)
+        assert torch.equal(model.big.detach(), torch.add(theta, z, alpha=eps))  # it perturbs along z
+        optimizer._add(params, seed, -2 * eps)
+        optimizer._add(params, seed, eps)
+    drift = (model.big.detach() - theta).abs()
+    assert (drift <= ROUNDING * (theta.abs() + 2 * eps * z.abs()) + 2.0**-140).all()
+    assert drift.max() > 0  # the round trip is not exact everywhere: the bound is what holds
+    _assert_restored(model, before, eps)
+
+
+def test_drift_of_many_steps_is_a_rounding_walk():
+    """With a flat loss (g = 0) a step is only the round trip: after 200 steps every weight is within
+    200 steps' rounding, and the rms drift is far below one ulp per step (the errors do not add up
+    in one direction)."""
+    torch.manual_seed(1)
+    weight = nn.Parameter(torch.randn(20_000) * 0.05)
+    before = weight.detach().clone()
+    eps, steps = 1e-3, 200
+    optimizer = far.MeZO([weight], lr=1e-3, eps=eps)
+    for _ in range(steps):
+        optimizer.step(lambda: 1.0)
+    drift = weight.detach() - before
+    assert (drift.abs() <= steps * ROUNDING * (before.abs() + 2 * eps * 7)).all()
+    ulp = before.abs() * 2.0**-23
+    assert drift.pow(2).mean().sqrt() < 0.2 * steps * ulp.pow(2).mean().sqrt()
+
+
+def test_half_precision_trainable_tensors_are_refused_before_anything_moves():
+    model = nn.Linear(4, 3).to(torch.bfloat16)
+    before = _snapshot(model)
+    optimizer = far.MeZO(model.parameters())
+    with pytest.raises(ValueError, match="keep trainable tensors in float32"):
+        optimizer.step(lambda: 0.0)
     _assert_bit_identical(model, before)
-    assert not optimizer._saved  # nothing left over
+    assert optimizer.steps_taken == 0
+    model.requires_grad_(False)
+    model.bias.requires_grad_(True)
+    model.bias.data = model.bias.data.float()  # frozen bf16 tensors are fine
+    optimizer.step(lambda: 0.0)
+    assert torch.equal(_bits(model.weight), before["weight"])
 
 
 def test_closure_sees_plus_then_minus_perturbation_and_weights_come_back():
@@ -68,13 +115,13 @@ def test_closure_sees_plus_then_minus_perturbation_and_weights_come_back():
         return float("nan") if len(seen) == 2 else 1.0  # a NaN at θ − εz: the step is skipped
 
     optimizer = far.MeZO(model.parameters(), lr=1e-3, eps=1e-3)
-    with pytest.warns(RuntimeWarning, match="skipped and the weights are left exactly"):
+    with pytest.warns(RuntimeWarning, match="skipped and the weights are left as they were"):
         loss = optimizer.step(closure)
     assert math.isnan(loss) and len(seen) == 2
     theta = before["small"].view(torch.float32)
     plus, minus = seen[0] - theta, seen[1] - theta
     assert torch.allclose(plus, -minus, atol=1e-9) and plus.abs().max() > 1e-5
-    _assert_bit_identical(model, before)
+    _assert_restored(model, before, 1e-3)
     assert optimizer.steps_taken == 1 and optimizer.steps_skipped == 1
 
 
@@ -86,7 +133,7 @@ def test_nan_at_plus_skips_without_the_minus_pass():
     with pytest.warns(RuntimeWarning, match="the loss is inf"):
         optimizer.step(lambda: calls.append(1) or float("inf"))
     assert len(calls) == 1
-    _assert_bit_identical(model, before)
+    _assert_restored(model, before, 1e-3)
 
 
 def test_closure_that_raises_leaves_weights_exact():
@@ -99,7 +146,7 @@ def test_closure_that_raises_leaves_weights_exact():
 
     with pytest.raises(RuntimeError, match="boom"):
         optimizer.step(closure)
-    _assert_bit_identical(model, before)
+    _assert_restored(model, before, 1e-3)
 
 
 def test_update_is_theta_minus_lr_g_z_with_directions_averaged():
@@ -115,16 +162,20 @@ def test_update_is_theta_minus_lr_g_z_with_directions_averaged():
         z = torch.empty(4, 3).normal_(generator=torch.Generator().manual_seed(derive_seed(seed, 0, k)))
         g = (((w0 + eps * z - target) ** 2).sum() - ((w0 - eps * z - target) ** 2).sum()) / (2 * eps)
         expected -= lr * g * z / 2
-    assert torch.allclose(param.detach(), expected, atol=1e-5)
+    # The loss (~20) is resolved to an ulp (2e-6), so g only to 2e-6 / 2ε = 1e-3: the second direction
+    # is evaluated at θ restored up to rounding, not bit for bit, and its g may differ by that much.
+    assert torch.allclose(param.detach(), expected, atol=3e-4)
+    assert not torch.allclose(param.detach(), w0, atol=0.1)
 
 
 def test_weight_decay_skips_1d_tensors():
     layer = nn.Linear(4, 3)
     w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
     optimizer = far.MeZO(layer.parameters(), lr=0.1, weight_decay=0.5)
-    optimizer.step(lambda: 1.0)  # a flat loss: g = 0, only the decay moves the weights
-    assert torch.equal(layer.weight.detach(), w * (1 - 0.1 * 0.5))
-    assert torch.equal(layer.bias.detach(), b)
+    optimizer.step(lambda: 1.0)  # a flat loss: g = 0, only the decay moves the weights (and rounding)
+    assert torch.allclose(layer.weight.detach(), w * (1 - 0.1 * 0.5), rtol=1e-6, atol=1e-8)
+    assert torch.allclose(layer.bias.detach(), b, rtol=1e-6, atol=1e-8)
+    assert not torch.allclose(layer.weight.detach(), w, rtol=1e-3)
 
 
 def test_sparse_mezo_after_far_leaves_frozen_weights_bit_identical():

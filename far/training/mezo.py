@@ -6,19 +6,24 @@ passes, at θ + εz and at θ − εz, and moves the weights along z:
     g = (L(θ + εz) − L(θ − εz)) / 2ε,        θ ← θ − lr · (g · z + λ · θ)
 
 z is never stored. It is drawn again, chunk by chunk, from a local `torch.Generator` seeded from the
-optimizer's seed and step counter.
+optimizer's seed and step counter. Only tensors with requires_grad=True are perturbed, so after
+`far.reconfigure` the noise, the perturbation and the update cover the learners and the other
+trainable tensors and nothing else (sparse MeZO).
 
-Exact restore. In floating point, fl(fl(θ + εz) − εz) is not always θ: about 2% of MiniLM's
-weights come back one or more ulps off (mostly weights smaller than εz), and MeZO's three-pass
-+εz, −2εz, +εz leaves about half of them off. So each chunk is perturbed and then the restore's
-own arithmetic is run on it at once (same tensors, same kernel, same operands, hence the same
-bits as the real restore later); the elements whose bits do not come back are recorded (index and
-original value, ~2% of a chunk) and written over by the restore. A step therefore goes
-θ → θ+εz → θ → θ−εz → θ, and every weight is bit-identical to its value before the step until
-the update is applied.
+Three passes over the trainable weights per step, each drawing z once: θ → θ + εz, → θ − εz, and
+back to θ fused with the update (θ − εz + (ε − lr·g)·z; with weight decay the restore, the decay and
+the update are three ops on the same chunk of z). No copy of θ and no per-element bookkeeping.
 
-Memory. Besides the model, MeZO holds fixed scratch buffers (`far.training.scratch`): 2 MB chunks
-and room for the records, ~18 MB for MiniLM's 22.7M weights, reused by every step.
+Restore precision. In float32 fl(fl(fl(θ + εz) − 2εz) + εz) is θ up to rounding: each add is off by
+at most half an ulp of its result, so a weight moves by at most ~1.5 ulp(|θ| + 2ε|z|) per step, an
+unbiased rounding walk of ~1e-7 relative per step, against an update of lr·g·z
+(`experiments/bench_mezo.py` measures both on SmolLM2-135M). In bf16 or fp16 the same round trip
+changes about half of the weights by a sizeable fraction of εz every step, and updates of lr·g·z
+mostly round away, so MeZO refuses to train half-precision tensors: keep the trainable ones in
+float32 (the frozen ones may be anything).
+
+Memory. Besides the model, MeZO holds one 64 KB noise buffer per weight dtype and device
+(`far.training.scratch`), reused by every chunk of every step.
 """
 
 from __future__ import annotations
@@ -35,19 +40,14 @@ from torch.optim import Optimizer
 from far.training.scratch import CHUNK, Scratch, scratch_for
 from far.training.seeds import derive_seed
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_FULL_PRECISION = (torch.float32, torch.float64)
 
 
-def _bits(t: Tensor) -> Tensor:
-    """The raw bit patterns of a float tensor (so that -0.0 != 0.0 and NaN == NaN compare as bits)."""
-    return t.view(_INT_OF_SIZE[t.element_size()])
-
-
-def _chunks(p: Tensor) -> Iterator[tuple[int, Tensor]]:
-    """(offset, flat view) pieces of a contiguous tensor; writing to a view writes to `p`."""
+def _chunks(p: Tensor) -> Iterator[Tensor]:
+    """Flat views of a contiguous tensor, CHUNK elements each; writing to a view writes to `p`."""
     flat = p.detach().view(-1)
     for start in range(0, flat.numel(), CHUNK):
-        yield start, flat[start : start + CHUNK]
+        yield flat[start : start + CHUNK]
 
 
 def _check_number(name: str, value: object, hint: str, *, positive: bool = True) -> float:
@@ -116,7 +116,6 @@ class MeZO(Optimizer):
         self.seed = int(seed)
         self.steps_taken = 0  # including skipped steps: every step draws fresh directions
         self.steps_skipped = 0
-        self._saved: dict[tuple[int, int], tuple[int, int]] = {}  # (param, offset) -> where its records are
         self._scratch: dict[tuple[torch.dtype, torch.device], Scratch] = {}
 
     def add_param_group(self, param_group: dict) -> None:
@@ -135,7 +134,8 @@ class MeZO(Optimizer):
             closure: Computes and returns the loss of the current batch. It is called
                 `2 * n_directions` times under `torch.no_grad()`, always on the same batch.
 
-        A NaN or infinite loss skips the step with a warning; the weights are then exactly as before.
+        A NaN or infinite loss skips the step with a warning; the weights are then moved back to θ
+        (up to float32 rounding, as after every step) and not updated.
         """
         if closure is None:
             raise TypeError(
@@ -148,36 +148,42 @@ class MeZO(Optimizer):
         self._scratch = scratch_for([p for p, _ in params], self._scratch)
         losses: list[float] = []
         grads: list[float] = []
-        for seed in seeds:
+        for k, seed in enumerate(seeds):
             at = 0  # where the weights are now: θ + at·εz
             try:
-                self._move(params, seed, eps, at, 1)
+                self._add(params, seed, eps)
                 at = 1
                 loss_plus = _loss_value(closure())
                 losses.append(loss_plus)
                 if not math.isfinite(loss_plus):
                     break
-                self._move(params, seed, eps, at, -1)
+                self._add(params, seed, -2 * eps)
                 at = -1
                 loss_minus = _loss_value(closure())
                 losses.append(loss_minus)
+                if not math.isfinite(loss_minus):
+                    break
+                grads.append((loss_plus - loss_minus) / (2 * eps))  # the projected gradient
+                if k < len(seeds) - 1:
+                    self._add(params, seed, eps)
+                else:  # the last restore carries the whole update
+                    at = 0
+                    self._restore_and_update(params, seeds, grads, eps)
+                at = 0
             finally:  # also when the closure raises: never leave the weights perturbed
                 if at:
-                    self._move(params, seed, eps, at, 0)
-                self._saved.clear()
-            grads.append((loss_plus - loss_minus) / (2 * eps))  # the projected gradient
+                    self._add(params, seed, -at * eps)
         self.steps_taken += 1
         bad = [x for x in losses if not math.isfinite(x)]
         if bad:
             self.steps_skipped += 1
             warnings.warn(
                 f"MeZO step {self.steps_taken}: the loss is {bad[0]}; the step is skipped and the weights are "
-                "left exactly as they were. If this repeats, lower lr or eps",
+                "left as they were (up to rounding). If this repeats, lower lr or eps",
                 RuntimeWarning,
                 stacklevel=3,
             )
             return bad[0]
-        self._update(params, seeds, grads)
         return sum(losses) / len(losses)
 
     def _trainable(self) -> list[tuple[Tensor, dict]]:
@@ -185,10 +191,17 @@ class MeZO(Optimizer):
         if not params:
             raise ValueError("MeZO has no parameter with requires_grad=True to train")
         for p, _ in params:
-            if not p.is_floating_point() or not p.is_contiguous():
+            if p.dtype not in _FULL_PRECISION:
                 raise ValueError(
-                    f"MeZO trains contiguous floating-point tensors; got one of dtype {p.dtype}, shape "
-                    f"{tuple(p.shape)}, contiguous={p.is_contiguous()} (fix with p.data = p.data.contiguous())"
+                    f"MeZO trains float32 (or float64) tensors; got a trainable one of dtype {p.dtype}, shape "
+                    f"{tuple(p.shape)}. Perturbing it in place and back would change about half of its values "
+                    "every step, and updates of lr*g would mostly round away: keep trainable tensors in float32 "
+                    "(p.data = p.data.float()), or freeze this one (p.requires_grad_(False))"
+                )
+            if not p.is_contiguous():
+                raise ValueError(
+                    f"MeZO trains contiguous tensors; got one of shape {tuple(p.shape)} that is not "
+                    "(fix with p.data = p.data.contiguous())"
                 )
         return params
 
@@ -201,8 +214,8 @@ class MeZO(Optimizer):
             )
         return values.pop()
 
-    def _directions(self, params: list[tuple[Tensor, dict]], seed: int) -> Iterator[tuple[int, int, Tensor, Tensor]]:
-        """(param index, offset, view, z) for every chunk; the same z every time for the same seed.
+    def _directions(self, params: list[tuple[Tensor, dict]], seed: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+        """(param index, flat view, z) for every chunk; the same z every time for the same seed.
 
         z is a scratch buffer, overwritten by the next chunk.
         """
@@ -210,39 +223,30 @@ class MeZO(Optimizer):
         for i, (p, _) in enumerate(params):
             if p.device not in generators:
                 generators[p.device] = torch.Generator(device=p.device).manual_seed(seed)
-            for start, view in _chunks(p):
+            for view in _chunks(p):
                 z = self._scratch[(view.dtype, view.device)].z[: view.numel()]
-                yield i, start, view, z.normal_(generator=generators[p.device])
+                yield i, view, z.normal_(generator=generators[p.device])
 
-    def _move(self, params: list[tuple[Tensor, dict]], seed: int, eps: float, src: int, dst: int) -> None:
-        """Move the weights from θ + src·εz to θ + dst·εz (src, dst in {-1, 0, 1}), exactly when dst is 0."""
-        if dst:
-            for scratch in self._scratch.values():
-                scratch.clear(dst)
-        for i, start, view, z in self._directions(params, seed):
-            n, scratch = view.numel(), self._scratch[(view.dtype, view.device)]
-            original, back, inexact = scratch.original[:n], scratch.back[:n], scratch.inexact[:n]
-            if src:
-                torch.add(view, z, alpha=-src * eps, out=original)  # the same call as `back` below: the same bits
-                idx, values = scratch.recorded(src, self._saved.pop((i, start)))
-                original[idx] = values  # the elements whose round trip was inexact: now exactly θ
-                view.copy_(original)
-            elif dst:
-                original.copy_(view)
-            if dst:
-                view.add_(z, alpha=dst * eps)
-                torch.add(view, z, alpha=-dst * eps, out=back)
-                torch.ne(_bits(back), _bits(original), out=inexact)
-                idx = inexact.nonzero().squeeze(1)  # (m,), m ≈ 2% of the chunk
-                self._saved[(i, start)] = scratch.record(dst, idx, original)
+    def _add(self, params: list[tuple[Tensor, dict]], seed: int, scale: float) -> None:
+        """θ ← θ + scale·z, the perturbation and its restore."""
+        for _, view, z in self._directions(params, seed):
+            view.add_(z, alpha=scale)
 
-    def _update(self, params: list[tuple[Tensor, dict]], seeds: list[int], grads: list[float]) -> None:
-        for p, group in params:
-            if group["weight_decay"] and p.dim() >= 2:
-                p.mul_(1.0 - group["lr"] * group["weight_decay"])
-        for seed, grad in zip(seeds, grads, strict=True):
-            for i, _, view, z in self._directions(params, seed):
-                view.add_(z, alpha=-params[i][1]["lr"] * grad / len(grads))
+    def _restore_and_update(
+        self, params: list[tuple[Tensor, dict]], seeds: list[int], grads: list[float], eps: float
+    ) -> None:
+        """From θ − εz_last to θ − lr·(Σ_k g_k·z_k / n + λ·θ): one pass per direction."""
+        n = len(grads)
+        for i, view, z in self._directions(params, seeds[-1]):
+            group = params[i][1]
+            step = -group["lr"] * grads[-1] / n
+            if group["weight_decay"] and params[i][0].dim() >= 2:
+                view.add_(z, alpha=eps).mul_(1.0 - group["lr"] * group["weight_decay"]).add_(z, alpha=step)
+            else:
+                view.add_(z, alpha=eps + step)
+        for seed, grad in zip(seeds[:-1], grads[:-1], strict=True):
+            for i, view, z in self._directions(params, seed):
+                view.add_(z, alpha=-params[i][1]["lr"] * grad / n)
 
     def state_dict(self) -> dict:
         state = super().state_dict()
