@@ -53,6 +53,8 @@ METHODS: dict[str, Method] = {
     )
 }
 OPTIMIZERS = ("adamw", "mezo")
+# Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
+TRAINABLE_DTYPES = ("bfloat16", "float32")
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
@@ -112,6 +114,7 @@ class RunSettings:
     mezo_directions: int = 1
     freeze_embeddings: bool = False
     bf16: bool = False
+    trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
     seed: int = 0
     max_train_samples: int | None = None
@@ -128,6 +131,10 @@ class RunSettings:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.trainable_dtype not in TRAINABLE_DTYPES:
+            raise ValueError(
+                f"trainable_dtype must be one of {', '.join(TRAINABLE_DTYPES)}, got {self.trainable_dtype!r}"
+            )
         self.far_config()  # FARConfig checks retention
         check_length("priming", self.priming)
         for name in ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples"):
