@@ -76,7 +76,7 @@ class CompactWeight(nn.Module):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"a CompactWeight is stored in bfloat16 or float32, not {dtype}")
-        self.stored = nn.Parameter(tensor.detach().to(dtype).contiguous(), requires_grad=False)
+        self.stored = nn.Parameter(tensor.detach().to(dtype, copy=True).contiguous(), requires_grad=False)
         self.trainable = bool(trainable)
         self.index = 0  # set by the model: which generator seed its direction comes from
         self.perturbation = perturbation
