@@ -75,7 +75,8 @@ class PromptBatches:
 
     def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         ids = self.tokenizer.encode_batch([self.template.format(self.texts[i]) for i in indices])
-        examples = [{"input_ids": row[-self.max_length :], "labels": self.labels[i]} for row, i in zip(ids, indices, strict=True)]
+        rows = zip(ids, indices, strict=True)
+        examples = [{"input_ids": row[-self.max_length :], "labels": self.labels[i]} for row, i in rows]
         return self.collate(examples)
 
 
@@ -122,8 +123,12 @@ def priming_batches(priming: float | int, max_steps: int) -> int:
     return min(MAX_PRIMING_BATCHES, math.ceil(priming * max_steps)) if priming > 0 else 0
 
 
-def lean_prompted_run(settings: RunSettings, task_name: str, memory: PhaseMemory | None = None) -> dict:
+def lean_prompted_run(
+    settings: RunSettings, task_name: str, memory: PhaseMemory | None = None, *, train: bool = True
+) -> dict:
     """Fine-tune and evaluate a GGUF causal LM on a GLUE task by prompts; writes metrics.json; returns it.
+
+    With `train=False` the pretrained model is only evaluated (zero-shot inference, nothing trainable).
 
     Raises:
         ValueError: a task without a prompt, an optimizer or method the lean runtime has not.
@@ -163,8 +168,8 @@ def lean_prompted_run(settings: RunSettings, task_name: str, memory: PhaseMemory
     dev_texts, dev_labels = read_labelled_tsv(root / "dev.tsv")
     n_train = min(len(train_texts), settings.max_train_samples or len(train_texts))
     n_dev = min(len(dev_texts), settings.max_eval_samples or len(dev_texts))
-    train = PromptBatches(tokenizer, template, train_texts[:n_train], train_labels[:n_train], hparams["max_length"])
-    dev = PromptBatches(tokenizer, template, dev_texts[:n_dev], dev_labels[:n_dev], hparams["max_length"])
+    train_set = PromptBatches(tokenizer, template, train_texts[:n_train], train_labels[:n_train], hparams["max_length"])
+    dev_set = PromptBatches(tokenizer, template, dev_texts[:n_dev], dev_labels[:n_dev], hparams["max_length"])
     del train_texts, train_labels, dev_texts, dev_labels
     memory.mark("data")
 
@@ -181,12 +186,14 @@ def lean_prompted_run(settings: RunSettings, task_name: str, memory: PhaseMemory
         return [order[(start + j) % n_train] for j in range(min(batch_size, n_train))]
 
     priming_started, primed = time.perf_counter(), 0
-    far_config = settings.far_config()
-    if far_config is not None:
+    far_config = settings.far_config() if train else None
+    if not train:
+        steps = 0
+    elif far_config is not None:
         n_batches = priming_batches(settings.priming, steps) if far_config.selection != "random" else 0
         examples = [order[i % n_train] for i in range(n_batches * batch_size)]
         micro = [
-            train.batch(examples[i : i + PRIMING_MICRO_BATCH]) for i in range(0, len(examples), PRIMING_MICRO_BATCH)
+            train_set.batch(examples[i : i + PRIMING_MICRO_BATCH]) for i in range(0, len(examples), PRIMING_MICRO_BATCH)
         ]
         if far_config.selection != "random" and not micro:
             raise ValueError("--priming must give at least one gradient-priming batch for --method far")
@@ -196,16 +203,17 @@ def lean_prompted_run(settings: RunSettings, task_name: str, memory: PhaseMemory
     else:
         set_trainable(model, settings.method, trainable_dtype)
     release_freed_memory()
-    memory.mark("priming" if far_config is not None else "trainable")
+    memory.mark("priming" if far_config is not None else "trainable" if train else "no training")
     priming_seconds = time.perf_counter() - priming_started
 
-    optimizer = CompactMeZO(
-        model, hparams["lr"], settings.mezo_eps, seed=settings.seed, weight_decay=settings.weight_decay
-    )
     log, step_seconds = [], []
+    if steps:
+        optimizer = CompactMeZO(
+            model, hparams["lr"], settings.mezo_eps, seed=settings.seed, weight_decay=settings.weight_decay
+        )
     training_started = time.perf_counter()
     for step in range(steps):
-        batch = train.batch(indices(step))
+        batch = train_set.batch(indices(step))
         t0 = time.perf_counter()
         loss = optimizer.step(lambda b=batch: loss_fn(model, b))
         step_seconds.append(time.perf_counter() - t0)
@@ -214,17 +222,17 @@ def lean_prompted_run(settings: RunSettings, task_name: str, memory: PhaseMemory
     memory.mark("mezo_steps")
 
     eval_started = time.perf_counter()
-    predictions = predict(model, dev, label_ids, min(settings.eval_batch_size, batch_size))
+    predictions = predict(model, dev_set, label_ids, min(settings.eval_batch_size, batch_size))
     eval_seconds = time.perf_counter() - eval_started
-    accuracy = sum(p == y for p, y in zip(predictions, dev.labels, strict=True)) / len(dev)
+    accuracy = sum(p == y for p, y in zip(predictions, dev_set.labels, strict=True)) / len(dev_set)
     memory.mark("evaluation")
 
     out.mkdir(parents=True, exist_ok=True)
-    _write_predictions(out / "predictions.tsv", predictions, dev.labels, names)
+    _write_predictions(out / "predictions.tsv", predictions, dev_set.labels, names)
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     record = {
         "task": task_name,
-        "method": settings.method,
+        "method": settings.method if train else "zero-shot",
         "retention": None if far_config is None else far_config.retention,
         "selection": None if far_config is None else far_config.selection,
         "optimizer": settings.optimizer,
