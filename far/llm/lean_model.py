@@ -124,6 +124,29 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class _Recompute(torch.autograd.Function):
+    """Run a layer without keeping its activations; run it again in backward to get its gradients.
+
+    torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
+    (+70 MB resident), which a memory-bound process cannot spend.
+    """
+
+    @staticmethod
+    def forward(ctx, layer: nn.Module, h: Tensor) -> Tensor:
+        ctx.layer = layer
+        ctx.save_for_backward(h)
+        return layer(h)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:
+        (h,) = ctx.saved_tensors
+        h = h.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.layer(h)
+        torch.autograd.backward(out, grad)
+        return None, h.grad
+
+
 class _Builder:
     """Turns named source tensors into compact modules, one tensor at a time."""
 
@@ -189,7 +212,8 @@ class LeanCausalLM(nn.Module):
 
     @contextlib.contextmanager
     def input_gradients(self) -> Iterator[None]:
-        """Within the block, forwards build an autograd graph from the embeddings on (gradient priming)."""
+        """Within the block, forwards build an autograd graph from the embeddings on (gradient priming),
+        checkpointed layer by layer."""
         self._input_grad = True
         try:
             yield
@@ -203,6 +227,11 @@ class LeanCausalLM(nn.Module):
             h = h * self.embed_scale
         if self._input_grad and torch.is_grad_enabled():
             h.requires_grad_(True)
+            # Keep only each layer's input for backward and recompute the layer there: the graph
+            # of all layers at once would hold ~20 activations per layer (+200 MB on SmolLM2).
+            for layer in self.layers:
+                h = _Recompute.apply(layer, h)
+            return h
         for layer in self.layers:
             h = layer(h)
         return h

@@ -116,6 +116,18 @@ def _write_predictions(path: Path, predictions: list[int], labels: list[int], na
         tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
+def load_lean_lm(name: str, dtype: torch.dtype = torch.bfloat16) -> tuple[LeanCausalLM, LeanTokenizer]:
+    """A GGUF causal LM on the lean runtime and its tokenizer, by alias (`smollm2-135m`, `gemma3-270m`) or path.
+
+    Example:
+        >>> model, tokenizer = load_lean_lm("smollm2-135m")
+        >>> label_ids = label_word_ids(tokenizer, SST2_TEMPLATE)
+        >>> model.label_logits(input_ids, attention_mask, label_ids)   # (B, 2)
+    """
+    path = Path(name) if str(name).endswith(".gguf") else find_gguf(name)
+    return load_lean_model(path, dtype), load_gguf_tokenizer(path)
+
+
 def priming_batches(priming: float | int, max_steps: int) -> int:
     """Gradient-priming batches for a priming length: a number as given, a fraction of the steps capped at 16."""
     if isinstance(priming, int):
