@@ -7,34 +7,45 @@
 >>> far.restore(model)                  # an ordinary Hugging Face model again
 """
 
-from far.architectures import (
-    BUILTIN_ATTENTION_SPECS,
-    BUILTIN_SPECS,
-    FFN,
-    AttentionSpec,
-    FFNSpec,
-    NodeGroup,
-    find_attention,
-    find_ffns,
-)
-from far.config import FARConfig
-from far.layers import SplitLinear
-from far.priming import Primer
-from far.saving import from_pretrained, load_learners, save_learners, save_pretrained
-from far.selection import select_learners
-from far.summary import Summary, summary
-from far.surgery import (
-    FARState,
-    freeze_ffns,
-    get_config,
-    is_reconfigured,
-    learners,
-    learners_from_state_dict,
-    reconfigure,
-    reconfigure_with_learners,
-    restore,
-)
-from far.training import FARCallback, FinetuneResult, MeZO, finetune
+from __future__ import annotations
+
+from far.lazy import lazy_names
+
+# Names are imported on first use (PEP 562), so that a process that needs one part of far does not
+# pay for the others: the lean LLM path must not import transformers' model code or datasets.
+_LAZY = {
+    "AttentionSpec": "far.architectures",
+    "BUILTIN_ATTENTION_SPECS": "far.architectures",
+    "BUILTIN_SPECS": "far.architectures",
+    "NodeGroup": "far.architectures",
+    "find_attention": "far.architectures",
+    "FFN": "far.architectures",
+    "FFNSpec": "far.architectures",
+    "find_ffns": "far.architectures",
+    "FARConfig": "far.config",
+    "SplitLinear": "far.layers",
+    "Primer": "far.priming",
+    "from_pretrained": "far.saving",
+    "load_learners": "far.saving",
+    "save_learners": "far.saving",
+    "save_pretrained": "far.saving",
+    "select_learners": "far.selection",
+    "Summary": "far.summary",
+    "summary": "far.summary",
+    "FARState": "far.surgery",
+    "freeze_ffns": "far.surgery",
+    "get_config": "far.surgery",
+    "is_reconfigured": "far.surgery",
+    "learners": "far.surgery",
+    "learners_from_state_dict": "far.surgery",
+    "reconfigure": "far.surgery",
+    "reconfigure_with_learners": "far.surgery",
+    "restore": "far.surgery",
+    "FARCallback": "far.training",
+    "FinetuneResult": "far.training",
+    "MeZO": "far.training",
+    "finetune": "far.training",
+}
 
 __version__ = "0.1.0"
 
@@ -71,3 +82,5 @@ __all__ = [
     "select_learners",
     "summary",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "far"
 
 # Lowest first. A module may import its own layer and the layers before it, never one after it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("far.atomic", "far.config")),
+    ("foundation", ("far.atomic", "far.config", "far.lazy")),
     ("split layers", ("far.split_ops", "far.layers")),
     ("FFN discovery", ("far.architectures", "far.flops", "far.summary")),
     ("priming and selection", ("far.priming", "far.selection")),

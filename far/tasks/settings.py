@@ -72,6 +72,8 @@ METHODS: dict[str, Method] = {
     )
 }
 OPTIMIZERS = ("adamw", "mezo")
+# Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
+TRAINABLE_DTYPES = ("bfloat16", "float32")
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
@@ -137,6 +139,7 @@ class RunSettings:
     lora_target_modules: tuple[str, ...] | None = None
     freeze_embeddings: bool = False
     bf16: bool = False
+    trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
     seed: int = 0
     max_train_samples: int | None = None
@@ -154,6 +157,10 @@ class RunSettings:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.trainable_dtype not in TRAINABLE_DTYPES:
+            raise ValueError(
+                f"trainable_dtype must be one of {', '.join(TRAINABLE_DTYPES)}, got {self.trainable_dtype!r}"
+            )
         self.far_config()  # FARConfig checks retention
         self.lora_settings()  # LoraSettings checks rank, alpha, dropout
         if self.validation_from_train is not None and not 0.0 < self.validation_from_train < 1.0:

@@ -5,10 +5,30 @@
 >>> Trainer(..., callbacks=[far.FARCallback(retention=0.4)])
 """
 
-from far.training.callback import FARCallback, retarget_optimizer
-from far.training.finetune import finetune
-from far.training.mezo import MeZO
-from far.training.result import FinetuneResult
-from far.training.schedule import WarmupLinear, warmup_linear
+from __future__ import annotations
 
-__all__ = ["FARCallback", "FinetuneResult", "MeZO", "WarmupLinear", "finetune", "retarget_optimizer", "warmup_linear"]
+from far.lazy import lazy_names
+
+# Names are imported on first use (PEP 562), so that a process that needs one part of far does not
+# pay for the others: the lean LLM path must not import transformers' model code or datasets.
+_LAZY = {
+    "FARCallback": "far.training.callback",
+    "retarget_optimizer": "far.training.callback",
+    "finetune": "far.training.finetune",
+    "MeZO": "far.training.mezo",
+    "FinetuneResult": "far.training.result",
+    "WarmupLinear": "far.training.schedule",
+    "warmup_linear": "far.training.schedule",
+}
+
+__all__ = [
+    "FARCallback",
+    "FinetuneResult",
+    "MeZO",
+    "WarmupLinear",
+    "finetune",
+    "retarget_optimizer",
+    "warmup_linear",
+]
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

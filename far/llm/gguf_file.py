@@ -1,0 +1,240 @@
+"""A GGUF file read tensor by tensor into the lean runtime: no dequantised copy of the whole model.
+
+`load_lean_model` reads the file's metadata into a `LeanConfig`, then each tensor's bytes with a
+plain file read (not the memory map, whose pages would stay resident), dequantises it with the
+`gguf` package (Q4_0/1, Q5_0/1, Q8_0, K-quants, ...) and stores it compactly before reading the
+next, so loading peaks at the compact model plus one tensor. The token embedding, the largest
+tensor and frozen, stays as Q8_0 blocks when the file stores it so (`Q8Embedding`).
+
+Conversions undone here, as transformers' GGUF loader undoes them: llama.cpp permutes Llama's
+q/k rows for its rotary layout, and stores Gemma's norm weights as 1 + w.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from far.llm.compact import DenseEmbedding, Q8Embedding
+from far.llm.lean_config import LeanConfig, gemma3_layer_types
+from far.llm.lean_model import LeanCausalLM
+
+# GGUF tensor names -> transformers names, per block and for the whole model.
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+}
+_LLAMA_BLOCK = {"ffn_norm": "post_attention_layernorm"}
+_GEMMA_BLOCK = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+
+# GGUF metadata value types: struct format of the scalars; 8 is a string, 9 an array.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # GGUF order: the row length first
+    tensor_type: GGMLQuantizationType
+    data_offset: int  # from the start of the file
+
+    @property
+    def rows_and_bytes(self) -> tuple[int, int]:
+        """(rows, bytes per row) of the stored tensor."""
+        block, size = GGML_QUANT_SIZES[self.tensor_type]
+        return int(np.prod(self.shape[1:])), self.shape[0] // block * size
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """A GGUF file's metadata (scalars and strings; arrays other than strings are skipped) and tensor table."""
+
+    fields: dict
+    tensors: dict[str, TensorInfo]
+
+
+def _read(f: BinaryIO, fmt: str):
+    return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+
+def _string(f: BinaryIO) -> str:
+    return f.read(_read(f, "Q")).decode("utf-8", errors="replace")
+
+
+def _value(f: BinaryIO, kind: int, keep: bool):
+    if kind == _STRING:
+        return _string(f)
+    if kind != _ARRAY:
+        return _read(f, _SCALARS[kind])
+    item, count = _read(f, "I"), _read(f, "Q")
+    if item in _SCALARS:  # fixed size: skipped in one seek (token scores, types, ...)
+        f.seek(count * struct.calcsize("<" + _SCALARS[item]), os.SEEK_CUR)
+        return None
+    values = [_value(f, item, keep) for _ in range(count)]
+    return values if keep else None
+
+
+def read_header(path: str | os.PathLike) -> GGUFHeader:
+    """Parse the metadata and tensor table of a GGUF file (version 2 or 3) without mapping it.
+
+    The vocabulary (a string array) is walked over, not kept: the tokenizer comes from
+    `far.llm.tokenizer`. `gguf.GGUFReader` builds a numpy view per field element instead, which
+    for Gemma-3's 262k-token vocabulary costs seconds and hundreds of MB.
+    """
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
+        version = _read(f, "I")
+        if version not in (2, 3):
+            raise ValueError(f"{path} is GGUF version {version}; the lean runtime reads versions 2 and 3")
+        n_tensors, n_fields = _read(f, "Q"), _read(f, "Q")
+        fields = {}
+        for _ in range(n_fields):
+            key = _string(f)
+            fields[key] = _value(f, _read(f, "I"), keep=not key.startswith("tokenizer."))
+        infos = []
+        for _ in range(n_tensors):
+            name = _string(f)
+            shape = tuple(_read(f, "Q") for _ in range(_read(f, "I")))
+            infos.append((name, shape, GGMLQuantizationType(_read(f, "I")), _read(f, "Q")))
+        alignment = fields.get("general.alignment") or 32
+        start = -(-f.tell() // alignment) * alignment
+    tensors = {n: TensorInfo(n, s, t, start + offset) for n, s, t, offset in infos}
+    return GGUFHeader(fields, tensors)
+
+
+def _field(header: GGUFHeader, key: str, default=None):
+    value = header.fields.get(key)
+    return default if value is None else value
+
+
+def read_config(header: GGUFHeader) -> LeanConfig:
+    """The `LeanConfig` of a llama or gemma3 GGUF file's metadata."""
+    reader = header
+    arch = _field(reader, "general.architecture")
+    if arch not in ("llama", "gemma3"):
+        raise ValueError(
+            f"the lean runtime reads llama and gemma3 GGUF files, this one is {arch!r}; load it with "
+            "far.tasks.load_causal_lm (transformers) instead"
+        )
+    embd = reader.tensors["token_embd.weight"]
+    hidden = _field(reader, f"{arch}.embedding_length")
+    heads = _field(reader, f"{arch}.attention.head_count")
+    layers = _field(reader, f"{arch}.block_count")
+    head_dim = _field(reader, f"{arch}.attention.key_length") or _field(reader, f"{arch}.rope.dimension_count")
+    head_dim = head_dim or hidden // heads
+    common = dict(
+        arch=arch,
+        vocab_size=int(embd.shape[1]),
+        hidden_size=hidden,
+        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", heads),
+        head_dim=head_dim,
+        rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    )
+    if arch == "gemma3":
+        # Not in the file: llama.cpp and transformers fix Gemma-3's local rotary base at 10,000 and
+        # its pattern at one global layer in six; query_pre_attn_scalar is the head size for 270M.
+        return LeanConfig(
+            **common,
+            rope_local_theta=10000.0,
+            layer_types=gemma3_layer_types(layers),
+            sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
+            query_scale=head_dim**-0.5,
+        )
+    return LeanConfig(**common, rope_local_theta=common["rope_theta"])
+
+
+def _unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp's rotary layout interleaves each head's halves; transformers' splits them.
+    dim = weights.shape[0] // n_head // 2
+    w = weights.reshape(n_head, dim, 2, *weights.shape[1:])
+    return w.swapaxes(2, 1).reshape(weights.shape)
+
+
+class _TensorReader:
+    """Reads one tensor's bytes at a time from the open file and dequantises them to fp32."""
+
+    def __init__(self, path: Path, header: GGUFHeader, config: LeanConfig) -> None:
+        self.file = open(path, "rb")  # noqa: SIM115 - closed by load_lean_model
+        self.tensors = header.tensors
+        self.config = config
+        self.hf_to_gguf = {"model.norm.weight": "output_norm.weight"}
+        block = _BLOCK_NAMES | (_GEMMA_BLOCK if config.is_gemma else _LLAMA_BLOCK)
+        for i in range(config.num_layers):
+            for gguf_name, hf_name in block.items():
+                self.hf_to_gguf[f"model.layers.{i}.{hf_name}.weight"] = f"blk.{i}.{gguf_name}.weight"
+
+    def raw(self, gguf_name: str) -> np.ndarray:
+        t = self.tensors[gguf_name]
+        rows, row_bytes = t.rows_and_bytes
+        self.file.seek(t.data_offset)
+        data = np.frombuffer(bytearray(self.file.read(rows * row_bytes)), dtype=np.uint8).reshape(rows, row_bytes)
+        if t.tensor_type == GGMLQuantizationType.F32:
+            return data.view(np.float32)
+        if t.tensor_type == GGMLQuantizationType.F16:
+            return data.view(np.float16)
+        return data
+
+    def __call__(self, hf_name: str) -> torch.Tensor:
+        gguf_name = self.hf_to_gguf.get(hf_name)
+        if gguf_name is None or gguf_name not in self.tensors:
+            raise KeyError(f"the GGUF file has no tensor for {hf_name} ({gguf_name})")
+        t = self.tensors[gguf_name]
+        values = dequantize(self.raw(gguf_name), t.tensor_type).astype(np.float32, copy=False)
+        c = self.config
+        if c.arch == "llama" and ".attn_q." in gguf_name:
+            values = _unpermute(values, c.num_heads)
+        elif c.arch == "llama" and ".attn_k." in gguf_name:
+            values = _unpermute(values, c.num_kv_heads)
+        if c.is_gemma and gguf_name.endswith("norm.weight"):
+            values = values - 1.0
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def load_lean_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> LeanCausalLM:
+    """A `LeanCausalLM` from a llama or gemma3 GGUF file, weights stored in `dtype` (all frozen).
+
+    Raises:
+        ValueError: the file's architecture is neither llama nor gemma3.
+    """
+    path = Path(path)
+    header = read_header(path)
+    config = read_config(header)
+    tensors = _TensorReader(path, header, config)
+    try:
+        embd = tensors.tensors["token_embd.weight"]
+        if embd.tensor_type == GGMLQuantizationType.Q8_0:
+            embedding = Q8Embedding(torch.from_numpy(tensors.raw("token_embd.weight")), config.hidden_size)
+        else:
+            values = dequantize(tensors.raw("token_embd.weight"), embd.tensor_type)
+            embedding = DenseEmbedding(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), dtype)
+        model = LeanCausalLM(config, embedding, tensors, dtype)
+    finally:
+        tensors.file.close()
+    return model.eval()

@@ -1,0 +1,157 @@
+"""FAR on the lean runtime: gradient priming, learner selection, and each FFN split into two blocks.
+
+The lean model's FFN projections are `CompactLinear`s; FAR gives each two `CompactWeight` blocks
+along the node axis, the learners (trainable, in the precision MeZO trains in) first and the
+frozen nodes (bf16) after, concatenated into the fp32 temporary each layer computes with. The
+permutation (learners first) is the same for an FFN's three projections, so it cancels and the
+outputs are unchanged (`far.layers.SplitLinear` does the same for Hugging Face models).
+
+Scores are `far.llm.priming`'s: the L1 norm of each node's weight gradients over a few batches,
+folded in as backward produces them (`CompactLinear.grad_sink`), never stored whole; selection is
+`far.selection.select_learners`.
+
+    >>> scores = gradient_scores(model, batches, loss_fn)
+    >>> split_ffns(model, select_learners(FARConfig(0.4), scores=scores))
+    >>> set_trainable(model, "far")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+from far.config import FARConfig
+from far.llm.compact import CompactLinear, CompactWeight
+from far.llm.lean_model import LeanCausalLM
+from far.selection import select_learners
+
+INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
+TRAINABLE = ("full", "far", "freeze-ffn")
+
+
+def ffn_names(model: LeanCausalLM) -> list[str]:
+    """Each FFN's name, as FAR names an FFN: its output projection (`layers.3.mlp.down_proj`)."""
+    return [f"layers.{i}.mlp.{OUTPUT}" for i in range(len(model.layers))]
+
+
+def gradient_scores(
+    model: LeanCausalLM,
+    batches: Iterable[dict[str, Tensor]],
+    loss_fn: Callable[[LeanCausalLM, dict[str, Tensor]], Tensor],
+) -> dict[str, Tensor]:
+    """Each FFN node's summed L1 weight-gradient norm over `batches`: `{ffn name: (n_nodes,) fp32}`."""
+    scores = {name: torch.zeros(model.config.intermediate_size) for name in ffn_names(model)}
+
+    def sink(name: str, node_dim: int) -> Callable[[Tensor], None]:
+        def fold(grad: Tensor) -> None:  # grad: (out, in); nodes are rows (inputs) or columns (output)
+            scores[name] += grad.abs().sum(dim=1 - node_dim)
+
+        return fold
+
+    layers = []
+    for i, layer in enumerate(model.layers):
+        for proj in (*INPUTS, OUTPUT):
+            linear = getattr(layer.mlp, proj)
+            linear.grad_sink = sink(f"layers.{i}.mlp.{OUTPUT}", 1 if proj == OUTPUT else 0)
+            layers.append(linear)
+    try:
+        with torch.enable_grad(), model.input_gradients():
+            for batch in batches:
+                loss_fn(model, batch).backward()
+    finally:
+        for linear in layers:
+            linear.grad_sink = None
+    return scores
+
+
+def _block(weight: Tensor, nodes: Tensor, node_dim: int, dtype: torch.dtype, trainable: bool, model) -> CompactWeight:
+    return CompactWeight(weight.index_select(node_dim, nodes), dtype, trainable, model.perturbation)
+
+
+def split_ffns(
+    model: LeanCausalLM, learners: Mapping[str, Tensor], learner_dtype: torch.dtype = torch.float32
+) -> LeanCausalLM:
+    """Split every FFN into learners (first, stored in `learner_dtype`) and frozen nodes (bf16), in place.
+
+    Args:
+        model: A lean model whose FFNs are not split yet.
+        learners: `{ffn name: sorted node indices}`, as `far.selection.select_learners` returns.
+        learner_dtype: Storage of the learners: fp32 (exact MeZO updates) or bf16 (stochastic rounding).
+
+    Raises:
+        ValueError: an FFN is missing from `learners`, already split, or an index is out of range.
+    """
+    names, n = ffn_names(model), model.config.intermediate_size
+    for name, layer in zip(names, model.layers, strict=True):  # check everything before changing anything
+        idx = learners.get(name)
+        if idx is None:
+            raise ValueError(f"no learners given for {name}; give one index tensor per FFN ({len(names)})")
+        if len(layer.mlp.down_proj.parts) != 1:
+            raise ValueError(f"{name} is already split")
+        if idx.numel() and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"learner indices of {name} must lie in [0, {n})")
+    for name, layer in zip(names, model.layers, strict=True):
+        idx = learners[name].long().sort().values
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[idx] = False
+        frozen = keep.nonzero().squeeze(1)
+        for proj in (*INPUTS, OUTPUT):
+            node_dim = 1 if proj == OUTPUT else 0
+            old = getattr(layer.mlp, proj).parts[0].stored
+            parts = [
+                _block(old, idx, node_dim, learner_dtype, True, model),
+                _block(old, frozen, node_dim, torch.bfloat16, False, model),
+            ]
+            setattr(layer.mlp, proj, CompactLinear(parts, node_dim))
+            del old
+    model.index_weights()
+    return model
+
+
+def set_trainable(model: LeanCausalLM, method: str, dtype: torch.dtype = torch.float32) -> int:
+    """Mark what MeZO trains, and store it in `dtype`; the embedding (and tied head) stays frozen.
+
+    Args:
+        method: "full" (every weight but the embedding), "far" (the learners of split FFNs and
+            everything outside the FFNs) or "freeze-ffn" (everything outside the FFNs).
+        dtype: Storage of trainable weights (fp32, or bf16 with stochastically rounded updates).
+
+    Returns:
+        The number of trainable values.
+    """
+    if method not in TRAINABLE:
+        raise ValueError(f"method must be one of {', '.join(TRAINABLE)}, got {method!r}")
+    split = any(len(layer.mlp.down_proj.parts) == 2 for layer in model.layers)
+    if method == "far" and not split:
+        raise ValueError("method 'far' needs split FFNs: run split_ffns (after gradient_scores) first")
+    ffn_weights = {id(w) for layer in model.layers for w in layer.mlp.modules() if isinstance(w, CompactWeight)}
+    learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in (*INPUTS, OUTPUT)}
+    for weight in model.compact_weights():
+        in_ffn = id(weight) in ffn_weights
+        trainable = not in_ffn or method == "full" or (method == "far" and id(weight) in learner_blocks and split)
+        weight.trainable = trainable
+        if trainable and weight.stored.dim() >= 2 and weight.stored.dtype != dtype:
+            weight.stored = torch.nn.Parameter(weight.stored.detach().to(dtype), requires_grad=False)
+    return model.num_parameters(trainable_only=True)
+
+
+def prime_and_split(
+    model: LeanCausalLM,
+    batches: Iterable[dict[str, Tensor]],
+    loss_fn: Callable[[LeanCausalLM, dict[str, Tensor]], Tensor],
+    config: FARConfig,
+    learner_dtype: torch.dtype = torch.float32,
+) -> dict[str, Tensor] | None:
+    """FAR on a lean model: gradient priming (unless selection is random), selection, split, in place.
+
+    Returns:
+        The priming scores (None for random selection).
+    """
+    n_nodes = {name: model.config.intermediate_size for name in ffn_names(model)}
+    scores = None if config.selection == "random" else gradient_scores(model, batches, loss_fn)
+    chosen = select_learners(config, scores=scores, n_nodes=n_nodes)
+    split_ffns(model, chosen, learner_dtype)
+    set_trainable(model, "far", learner_dtype)
+    return scores

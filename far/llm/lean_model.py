@@ -1,0 +1,263 @@
+"""A small Llama / Gemma-3 decoder in plain torch, for prompt classification in little memory.
+
+The lean runtime reads a model tensor by tensor into compact storage (`far.llm.compact`) and
+computes in fp32. It only ever needs the label words' logits at each prompt's last token
+(`label_logits`), so there is no LM head over the vocabulary, no KV cache, no generation. The
+module names follow transformers' (`layers.3.mlp.down_proj`, ...), so a transformers state dict
+loads by name (`from_state_dict`), which is how the parity tests compare the two on tiny configs.
+
+    >>> model = from_state_dict(config, hf_model.state_dict())
+    >>> model.label_logits(input_ids, attention_mask, label_ids)   # (batch, n_labels)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from far.llm.compact import CompactLinear, CompactWeight, DenseEmbedding, Perturbation, Q8Embedding
+from far.llm.lean_config import SLIDING, LeanConfig
+
+TensorSource = Callable[[str], Tensor]  # transformers-style name -> fp32 (or any float) tensor
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm in fp32; Gemma's scales by (1 + w), Llama's by w."""
+
+    def __init__(self, weight: CompactWeight, eps: float, gemma: bool) -> None:
+        super().__init__()
+        self.weight, self.eps, self.gemma = weight, eps, gemma
+
+    def forward(self, x: Tensor) -> Tensor:
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.value()
+        return normed * (1.0 + w) if self.gemma else normed * w
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin of shape (T, head_dim) for transformers' half-split rotary layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LeanConfig, layer: int, linear: Callable[[str], CompactLinear], norm) -> None:
+        super().__init__()
+        self.config, self.sliding = config, config.layer_types[layer] == SLIDING
+        self.theta = config.rope_local_theta if self.sliding else config.rope_theta
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(self, name, linear(name))
+        if config.is_gemma:
+            self.q_norm, self.k_norm = norm("q_norm"), norm("k_norm")
+
+    def forward(self, x: Tensor) -> Tensor:
+        c = self.config
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, c.num_heads, c.head_dim)
+        k = self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
+        v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        if c.is_gemma:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, heads, T, head_dim)
+        cos, sin = rotary(torch.arange(t), c.head_dim, self.theta)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        # Rows are padded on the right, so under a causal mask a real token never sees padding.
+        mask = None
+        if self.sliding and c.sliding_window is not None and t > c.sliding_window:
+            i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+            mask = (j <= i) & (i - j < c.sliding_window)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=c.query_scale, enable_gqa=True
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)); FAR splits its nodes (`far.llm.lean_far`)."""
+
+    def __init__(self, config: LeanConfig, linear: Callable[[str], CompactLinear]) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = linear("gate_proj"), linear("up_proj"), linear("down_proj")
+        self.gemma = config.is_gemma
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.gemma else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LeanConfig, layer: int, source: _Builder) -> None:
+        super().__init__()
+        prefix = f"model.layers.{layer}"
+        norm = lambda name: source.norm(f"{prefix}.{name}")  # noqa: E731
+        self.gemma = config.is_gemma
+        self.input_layernorm = norm("input_layernorm")
+        self.self_attn = Attention(
+            config,
+            layer,
+            lambda n: source.linear(f"{prefix}.self_attn.{n}"),
+            lambda n: source.norm(f"{prefix}.self_attn.{n}"),
+        )
+        self.post_attention_layernorm = norm("post_attention_layernorm")
+        if self.gemma:
+            self.pre_feedforward_layernorm = norm("pre_feedforward_layernorm")
+            self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
+        self.mlp = MLP(config, lambda n: source.linear(f"{prefix}.mlp.{n}"))
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.gemma:
+            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h)))
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + self.self_attn(self.input_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class _Recompute(torch.autograd.Function):
+    """Run a layer without keeping its activations; run it again in backward to get its gradients.
+
+    torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
+    (+70 MB resident), which a memory-bound process cannot spend.
+    """
+
+    @staticmethod
+    def forward(ctx, layer: nn.Module, h: Tensor) -> Tensor:
+        ctx.layer = layer
+        ctx.save_for_backward(h)
+        return layer(h)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:
+        (h,) = ctx.saved_tensors
+        h = h.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.layer(h)
+        torch.autograd.backward(out, grad)
+        return None, h.grad
+
+
+class _Builder:
+    """Turns named source tensors into compact modules, one tensor at a time."""
+
+    def __init__(self, config: LeanConfig, tensors: TensorSource, dtype: torch.dtype, perturbation: Perturbation):
+        self.config, self.tensors, self.dtype, self.perturbation = config, tensors, dtype, perturbation
+
+    def linear(self, name: str) -> CompactLinear:
+        weight = CompactWeight(self.tensors(f"{name}.weight"), self.dtype, False, self.perturbation)
+        return CompactLinear([weight])
+
+    def norm(self, name: str) -> RMSNorm:
+        # Norm weights stay fp32: a few thousand values, and MeZO may train them.
+        weight = CompactWeight(self.tensors(f"{name}.weight"), torch.float32, False, self.perturbation)
+        return RMSNorm(weight, self.config.rms_eps, self.config.is_gemma)
+
+
+class LeanCausalLM(nn.Module):
+    """A decoder whose every weight is a `CompactWeight`; logits only for the label words.
+
+    Args:
+        config: The model's `LeanConfig`.
+        embed_tokens: A frozen `Q8Embedding` or `DenseEmbedding` (also the tied LM head).
+        tensors: Every other weight by transformers name (`model.layers.0.mlp.up_proj.weight`, ...).
+        dtype: Storage dtype of the matrices (bf16 by default; see `far.llm.compact`).
+    """
+
+    def __init__(
+        self,
+        config: LeanConfig,
+        embed_tokens: nn.Module,
+        tensors: TensorSource,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.perturbation = Perturbation()
+        self.embed_tokens = embed_tokens
+        source = _Builder(config, tensors, dtype, self.perturbation)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, source) for i in range(config.num_layers))
+        self.norm = source.norm("model.norm")
+        self.embed_scale = config.hidden_size**0.5 if config.is_gemma else 1.0
+        self._input_grad = False
+        self.index_weights()
+
+    def index_weights(self) -> None:
+        """Number every `CompactWeight` in module order: its direction's seed is (step seed, index)."""
+        for i, weight in enumerate(self.compact_weights()):
+            weight.index = i
+
+    def compact_weights(self) -> Iterator[CompactWeight]:
+        return (m for m in self.modules() if isinstance(m, CompactWeight))
+
+    def trainable_weights(self) -> list[CompactWeight]:
+        return [w for w in self.compact_weights() if w.trainable]
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        if trainable_only:
+            return sum(w.stored.numel() for w in self.trainable_weights())
+        embedding = sum(t.numel() for t in self.embed_tokens.parameters()) or (
+            self.config.vocab_size * self.config.hidden_size
+        )
+        return embedding + sum(w.stored.numel() for w in self.compact_weights())
+
+    @contextlib.contextmanager
+    def input_gradients(self) -> Iterator[None]:
+        """Within the block, forwards build an autograd graph from the embeddings on (gradient priming),
+        checkpointed layer by layer."""
+        self._input_grad = True
+        try:
+            yield
+        finally:
+            self._input_grad = False
+
+    def hidden_states(self, input_ids: Tensor) -> Tensor:
+        """The last layer's output before the final norm: (B, T, hidden)."""
+        h = self.embed_tokens.rows(input_ids)
+        if self.embed_scale != 1.0:
+            h = h * self.embed_scale
+        if self._input_grad and torch.is_grad_enabled():
+            h.requires_grad_(True)
+            # Keep only each layer's input for backward and recompute the layer there: the graph
+            # of all layers at once would hold ~20 activations per layer (+200 MB on SmolLM2).
+            for layer in self.layers:
+                h = _Recompute.apply(layer, h)
+            return h
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+    def label_logits(self, input_ids: Tensor, attention_mask: Tensor, label_ids: Tensor) -> Tensor:
+        """The label words' logits at each right-padded row's last token: (B, n_labels)."""
+        h = self.hidden_states(input_ids)
+        last = attention_mask.sum(dim=1) - 1
+        answer = self.norm(h[torch.arange(h.shape[0]), last])  # (B, hidden): the norm is per position
+        return answer @ self.embed_tokens.rows(label_ids).t()
+
+    def logits(self, input_ids: Tensor) -> Tensor:
+        """Full (B, T, vocab) logits, for tests and checks only (the vocabulary is large)."""
+        h = self.norm(self.hidden_states(input_ids))
+        return h @ self.embed_tokens.rows(torch.arange(self.config.vocab_size)).t()
+
+
+def from_state_dict(
+    config: LeanConfig, state_dict: Mapping[str, Tensor], dtype: torch.dtype = torch.float32
+) -> LeanCausalLM:
+    """A `LeanCausalLM` from a transformers `LlamaForCausalLM` / `Gemma3ForCausalLM` state dict.
+
+    The embedding is kept dense in `dtype`; fp32 gives the transformers model's logits to rounding.
+    """
+    embedding = DenseEmbedding(state_dict["model.embed_tokens.weight"], dtype)
+    return LeanCausalLM(config, embedding, lambda name: state_dict[name], dtype).eval()
+
+
+__all__ = ["DenseEmbedding", "LeanCausalLM", "Q8Embedding", "from_state_dict"]

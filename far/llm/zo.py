@@ -1,0 +1,79 @@
+"""MeZO for the lean runtime: the perturbation is never written into the stored weights.
+
+`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023, Algorithm 1) over a
+`LeanCausalLM`'s trainable `CompactWeight`s: it sets the model's `Perturbation` to (seed, +eps),
+evaluates the closure, sets it to (seed, -eps), evaluates again, clears it, and moves every
+trainable weight by `-lr * g * z`, z drawn again from the same seed. Each forward pass reads a
+trainable weight as `stored + scale * z` into the fp32 temporary it computes with anyway
+(`far.llm.compact`), so the weights are exactly as before after the two passes, by construction:
+no restore pass, no record of inexact elements, no drift, and nothing the size of the model kept.
+Only trainable tensors draw noise: after FAR's split, the learners and the tensors outside the FFNs.
+
+    >>> optimizer = CompactMeZO(model, lr=1e-4, eps=1e-3, seed=0)
+    >>> loss = optimizer.step(lambda: loss_fn(model, batch))
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from far.llm.lean_model import LeanCausalLM
+from far.training.seeds import derive_seed
+
+
+class CompactMeZO:
+    """MeZO over a `LeanCausalLM`'s trainable weights, perturbed on read, updated in place.
+
+    Args:
+        model: The model; its `trainable_weights()` are trained.
+        lr: Learning rate.
+        eps: Perturbation scale.
+        seed: Base seed; with the step counter it fixes every direction.
+        weight_decay: Decoupled L2 factor, on matrices only.
+    """
+
+    def __init__(
+        self, model: LeanCausalLM, lr: float, eps: float = 1e-3, seed: int = 0, weight_decay: float = 0.0
+    ) -> None:
+        for name, value in (("lr", lr), ("eps", eps)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not model.trainable_weights():
+            raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
+        self.steps_taken = 0
+        self.steps_skipped = 0
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor | float]) -> float:
+        """One SPSA step on the closure's batch; returns the mean of the two losses."""
+        seed = derive_seed(self.seed, self.steps_taken)
+        perturbation = self.model.perturbation
+        try:
+            perturbation.set(seed, self.eps)
+            loss_plus = float(closure())
+            perturbation.set(seed, -self.eps)
+            loss_minus = float(closure())
+        finally:
+            perturbation.clear()
+        self.steps_taken += 1
+        if not (math.isfinite(loss_plus) and math.isfinite(loss_minus)):
+            self.steps_skipped += 1
+            warnings.warn(
+                f"MeZO step {self.steps_taken}: a loss is not finite; the step is skipped, weights unchanged",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return loss_plus if not math.isfinite(loss_plus) else loss_minus
+        grad = (loss_plus - loss_minus) / (2 * self.eps)
+        self.last_projected_grad = grad
+        for weight in self.model.trainable_weights():
+            if self.weight_decay and weight.stored.dim() >= 2:
+                weight.stored.mul_(1.0 - self.lr * self.weight_decay)
+            weight.update(seed, -self.lr * grad)
+        return (loss_plus + loss_minus) / 2

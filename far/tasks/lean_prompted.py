@@ -1,0 +1,282 @@
+"""GLUE by prompts on the lean runtime (`far.llm`): a GGUF causal LM fine-tuned in a few hundred MB.
+
+What `far glue --task sst2 --model smollm2-135m` runs. The whole process stays small because it
+imports neither transformers' model code nor `datasets` (the GLUE TSV is read with `csv`, the
+tokenizer is `tokenizers` on a cached `tokenizer.json`), reads the GGUF file tensor by tensor into
+bf16 (the token embedding stays Q8_0), tokenises each batch as it is drawn, computes only the label
+words' logits at the last token, and runs MeZO without writing its perturbation into the weights
+(`far.llm.zo`). Evaluation runs in chunks of the training batch size, so it needs no more memory
+than a training step. `memory_phases` in metrics.json records the resident memory after each
+phase (imports, tokenizer, data, weights, priming, training, evaluation).
+
+Methods: "full" (plain MeZO: every weight but the embedding and its tied head), "far" (gradient
+priming, then the learners and everything outside the FFNs) and "freeze-ffn"; optimizer "mezo".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from far.atomic import atomic_file
+from far.llm.gguf_file import load_lean_model
+from far.llm.lean_far import prime_and_split, set_trainable
+from far.llm.lean_model import LeanCausalLM
+from far.llm.memory import release_freed_memory
+from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
+from far.llm.zo import CompactMeZO
+from far.tasks.locate import resolve_data_dir
+from far.tasks.models import find_gguf
+from far.tasks.prompts import SST2_TEMPLATE, PromptCollator, PromptTemplate, label_word_ids, read_labelled_tsv
+from far.tasks.settings import PROMPT_DEFAULTS, RunSettings
+from far.training.seeds import derive_seed
+
+PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
+GLUE_FOLDERS = {"sst2": ("SST-2", ("negative", "positive"))}
+PRIMING_MICRO_BATCH = 4
+MAX_PRIMING_BATCHES = 16
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+MIB = 2**20
+
+
+class PhaseMemory:
+    """Resident memory after each phase of a run: current RSS and the process's peak so far (MiB)."""
+
+    def __init__(self) -> None:
+        self.phases: list[dict] = []
+
+    def mark(self, phase: str) -> None:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[1]) * resource.getpagesize()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.phases.append({"phase": phase, "rss_mib": round(current / MIB, 1), "peak_mib": round(peak / MIB, 1)})
+
+
+class PromptBatches:
+    """Sentences and labels, tokenised only when a batch of them is asked for."""
+
+    def __init__(
+        self, tokenizer: LeanTokenizer, template: PromptTemplate, texts: Sequence[str], labels: Sequence[int], n: int
+    ):
+        self.tokenizer, self.template, self.max_length = tokenizer, template, n
+        self.texts, self.labels = list(texts), [int(x) for x in labels]
+        self.collate = PromptCollator(tokenizer.pad_token_id)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        ids = self.tokenizer.encode_batch([self.template.format(self.texts[i]) for i in indices])
+        rows = zip(ids, indices, strict=True)
+        examples = [{"input_ids": row[-self.max_length :], "labels": self.labels[i]} for row, i in rows]
+        return self.collate(examples)
+
+
+def label_loss(label_ids: torch.Tensor):
+    def loss_fn(model: LeanCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = model.label_logits(batch["input_ids"], batch["attention_mask"], label_ids)
+        return F.cross_entropy(logits, batch["labels"])
+
+    return loss_fn
+
+
+@torch.no_grad()
+def predict(model: LeanCausalLM, data: PromptBatches, label_ids: torch.Tensor, chunk: int) -> list[int]:
+    """Predicted label of every example, batched by length in chunks of `chunk` prompts."""
+    lengths = [len(t) for t in data.texts]
+    order = sorted(range(len(data)), key=lengths.__getitem__)
+    predictions = [0] * len(data)
+    for start in range(0, len(order), chunk):
+        part = order[start : start + chunk]
+        batch = data.batch(part)
+        logits = model.label_logits(batch["input_ids"], batch["attention_mask"], label_ids)
+        for i, p in zip(part, logits.argmax(dim=-1).tolist(), strict=True):
+            predictions[i] = p
+    return predictions
+
+
+def _write_json(path: Path, obj: object) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_predictions(path: Path, predictions: list[int], labels: list[int], names: Sequence[str]) -> None:
+    with atomic_file(path) as tmp:
+        rows = ["index\tprediction\tlabel"] + [
+            f"{i}\t{names[p]}\t{names[y]}" for i, (p, y) in enumerate(zip(predictions, labels, strict=True))
+        ]
+        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def load_lean_lm(name: str, dtype: torch.dtype = torch.bfloat16) -> tuple[LeanCausalLM, LeanTokenizer]:
+    """A GGUF causal LM on the lean runtime and its tokenizer, by alias (`smollm2-135m`, `gemma3-270m`) or path.
+
+    Example:
+        >>> model, tokenizer = load_lean_lm("smollm2-135m")
+        >>> label_ids = label_word_ids(tokenizer, SST2_TEMPLATE)
+        >>> model.label_logits(input_ids, attention_mask, label_ids)   # (B, 2)
+    """
+    path = Path(name) if str(name).endswith(".gguf") else find_gguf(name)
+    return load_lean_model(path, dtype), load_gguf_tokenizer(path)
+
+
+def priming_batches(priming: float | int, max_steps: int) -> int:
+    """Gradient-priming batches for a priming length: a number as given, a fraction of the steps capped at 16."""
+    if isinstance(priming, int):
+        return priming
+    return min(MAX_PRIMING_BATCHES, math.ceil(priming * max_steps)) if priming > 0 else 0
+
+
+def lean_prompted_run(
+    settings: RunSettings, task_name: str, memory: PhaseMemory | None = None, *, train: bool = True
+) -> dict:
+    """Fine-tune and evaluate a GGUF causal LM on a GLUE task by prompts; writes metrics.json; returns it.
+
+    With `train=False` the pretrained model is only evaluated (zero-shot inference, nothing trainable).
+
+    Raises:
+        ValueError: a task without a prompt, an optimizer or method the lean runtime has not.
+    """
+    memory = memory or PhaseMemory()
+    memory.mark("imports")
+    template = PROMPT_TEMPLATES.get(task_name)
+    if template is None:
+        raise ValueError(
+            f"--model {settings.model} is a causal LM, trained by prompts; there is a prompt for "
+            f"{', '.join(PROMPT_TEMPLATES)} only, not {task_name}. Use an encoder model for {task_name}"
+        )
+    if settings.optimizer != "mezo":
+        raise ValueError("a GGUF causal LM trains with --optimizer mezo (the lean runtime keeps no gradients)")
+    if settings.method not in ("full", "far", "freeze-ffn"):
+        raise ValueError(
+            f"--method {settings.method} is not available for a GGUF causal LM; use full, far or freeze-ffn"
+        )
+    if settings.bf16:
+        raise ValueError("--bf16 is autocast; a GGUF causal LM already stores bf16 and computes in fp32 (drop --bf16)")
+    if settings.attention_retention is not None:
+        raise ValueError(
+            "--attention-retention is not available for a GGUF causal LM: the lean runtime splits FFNs only "
+            "(drop --attention-retention)"
+        )
+    hparams = settings.hyperparameters(PROMPT_DEFAULTS)
+    steps = hparams["max_steps"] or 1
+    trainable_dtype = DTYPES[settings.trainable_dtype]
+    folder, names = GLUE_FOLDERS[task_name]
+    root = resolve_data_dir(settings.data_dir) / "glue" / folder
+    try:
+        gguf_path = find_gguf(settings.model) if not settings.model.endswith(".gguf") else Path(settings.model)
+    except ModuleNotFoundError as e:
+        raise ValueError(str(e)) from None
+    out = settings.output_path(f"{task_name}-{settings.method}")
+    release_freed_memory()
+
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    label_ids = label_word_ids(tokenizer, template)
+    memory.mark("tokenizer")
+    train_texts, train_labels = read_labelled_tsv(root / "train.tsv")
+    dev_texts, dev_labels = read_labelled_tsv(root / "dev.tsv")
+    n_train = min(len(train_texts), settings.max_train_samples or len(train_texts))
+    n_dev = min(len(dev_texts), settings.max_eval_samples or len(dev_texts))
+    train_set = PromptBatches(tokenizer, template, train_texts[:n_train], train_labels[:n_train], hparams["max_length"])
+    dev_set = PromptBatches(tokenizer, template, dev_texts[:n_dev], dev_labels[:n_dev], hparams["max_length"])
+    del train_texts, train_labels, dev_texts, dev_labels
+    memory.mark("data")
+
+    started = time.perf_counter()
+    model = load_lean_model(gguf_path)
+    release_freed_memory()
+    memory.mark("weights")
+    loss_fn = label_loss(label_ids)
+    order = torch.randperm(n_train, generator=torch.Generator().manual_seed(derive_seed(settings.seed, 0))).tolist()
+    batch_size = hparams["batch_size"]
+
+    def indices(step: int) -> list[int]:
+        start = (step * batch_size) % n_train
+        return [order[(start + j) % n_train] for j in range(min(batch_size, n_train))]
+
+    priming_started, primed = time.perf_counter(), 0
+    far_config = settings.far_config() if train else None
+    if not train:
+        steps = 0
+    elif far_config is not None:
+        n_batches = priming_batches(settings.priming, steps) if far_config.selection != "random" else 0
+        examples = [order[i % n_train] for i in range(n_batches * batch_size)]
+        micro = [
+            train_set.batch(examples[i : i + PRIMING_MICRO_BATCH]) for i in range(0, len(examples), PRIMING_MICRO_BATCH)
+        ]
+        if far_config.selection != "random" and not micro:
+            raise ValueError("--priming must give at least one gradient-priming batch for --method far")
+        prime_and_split(model, micro, loss_fn, far_config, trainable_dtype)
+        primed = len(examples)
+        del micro
+    else:
+        set_trainable(model, settings.method, trainable_dtype)
+    release_freed_memory()
+    memory.mark("priming" if far_config is not None else "trainable" if train else "no training")
+    priming_seconds = time.perf_counter() - priming_started
+
+    log, step_seconds = [], []
+    if steps:
+        optimizer = CompactMeZO(
+            model, hparams["lr"], settings.mezo_eps, seed=settings.seed, weight_decay=settings.weight_decay
+        )
+    training_started = time.perf_counter()
+    for step in range(steps):
+        batch = train_set.batch(indices(step))
+        t0 = time.perf_counter()
+        loss = optimizer.step(lambda b=batch: loss_fn(model, b))
+        step_seconds.append(time.perf_counter() - t0)
+        log.append({"step": step + 1, "loss": loss})
+    training_seconds = time.perf_counter() - training_started
+    memory.mark("mezo_steps")
+
+    eval_started = time.perf_counter()
+    predictions = predict(model, dev_set, label_ids, min(settings.eval_batch_size, batch_size))
+    eval_seconds = time.perf_counter() - eval_started
+    accuracy = sum(p == y for p, y in zip(predictions, dev_set.labels, strict=True)) / len(dev_set)
+    memory.mark("evaluation")
+
+    out.mkdir(parents=True, exist_ok=True)
+    _write_predictions(out / "predictions.tsv", predictions, dev_set.labels, names)
+    (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    record = {
+        "task": task_name,
+        "method": settings.method if train else "zero-shot",
+        "retention": None if far_config is None else far_config.retention,
+        "selection": None if far_config is None else far_config.selection,
+        "optimizer": settings.optimizer,
+        "model": settings.model,
+        "runtime": "lean",
+        "metrics": {"accuracy": accuracy},
+        "steps": steps,
+        "priming_steps": 0,
+        "priming_seconds": priming_seconds,
+        "training_seconds": training_seconds,
+        "eval_seconds": eval_seconds,
+        "total_seconds": time.perf_counter() - started,
+        "median_step_seconds": statistics.median(step_seconds) if step_seconds else None,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "trainable_parameters": model.num_parameters(trainable_only=True),
+        "total_parameters": model.num_parameters(),
+        "trainable_dtype": settings.trainable_dtype,
+        "final_loss": log[-1]["loss"] if log else None,
+        "hyperparameters": {**hparams, "mezo_eps": settings.mezo_eps, "seed": settings.seed},
+        "freeze_embeddings": True,
+        "gradient_priming_examples": primed,
+        "prompt": template.template,
+        "label_words": list(template.label_words),
+        "train_examples": n_train,
+        "eval_examples": n_dev,
+        "memory_phases": memory.phases,
+        "files": {"predictions": "predictions.tsv", "step_log": "log.jsonl"},
+    }
+    _write_json(out / "metrics.json", record)
+    return record
