@@ -172,6 +172,7 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
         times.append((record["priming_seconds"] + record["training_seconds"], record["total_seconds"]))
         row["trainable_parameters"] = record["trainable_parameters"]
         row.setdefault("peak_rss_bytes", []).append(record.get("peak_rss_bytes"))
+        row.setdefault("process_cpu_seconds", []).append(record.get("process_cpu_seconds"))
         if record.get("earlier_session"):
             row["earlier_session"] = record["earlier_session"]
     for methods in summary.values():
@@ -186,12 +187,18 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
                 row[key] = _mean_std(row[key])
             rss = [b for b in row["peak_rss_bytes"] if b is not None]
             row["peak_rss_bytes"] = max(rss) if rss else None
+            cpu = row.pop("process_cpu_seconds")
+            if cpu and None not in cpu:  # whole-process CPU seconds, recorded by runs made since they were
+                row["process_cpu_seconds"] = _mean_std(cpu)
         full = methods.get("full")  # deltas once every row is summarized, whatever the methods' order
         for row in methods.values():
             if full:
                 row["metric_delta_vs_full"] = row["metric"]["mean"] - full["metric"]["mean"]
                 if bool(row.get("times_from")) == bool(full.get("times_from")):  # times of one session only
                     row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
+                if "process_cpu_seconds" in row and "process_cpu_seconds" in full:
+                    mean = row["process_cpu_seconds"]["mean"]
+                    row["cpu_saving_vs_full"] = 1 - mean / full["process_cpu_seconds"]["mean"]
     return summary
 
 
