@@ -25,15 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-)
 
+import far
 from far.atomic import atomic_dir
-from far.saving import save_pretrained
 
 PEFT_REQUIREMENT = "peft>=0.21,<0.22"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -41,12 +35,14 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # The config key naming what base model the adapter was trained on, as the user gave it (an alias stays an alias).
 BASE_MODEL_KEY = "far_lora_base_model"
 
-# Head class-name suffix -> (PEFT task type, the Auto class that rebuilds the base). PEFT's task type
-# decides which fresh head it trains whole beside the adapters (classifier/score, qa_outputs).
+# Head class-name suffix -> (PEFT task type, the transformers Auto class that rebuilds the base). PEFT's
+# task type decides which fresh head it trains whole beside the adapters (classifier/score, qa_outputs).
+# The Auto classes are named, not imported: the lean LLM path imports this module and must not pay for
+# transformers' model registry.
 _TASK_TYPES = {
-    "ForSequenceClassification": ("SEQ_CLS", AutoModelForSequenceClassification),
-    "ForQuestionAnswering": ("QUESTION_ANS", AutoModelForQuestionAnswering),
-    "ForCausalLM": ("CAUSAL_LM", AutoModelForCausalLM),
+    "ForSequenceClassification": ("SEQ_CLS", "AutoModelForSequenceClassification"),
+    "ForQuestionAnswering": ("QUESTION_ANS", "AutoModelForQuestionAnswering"),
+    "ForCausalLM": ("CAUSAL_LM", "AutoModelForCausalLM"),
 }
 
 
@@ -179,7 +175,7 @@ def save_lora(
     saved = {"adapter": Path(adapter_dir)}
     if model_dir is not None:
         merged = model.merge_and_unload()
-        save_pretrained(merged, model_dir)
+        far.save_pretrained(merged, model_dir)  # far's lazy name: importing far.saving here would load transformers
         tokenizer.save_pretrained(model_dir)
         saved["model"] = Path(model_dir)
     return saved
@@ -214,12 +210,15 @@ def load_lora_adapter(folder: str | os.PathLike, base_path: str | os.PathLike, *
     Returns:
         The model in eval mode, with the task head and config (labels, task) the run saved.
     """
+    import transformers
+
     peft = _peft()
-    config = AutoConfig.from_pretrained(folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
     architecture = (config.architectures or [""])[0]
-    auto_class = next((auto for suffix, (_, auto) in _TASK_TYPES.items() if architecture.endswith(suffix)), None)
-    if auto_class is None:
+    auto_name = next((auto for suffix, (_, auto) in _TASK_TYPES.items() if architecture.endswith(suffix)), None)
+    if auto_name is None:
         raise ValueError(f"the adapter in {folder} is for a {architecture or 'model'} head, which LoRA runs never make")
+    auto_class = getattr(transformers, auto_name)
     # The head's weights come from the adapter file (PEFT's modules_to_save); the base's are a placeholder for it.
     base = auto_class.from_pretrained(base_path, config=config, ignore_mismatched_sizes=True)
     model = peft.PeftModel.from_pretrained(base, folder)
