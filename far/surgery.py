@@ -267,11 +267,17 @@ def _heads_split(model: nn.Module, attention_spec: AttentionSpec | None) -> bool
     config = get_config(model)
     if config is not None:
         return config.attention_retention is not None
-    try:  # a model split by hand or loaded without its state: look at the layers
-        blocks = find_attention(model, attention_spec)
-    except ValueError:
-        return False
+    # A model split by hand or loaded without its state: look at the layers.
+    blocks = _attention_if_splittable(model, attention_spec)
     return any(isinstance(model.get_submodule(name), SplitLinear) for name in blocks)
+
+
+def _attention_if_splittable(model: nn.Module, attention_spec: AttentionSpec | None) -> dict[str, NodeGroup]:
+    """The attention blocks of `model`, or none where its heads cannot be split (so none can be split already)."""
+    try:
+        return find_attention(model, attention_spec)
+    except ValueError:
+        return {}
 
 
 def projection_learners(model: nn.Module, group: NodeGroup, name: str, nodes: Tensor) -> Tensor:
@@ -373,10 +379,7 @@ def learners_from_state_dict(
     split heads.
     """
     groups = node_groups(model, spec, attention=False)
-    try:
-        blocks = find_attention(model, attention_spec)
-    except ValueError:
-        blocks = {}
+    blocks = _attention_if_splittable(model, attention_spec)
     if any(f"{name}.node_order" in state_dict for name in blocks):
         groups.update(blocks)
     result = {}
