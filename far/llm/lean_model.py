@@ -90,6 +90,7 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = linear("gate_proj"), linear("up_proj"), linear("down_proj")
         self.gemma = config.is_gemma
+        self.learner_nodes: Tensor | None = None  # once FAR has split it: the original indices of the learners
 
     def forward(self, x: Tensor) -> Tensor:
         gate = self.gate_proj(x)

@@ -9,6 +9,10 @@ words' logits at the last token, and runs MeZO without writing its perturbation 
 than a training step. `memory_phases` in metrics.json records the resident memory after each
 phase (imports, tokenizer, data, weights, priming, training, evaluation).
 
+A training run also writes `trained.safetensors`: the trained weights only (learners and the
+weights outside the FFNs, as stored), to apply to the same GGUF model with
+`load_lean_lm(name, trained=path)` (`far.llm.lean_saving`); `--no-save-model` skips it.
+
 Methods: "full" (plain MeZO: every weight but the embedding and its tied head), "far" (gradient
 priming, then the learners and everything outside the FFNs) and "freeze-ffn"; optimizer "mezo".
 """
@@ -30,6 +34,7 @@ from far.atomic import atomic_file
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import prime_and_split, set_trainable
 from far.llm.lean_model import LeanCausalLM
+from far.llm.lean_saving import load_trained, save_trained
 from far.llm.memory import release_freed_memory
 from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
@@ -45,6 +50,7 @@ PRIMING_MICRO_BATCH = 4
 MAX_PRIMING_BATCHES = 16
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 MIB = 2**20
+TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
 
 
 class PhaseMemory:
@@ -116,16 +122,24 @@ def _write_predictions(path: Path, predictions: list[int], labels: list[int], na
         tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
-def load_lean_lm(name: str, dtype: torch.dtype = torch.bfloat16) -> tuple[LeanCausalLM, LeanTokenizer]:
+def load_lean_lm(
+    name: str, dtype: torch.dtype = torch.bfloat16, trained: str | Path | None = None
+) -> tuple[LeanCausalLM, LeanTokenizer]:
     """A GGUF causal LM on the lean runtime and its tokenizer, by alias (`smollm2-135m`, `gemma3-270m`) or path.
 
+    Args:
+        trained: A fine-tune of this model (`trained.safetensors` of a `far glue` run) to apply.
+
     Example:
-        >>> model, tokenizer = load_lean_lm("smollm2-135m")
+        >>> model, tokenizer = load_lean_lm("smollm2-135m", trained="runs/sst2-far/trained.safetensors")
         >>> label_ids = label_word_ids(tokenizer, SST2_TEMPLATE)
         >>> model.label_logits(input_ids, attention_mask, label_ids)   # (B, 2)
     """
     path = Path(name) if str(name).endswith(".gguf") else find_gguf(name)
-    return load_lean_model(path, dtype), load_gguf_tokenizer(path)
+    model = load_lean_model(path, dtype)
+    if trained is not None:
+        load_trained(model, trained, base=path)
+    return model, load_gguf_tokenizer(path)
 
 
 def priming_batches(priming: float | int, max_steps: int) -> int:
@@ -247,6 +261,12 @@ def lean_prompted_run(
     out.mkdir(parents=True, exist_ok=True)
     _write_predictions(out / "predictions.tsv", predictions, dev_set.labels, names)
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    files = {"predictions": "predictions.tsv", "step_log": "log.jsonl"}
+    trained_bytes = None
+    if steps and settings.save_model:  # only what training changed; the GGUF file holds the rest
+        trained_bytes = save_trained(model, out / TRAINED_FILE, base=gguf_path)
+        files["trained"] = TRAINED_FILE
+        memory.mark("saving")
     record = {
         "task": task_name,
         "method": settings.method if train else "zero-shot",
@@ -276,7 +296,9 @@ def lean_prompted_run(
         "train_examples": n_train,
         "eval_examples": n_dev,
         "memory_phases": memory.phases,
-        "files": {"predictions": "predictions.tsv", "step_log": "log.jsonl"},
+        "files": files,
+        "trained_file_bytes": trained_bytes,
+        "base_model_file": str(gguf_path),
     }
     _write_json(out / "metrics.json", record)
     return record
