@@ -34,7 +34,7 @@ def setup(task: str) -> list[str]:
 GRID: dict[str, dict] = {
     "full": dict(args=["--method", "full"], lrs=[5e-5, 1e-4, 2e-4]),
     "far": dict(args=["--method", "far", "--retention", "0.4"], lrs=[5e-5, 1e-4, 2e-4]),
-    "lora": dict(args=["--method", "lora"], lrs=[1e-3, 2e-3, 4e-3]),
+    "lora": dict(args=["--method", "lora"], lrs=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]),
 }
 
 

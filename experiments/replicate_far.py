@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 # The headline metric of each task and the command-line settings of its runs. Subsets are
@@ -66,7 +67,7 @@ METHODS: dict[str, list[str]] = {
         "--freeze-embeddings",
     ],  # fmt: skip
     # PEFT's LoRA defaults (r=8, alpha 8, query and value); its learning rate is experiments/lr_sweep.py's choice.
-    "lora": ["--method", "lora", "--lr", "0.002"],
+    "lora": ["--method", "lora", "--lr", "0.008"],
 }
 PAPER_METHODS = ["full", "far", "random", "freeze-ffn"]
 
@@ -84,16 +85,17 @@ QUICK_ARGS = ["--max-train-samples", "64", "--max-eval-samples", "64", "--max-st
 
 
 def run_one(
-    task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool, earlier: Path | None = None
+    task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool, earlier: Sequence[Path] = ()
 ) -> dict:
     out = runs_dir / f"{task}-{method}-s{seed}"
     metrics_file = out / "metrics.json"
     if metrics_file.exists():  # a finished run is not redone: the grid can be resumed
         return json.loads(metrics_file.read_text())
-    earlier_file = None if earlier is None else earlier / "runs" / out.name / "metrics.json"
-    if earlier_file is not None and earlier_file.exists():
-        # A run of an earlier session: its metric stands, its times were taken on another day's machine.
-        return {**json.loads(earlier_file.read_text()), "earlier_session": str(earlier)}
+    for folder in earlier:  # the first earlier grid that has the run
+        earlier_file = folder / "runs" / out.name / "metrics.json"
+        if earlier_file.exists():
+            # A run of an earlier session: its metric stands, its times were taken on another day's machine.
+            return {**json.loads(earlier_file.read_text()), "earlier_session": str(folder)}
     command = [
         sys.executable, "-m", "far.cli.main", *TASKS[task]["args"], *method_args(method),
         "--seed", str(seed), "--output-dir", str(out), "--no-save-model", "--no-progress",
@@ -247,8 +249,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--earlier-runs",
         type=Path,
-        default=None,
-        help="an earlier grid's output: its runs stand in for missing ones (metrics and memory; times marked †)",
+        nargs="+",
+        default=[],
+        help="earlier grids' outputs: their runs stand in for missing ones (metrics and memory; times marked †); "
+        "the first folder that has a run gives it",
     )
     parser.add_argument(
         "--kept-files", action="store_true", help="also measure the file a user keeps, per method (on CoLA)"
@@ -272,8 +276,7 @@ def main(argv: list[str] | None = None) -> None:
             for method in args.methods:
                 if args.summarize_only and not any(
                     (folder / "runs" / f"{task}-{method}-s{seed}" / "metrics.json").exists()
-                    for folder in (args.output, args.earlier_runs)
-                    if folder is not None
+                    for folder in (args.output, *args.earlier_runs)
                 ):
                     continue
                 records[(task, method, seed)] = run_one(

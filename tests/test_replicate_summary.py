@@ -1,5 +1,7 @@
 """experiments/replicate_far.py's summary: mean ± std over seeds and the comparison with full fine-tuning."""
 
+import json
+
 import pytest
 from conftest import load_experiment
 
@@ -62,3 +64,21 @@ def test_unknown_method_fails_before_any_run(replicate_far):
     assert replicate_far.method_args("far-r0.3") == ["--method", "far", "--retention", "0.3"]
     with pytest.raises(ValueError, match="unknown method 'fast'"):
         replicate_far.method_args("fast")
+
+
+def test_earlier_grids_stand_in_for_missing_runs_first_folder_first(replicate_far, tmp_path):
+    def write(folder: str, run: str, metric: float) -> None:
+        path = tmp_path / folder / "runs" / run / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(record(metric, 0, 100, 22)))
+
+    write("a", "cola-full-s0", 0.25)
+    write("b", "cola-full-s0", 0.20)
+    write("b", "cola-far-s0", 0.26)
+    earlier = [tmp_path / "a", tmp_path / "b"]
+    runs = tmp_path / "now" / "runs"
+    full = replicate_far.run_one("cola", "full", 0, runs, [], False, earlier)
+    far = replicate_far.run_one("cola", "far", 0, runs, [], False, earlier)
+    assert (full["metrics"]["matthews_correlation"], full["earlier_session"]) == (0.25, str(tmp_path / "a"))
+    assert (far["metrics"]["matthews_correlation"], far["earlier_session"]) == (0.26, str(tmp_path / "b"))
+    assert not runs.exists()  # nothing was run
