@@ -56,6 +56,19 @@ def tiny_model(model_type: str = "bert", num_labels: int = 3, seed: int = 0, **o
     return AutoModelForSequenceClassification.from_config(config).eval()
 
 
+def tiny_examples(n: int = 24, length: int = 6, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """`n` seeded training examples for the tiny models: token ids, a full attention mask, labels cycling 0-2."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        {
+            "input_ids": torch.randint(3, 97, (length,), generator=generator),
+            "attention_mask": torch.ones(length, dtype=torch.long),
+            "labels": torch.tensor(i % 3),
+        }
+        for i in range(n)
+    ]
+
+
 def tiny_batch(batch: int = 3, length: int = 7, seed: int = 1, vocab: int = 97) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (batch, length), generator=generator)

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, tiny_batch, tiny_model
+from conftest import ARCHITECTURES, tiny_batch, tiny_examples, tiny_model
 from transformers import Trainer
 
 import far
@@ -254,25 +254,13 @@ def test_a_learners_file_with_heads_is_refused_by_another_base_before_any_change
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
 
 
-def _examples(n=20, length=6):
-    generator = torch.Generator().manual_seed(0)
-    return [
-        {
-            "input_ids": torch.randint(3, 97, (length,), generator=generator),
-            "attention_mask": torch.ones(length, dtype=torch.long),
-            "labels": torch.tensor(i % 3),
-        }
-        for i in range(n)
-    ]
-
-
 @pytest.mark.parametrize("optimizer", ["adamw", "mezo"])
 def test_finetune_primes_heads_and_resumes_exactly(tmp_path, optimizer):
     options = dict(optimizer=optimizer, lr=1e-2, priming=2, max_steps=6, batch_size=4, attention_retention=0.5)
 
     def run(**kwargs):
         model = tiny_model("bert")
-        far.finetune(model, _examples(), progress=False, **options, **kwargs)
+        far.finetune(model, tiny_examples(20), progress=False, **options, **kwargs)
         return model
 
     whole = run(output_dir=tmp_path / "a", checkpoint_every=3, keep_checkpoints=None)
@@ -286,27 +274,27 @@ def test_finetune_primes_heads_and_resumes_exactly(tmp_path, optimizer):
 
 def test_attention_retention_without_far_is_refused():
     with pytest.raises(ValueError, match="give a retention"):
-        far.finetune(tiny_model("bert"), _examples(), retention=None, attention_retention=0.5, progress=False)
+        far.finetune(tiny_model("bert"), tiny_examples(20), retention=None, attention_retention=0.5, progress=False)
     with pytest.raises(ValueError, match="cannot split the attention heads"):
         far.finetune(
-            tiny_model("gpt2"), _examples(), attention_retention=0.5, max_steps=10, batch_size=4, progress=False
+            tiny_model("gpt2"), tiny_examples(20), attention_retention=0.5, max_steps=10, batch_size=4, progress=False
         )
 
 
 def test_the_trainer_callback_splits_heads_after_priming_and_resumes(tmp_path):
-    from test_trainer_callback import arguments, examples
+    from test_trainer_callback import arguments
 
     run_dir = tmp_path / "run"
     args = arguments(run_dir, save_strategy="steps", save_steps=4)
     whole = tiny_model("bert")
     callback = far.FARCallback(retention=0.5, priming=2, attention_retention=0.5)
-    Trainer(model=whole, args=args, train_dataset=examples(), callbacks=[callback]).train()
+    Trainer(model=whole, args=args, train_dataset=tiny_examples(), callbacks=[callback]).train()
     assert far.get_config(whole).attention_retention == 0.5
     assert set(far.find_attention(whole)) <= set(far.learners(whole))
 
     model = tiny_model("bert")
     callback = far.FARCallback(retention=0.5, priming=2, attention_retention=0.5)
-    trainer = Trainer(model=model, args=args, train_dataset=examples(), callbacks=[callback])
+    trainer = Trainer(model=model, args=args, train_dataset=tiny_examples(), callbacks=[callback])
     callback.restore_layout(model, run_dir / "checkpoint-4")
     trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
     for (name, a), b in zip(whole.state_dict().items(), model.state_dict().values(), strict=True):

@@ -6,24 +6,11 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_examples, tiny_model
 
 import far
 from far.training import checkpoint as ckpt
 from far.training.checkpoint import find_checkpoint, load_model_state, read_checkpoint
-
-
-def examples(n: int = 20, length: int = 6) -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(0)
-    return [
-        {
-            "input_ids": torch.randint(3, 97, (length,), generator=generator),
-            "attention_mask": torch.ones(length, dtype=torch.long),
-            "labels": torch.tensor(i % 3),
-        }
-        for i in range(n)
-    ]
-
 
 RUNS = {
     # AdamW with dropout (train mode), grad accumulation, warmup, weight decay: the RNG and the data
@@ -37,7 +24,7 @@ RUNS = {
 
 def run(kind: str, **kwargs) -> torch.nn.Module:
     model = tiny_model("bert")
-    far.finetune(model, examples(), progress=False, **(RUNS[kind] | kwargs))
+    far.finetune(model, tiny_examples(20), progress=False, **(RUNS[kind] | kwargs))
     return model
 
 
@@ -119,11 +106,15 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_the_model_left_alone(tmp_
 
 def test_resume_refusals(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint at"):
-        far.finetune(tiny_model("bert"), examples(), max_steps=4, resume_from=tmp_path, progress=False)
+        far.finetune(tiny_model("bert"), tiny_examples(20), max_steps=4, resume_from=tmp_path, progress=False)
     run("mezo", output_dir=tmp_path / "a", checkpoint_every=4)
     with pytest.raises(ValueError, match=r"these differ: lr: saved 0.01, now 0.02"):
         far.finetune(
-            tiny_model("bert"), examples(), progress=False, resume_from=tmp_path / "a", **(RUNS["mezo"] | {"lr": 2e-2})
+            tiny_model("bert"),
+            tiny_examples(20),
+            progress=False,
+            resume_from=tmp_path / "a",
+            **(RUNS["mezo"] | {"lr": 2e-2}),
         )
     (tmp_path / "a" / "checkpoints" / "step-8" / "rng.pt").unlink()
     with pytest.raises(ValueError, match=r"is incomplete \(missing rng.pt\)"):

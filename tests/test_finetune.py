@@ -7,24 +7,12 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_CONFIGS, tiny_model
+from conftest import TINY_CONFIGS, tiny_examples, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import far
 from far.training.checkpoint import read_checkpoint
 from far.training.schedule import WarmupLinear
-
-
-def examples(n: int = 24, length: int = 6, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        {
-            "input_ids": torch.randint(3, 97, (length,), generator=generator),
-            "attention_mask": torch.ones(length, dtype=torch.long),
-            "labels": torch.tensor(i % 3),
-        }
-        for i in range(n)
-    ]
 
 
 class FrozenRecorder:
@@ -45,7 +33,7 @@ def test_far_training_moves_learners_only(tmp_path, optimizer, lr):
     recorder = FrozenRecorder()
     result = far.finetune(
         model,
-        examples(),
+        tiny_examples(),
         optimizer=optimizer,
         lr=lr,
         retention=0.4,
@@ -72,7 +60,7 @@ def test_far_training_moves_learners_only(tmp_path, optimizer, lr):
     reference = tiny_model("bert")
     far.finetune(
         reference,
-        examples(),
+        tiny_examples(),
         optimizer=optimizer,
         lr=lr,
         priming=2,
@@ -104,7 +92,15 @@ def test_learners_change_after_the_surgery():
         return {}
 
     far.finetune(
-        model, examples(), lr=1e-2, priming=2, max_steps=5, batch_size=6, eval_fn=eval_fn, eval_every=1, progress=False
+        model,
+        tiny_examples(),
+        lr=1e-2,
+        priming=2,
+        max_steps=5,
+        batch_size=6,
+        eval_fn=eval_fn,
+        eval_every=1,
+        progress=False,
     )
     assert len(snapshots) == 4 and not torch.equal(snapshots[0], snapshots[-1])
 
@@ -112,7 +108,7 @@ def test_learners_change_after_the_surgery():
 def test_full_finetuning_and_freeze_ffn_ablation():
     model = tiny_model("bert")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    result = far.finetune(model, examples(), retention=None, lr=1e-2, max_steps=3, batch_size=8, progress=False)
+    result = far.finetune(model, tiny_examples(), retention=None, lr=1e-2, max_steps=3, batch_size=8, progress=False)
     assert not far.is_reconfigured(model) and result.priming_steps == 0
     assert result.trainable_parameters == result.total_parameters
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "embeddings" not in n)
@@ -120,7 +116,7 @@ def test_full_finetuning_and_freeze_ffn_ablation():
     model = tiny_model("bert")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     result = far.finetune(
-        model, examples(), retention=None, freeze_ffn=True, lr=1e-2, max_steps=3, batch_size=8, progress=False
+        model, tiny_examples(), retention=None, freeze_ffn=True, lr=1e-2, max_steps=3, batch_size=8, progress=False
     )
     ffn_names = [n for n in before if ".intermediate.dense." in n or ".output.dense." in n and "attention" not in n]
     assert ffn_names and all(torch.equal(model.get_parameter(n), before[n]) for n in ffn_names)
@@ -131,7 +127,7 @@ def test_random_selection_skips_priming_and_global_rng_is_untouched():
     model = tiny_model("bert")
     state = torch.get_rng_state()
     result = far.finetune(
-        model, examples(), selection="random", retention=0.5, max_steps=3, batch_size=8, progress=False
+        model, tiny_examples(), selection="random", retention=0.5, max_steps=3, batch_size=8, progress=False
     )
     assert torch.equal(torch.get_rng_state(), state)
     assert result.priming_steps == 0 and result.priming_seconds >= 0 and far.is_reconfigured(model)
@@ -142,7 +138,7 @@ def test_log_result_and_schedule_spanning_priming_and_training(tmp_path):
     model = tiny_model("bert")
     result = far.finetune(
         model,
-        examples(),
+        tiny_examples(),
         lr=1e-3,
         priming=3,
         max_steps=10,
@@ -175,7 +171,7 @@ def test_mezo_priming_and_sgd_priming_options():
         model = tiny_model("bert")
         result = far.finetune(
             model,
-            examples(),
+            tiny_examples(),
             optimizer="mezo",
             priming_optimizer=priming_optimizer,
             priming=2,
@@ -260,7 +256,7 @@ def test_bad_input_is_refused_before_training(kwargs, error, message):
     if "epochs" in kwargs:
         del options["max_steps"]
     with pytest.raises(error, match=message):
-        far.finetune(model, examples(), **options)
+        far.finetune(model, tiny_examples(), **options)
     assert not far.is_reconfigured(model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
@@ -269,18 +265,18 @@ def test_bad_data_and_models_are_refused():
     with pytest.raises(ValueError, match="train_data is empty"):
         far.finetune(tiny_model("bert"), [], progress=False)
     with pytest.raises(TypeError, match="map-style dataset"):
-        far.finetune(tiny_model("bert"), (x for x in examples()), progress=False)
+        far.finetune(tiny_model("bert"), (x for x in tiny_examples()), progress=False)
     with pytest.raises(TypeError, match="expected a torch.nn.Module"):
-        far.finetune("bert", examples(), progress=False)
+        far.finetune("bert", tiny_examples(), progress=False)
     model = far.reconfigure(tiny_model("bert"), retention=0.5, selection="random")
     with pytest.raises(ValueError, match="already reconfigured"):
-        far.finetune(model, examples(), max_steps=4, progress=False)
+        far.finetune(model, tiny_examples(), max_steps=4, progress=False)
 
 
 def test_existing_run_in_output_dir_is_not_overwritten(tmp_path):
     far.finetune(
         tiny_model("bert"),
-        examples(),
+        tiny_examples(),
         max_steps=3,
         priming=1,
         batch_size=8,
@@ -290,5 +286,11 @@ def test_existing_run_in_output_dir_is_not_overwritten(tmp_path):
     )
     with pytest.raises(ValueError, match="already holds a run's checkpoints"):
         far.finetune(
-            tiny_model("bert"), examples(), max_steps=3, priming=1, batch_size=8, output_dir=tmp_path, progress=False
+            tiny_model("bert"),
+            tiny_examples(),
+            max_steps=3,
+            priming=1,
+            batch_size=8,
+            output_dir=tmp_path,
+            progress=False,
         )

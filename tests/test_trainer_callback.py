@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_examples, tiny_model
 from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import far
-
-
-def examples(n: int = 24, length: int = 6) -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(0)
-    return [
-        {
-            "input_ids": torch.randint(3, 97, (length,), generator=generator),
-            "attention_mask": torch.ones(length, dtype=torch.long),
-            "labels": torch.tensor(i % 3),
-        }
-        for i in range(n)
-    ]
 
 
 def arguments(output_dir, max_steps: int = 6, **kwargs) -> TrainingArguments:
@@ -56,7 +44,7 @@ def optimizer_params(trainer: Trainer) -> set[int]:
 def test_a_reconfigured_model_trains_and_saves_through_trainer(tmp_path):
     model = far.reconfigure(tiny_model("bert"), retention=0.4, selection="random")
     frozen_before, trainable_before = frozen(model), trainable(model)
-    trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=4), train_dataset=examples())
+    trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=4), train_dataset=tiny_examples())
     trainer.train()
     assert all(torch.equal(p, frozen_before[n]) for n, p in frozen(model).items())
     assert all(not torch.equal(p, trainable_before[n]) for n, p in trainable(model).items() if "embeddings" not in n)
@@ -87,7 +75,9 @@ class Recorder(TrainerCallback):
 def test_far_callback_primes_then_reconfigures_inside_the_run(tmp_path):
     model = tiny_model("bert")
     callback, recorder = far.FARCallback(retention=0.5, priming=2), Recorder()
-    trainer = Trainer(model=model, args=arguments(tmp_path), train_dataset=examples(), callbacks=[callback, recorder])
+    trainer = Trainer(
+        model=model, args=arguments(tmp_path), train_dataset=tiny_examples(), callbacks=[callback, recorder]
+    )
     trainer.train()
     assert far.is_reconfigured(model) and callback.priming_steps == 2
     assert len(recorder.frozen) == 5  # steps 2..6: reconfigured at the end of step 2
@@ -110,7 +100,10 @@ def test_far_callback_with_random_selection_reconfigures_at_the_start(tmp_path):
     model = tiny_model("bert")
     callback, recorder = far.FARCallback(retention=0.5, selection="random"), Recorder()
     trainer = Trainer(
-        model=model, args=arguments(tmp_path, max_steps=2), train_dataset=examples(), callbacks=[callback, recorder]
+        model=model,
+        args=arguments(tmp_path, max_steps=2),
+        train_dataset=tiny_examples(),
+        callbacks=[callback, recorder],
     )
     trainer.train()
     assert callback.priming_steps == 0 and len(recorder.frozen) == 2
@@ -123,12 +116,12 @@ def test_trainer_resume_after_the_switch(tmp_path):
     whole = tiny_model("bert")
     args = arguments(run_dir, save_strategy="steps", save_steps=4)
     Trainer(
-        model=whole, args=args, train_dataset=examples(), callbacks=[far.FARCallback(retention=0.5, priming=2)]
+        model=whole, args=args, train_dataset=tiny_examples(), callbacks=[far.FARCallback(retention=0.5, priming=2)]
     ).train()
 
     model = tiny_model("bert")
     callback = far.FARCallback(retention=0.5, priming=2)
-    trainer = Trainer(model=model, args=args, train_dataset=examples(), callbacks=[callback])
+    trainer = Trainer(model=model, args=args, train_dataset=tiny_examples(), callbacks=[callback])
     callback.restore_layout(model, run_dir / "checkpoint-4")
     trainer.train(resume_from_checkpoint=str(run_dir / "checkpoint-4"))
     for (name, a), b in zip(whole.state_dict().items(), model.state_dict().values(), strict=True):
@@ -146,7 +139,7 @@ def test_far_callback_refuses_bad_settings(tmp_path):
     trainer = Trainer(
         model=model,
         args=arguments(tmp_path, max_steps=3),
-        train_dataset=examples(),
+        train_dataset=tiny_examples(),
         callbacks=[far.FARCallback(priming=3)],
     )
     with pytest.raises(ValueError, match="priming must be shorter"):
