@@ -1,4 +1,4 @@
-"""Few-shot SST-2 on SmolLM2-135M with the MeZO paper's protocol: zero-shot vs MeZO vs MeZO + FAR, over seeds.
+"""Few-shot SST-2 on a small causal LM with the MeZO paper's protocol: zero-shot vs MeZO vs MeZO + FAR, over seeds.
 
 Protocol (Malladi et al. 2023, after Gao et al. 2021): for each seed, k examples per class of SST-2
 train to train on and another k per class, disjoint, to validate on, both sampled with the seed;
@@ -10,16 +10,19 @@ the learners and the attention and norm weights.
 
 The learning rate of each arm and k is picked on seed 0's validation set (never on dev) from a
 grid; the paper's ({1e-7, 1e-6} for full-parameter OPT, 100k steps) does not carry over to a model
-100x smaller run for a few hundred steps, so each arm's grid is `--lr-fractions` of the largest
-stable learning rate its trainable set has at the pretrained weights, as `llm_mezo_divergence.py`
-measures it (2 E[g²] / E[g²·zᵀHz]); or `--lrs` for both. Seeds 1.. then rerun each arm at its
-pick; seed 0's result is the grid run at the pick.
+100x smaller run for a few hundred steps. What carries over is the size of a step: MeZO moves every
+perturbed weight by lr·g·z_i, so an arm's grid is the learning rates whose step is `--relative-steps`
+of its trainable weights' rms, from g's rms at the pretrained weights as `llm_mezo_divergence.py`
+measures it. Perturbing all 134.5M weights, embedding included, makes g 2.7x larger than FAR's
+learners do, so the same lr is a 2.7x larger step on each weight: that is why plain MeZO diverged at
+FAR's lr (3e-4) in `llm_sst2.py`. `--lrs` sets one grid for both arms instead. Seeds 1.. then rerun
+each arm at its pick; seed 0's result is the grid run at the pick.
 
 Every case runs in its own process (`--jobs` side by side, one torch thread each) and saves its
 result under `--cases-dir`; a case whose file exists is not run again, so the grid can be run in
 pieces. The summary goes to `--output` (.json and .md).
 
-    python experiments/llm_mezo_divergence.py                         # the largest stable lr of each arm
+    python experiments/llm_mezo_divergence.py                         # g's rms and weights' rms of each arm
     python experiments/llm_fewshot.py --phase zero grid --k 16          # zero-shot, seed 0's grid
     python experiments/llm_fewshot.py --phase final --k 16 --seeds 1 2  # the other seeds at the picks
     python experiments/llm_fewshot.py --phase summary                   # -> experiments/results/llm_fewshot.{json,md}
@@ -216,12 +219,14 @@ def dev_args(args) -> list[str]:
 PROBE_OF_ARM = {"mezo": "all", "mezo_far": "far-0.4"}  # llm_mezo_divergence.py's names for the arms' sets
 
 
-def scaled_grid(path: Path, arm: str, fractions: list[float]) -> list[float]:
-    """`fractions` of the arm's largest stable lr (2 E[g²] / E[g² zᵀHz]), each to one significant digit."""
+def scaled_grid(path: Path, arm: str, relative_steps: list[float]) -> list[float]:
+    """The lrs whose MeZO step is each of `relative_steps` of the arm's weights' rms, to one significant digit."""
     if not path.exists():
         raise SystemExit(f"{path} is missing: run experiments/llm_mezo_divergence.py first, or give --lrs")
-    critical = json.loads(path.read_text())["probes"][PROBE_OF_ARM[arm]]["critical_lr"]
-    return [float(f"{f * critical:.0e}") for f in fractions]
+    probe = json.loads(path.read_text())["probes"][PROBE_OF_ARM[arm]]
+    if "lr_for_1_percent_step" not in probe:
+        raise SystemExit(f"{path} predates the step-size probe: run experiments/llm_mezo_divergence.py again")
+    return [float(f"{r / 0.01 * probe['lr_for_1_percent_step']:.0e}") for r in relative_steps]
 
 
 def load_cases(cases_dir: Path) -> dict[str, dict]:
@@ -317,13 +322,13 @@ def summarize(args) -> dict:
                         ],
                     }
                 )
-    return {"zero_shot_dev_accuracy": zero, "rows": rows, "cases": cases}
+    return {"model": args.model, "zero_shot_dev_accuracy": zero, "rows": rows, "cases": cases}
 
 
 def markdown(summary: dict) -> str:
     zero = summary["zero_shot_dev_accuracy"]
     lines = [
-        "# SmolLM2-135M, SST-2 few-shot (MeZO protocol): dev accuracy",
+        f"# {summary['model']}, SST-2 few-shot (MeZO protocol): dev accuracy",
         "",
         f"zero-shot: {zero:.4f}" if zero is not None else "zero-shot: not run",
         "",
@@ -360,9 +365,15 @@ def main(argv: list[str] | None = None) -> int:
         "--lrs-from",
         type=Path,
         default=RESULTS / "llm_mezo_divergence.json",
-        help="without --lrs: each arm's grid is --lr-fractions of the largest stable lr measured there",
+        help="without --lrs: each arm's grid comes from the g and weight rms measured there",
     )
-    parser.add_argument("--lr-fractions", type=float, nargs="+", default=[0.5, 0.125])
+    parser.add_argument(
+        "--relative-steps",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.03],
+        help="without --lrs: each step moves a trainable weight by this fraction of their rms",
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eps", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=16)
@@ -406,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if "grid" in args.phase:
-        grids = {arm: args.lrs or scaled_grid(args.lrs_from, arm, args.lr_fractions) for arm in args.arms}
+        grids = {arm: args.lrs or scaled_grid(args.lrs_from, arm, args.relative_steps) for arm in args.arms}
         todo += [
             (case_name(arm, args.k, 0, lr, args.steps), case_args(args, arm, args.k, 0, lr))
             for i in range(max(map(len, grids.values())))

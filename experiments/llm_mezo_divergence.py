@@ -1,21 +1,28 @@
-"""Why plain MeZO diverged on SmolLM2-135M (`llm_sst2.py`, lr 3e-4): the loss's curvature along MeZO's directions.
+"""Why plain MeZO diverged on SmolLM2-135M (`llm_sst2.py`, lr 3e-4), and the learning rate that does not.
 
-A MeZO step moves θ by −lr·g·z with g ≈ ∇L·z, so to second order it changes the loss by
+A MeZO step moves every perturbed weight by −lr·g·z_i, with g ≈ ∇L·z the loss's slope along the
+direction z. g grows with what is perturbed: on k-shot SST-2 at the pretrained weights its rms is
+51.6 with all 134.5M weights (the embedding, tied to the LM head, included) and 19.0 with FAR r=0.4's
+58.4M (embeddings frozen). So one lr is a 2.7x larger step on each weight for plain MeZO: at 3e-4 that
+is 8.6% of the weights' rms per step, a random walk that in 12 steps moved the embedding by 1.5x and
+the other weights by 1.1x their own norm (the loss rose from 1.0 to 4.7); FAR's 3.0% per step moved
+its learners by 0.08x and the loss fell. At the lr whose step is 1% of the weights' rms (3.5e-5 for
+all weights) plain MeZO descends too. Hence `llm_fewshot.py` scales each arm's grid by step size.
 
-    ΔL ≈ −lr·g² + ½·lr²·g²·q,        q = zᵀHz ≈ (L(θ+εz) + L(θ−εz) − 2L(θ)) / ε²
-
-and raises it, on average, once lr > 2·E[g²] / E[g²·q] (≈ 2 / E[q]): the largest stable learning rate.
-q grows with the number of perturbed weights (E[q] = tr H), so each trainable set has its own. This
-script measures g and q at the pretrained weights on k-shot SST-2 training batches for:
+The script measures, on k-shot SST-2 training batches at the pretrained weights, g's rms and the
+weights' rms (their ratio gives the lr for a 1% step) and, for the record, the curvature along z
+(q = zᵀHz ≈ (L(θ+εz) + L(θ−εz) − 2L(θ)) / ε², whose second-order stable bound 2·E[g²] / E[g²·q]
+turned out useless here: q's estimates swing in sign from one direction to the next), for:
     all           every weight, embedding (tied to the LM head) included: llm_sst2's plain MeZO arm
     no-embedding  every weight but the embedding
     embedding     the embedding alone
     far-0.4       FAR r=0.4 after gradient priming, embeddings frozen: llm_sst2's MeZO + FAR arm
 and then replays `--replay-steps` MeZO steps of llm_sst2's settings (lr 3e-4, eps 1e-3, batch 16) on
-each of `all` and `far-0.4`, logging the loss and how far the weights moved. It also records what
-was ruled out: the weights' dtype, dropout, train/eval mode.
+each of `all` and `far-0.4`, and as many at the lr for a `--relative-step` step, logging the loss and
+how far the weights moved. It also records what was ruled out: the weights' dtype, dropout,
+train/eval mode.
 
-    python experiments/llm_mezo_divergence.py       # -> experiments/results/llm_mezo_divergence.json
+    python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12  # -> results/llm_mezo_divergence.json
 """
 
 from __future__ import annotations
@@ -69,11 +76,16 @@ def probe(model, params, batches, loss_fn, directions: int, eps: float, seed: in
         qs.append((plus + minus - 2 * base[b]) / eps**2)
     g2 = [g * g for g in gs]
     critical = 2 * statistics.fmean(g2) / statistics.fmean(g * q for g, q in zip(g2, qs, strict=True))
+    g_rms = statistics.fmean(g2) ** 0.5
+    w_rms = weight_rms(params)
     return {
         "perturbed": sum(p.numel() for p in params),
         "directions": directions,
         "loss_at_theta": statistics.fmean(base),
-        "g_rms": statistics.fmean(g2) ** 0.5,
+        "g_rms": g_rms,
+        "weight_rms": w_rms,
+        # a MeZO step moves every perturbed weight by lr·g·z_i: this lr makes that move 1% of the weights' rms
+        "lr_for_1_percent_step": 0.01 * w_rms / g_rms,
         "q_mean": statistics.fmean(qs),
         "q_std": statistics.stdev(qs) if len(qs) > 1 else 0.0,
         "critical_lr": critical,
@@ -81,6 +93,12 @@ def probe(model, params, batches, loss_fn, directions: int, eps: float, seed: in
         "g": gs,
         "q": qs,
     }
+
+
+@torch.no_grad()
+def weight_rms(params: list[torch.Tensor]) -> float:
+    total = sum(float(p.detach().double().pow(2).sum()) for p in params)
+    return (total / sum(p.numel() for p in params)) ** 0.5
 
 
 def replay(model, batches, loss_fn, lr: float, eps: float, steps: int) -> dict:
@@ -94,9 +112,12 @@ def replay(model, batches, loss_fn, lr: float, eps: float, steps: int) -> dict:
         batch = batches[step % len(batches)]
         losses.append(optimizer.step(lambda b=batch: loss_fn(model, b)))
     moved = {"embedding": 0.0, "other": 0.0}
+    norms = {"embedding": 0.0, "other": 0.0}
     with torch.no_grad():
         for p in params:
-            moved["embedding" if p is embedding else "other"] += float((p - start[id(p)]).double().pow(2).sum())
+            part = "embedding" if p is embedding else "other"
+            moved[part] += float((p - start[id(p)]).double().pow(2).sum())
+            norms[part] += float(start[id(p)].double().pow(2).sum())
             p.copy_(start[id(p)])
     return {
         "lr": lr,
@@ -106,8 +127,19 @@ def replay(model, batches, loss_fn, lr: float, eps: float, steps: int) -> dict:
         "first_5_mean": statistics.fmean(losses[:5]),
         "last_5_mean": statistics.fmean(losses[-5:]),
         "weight_change_norm": {k: v**0.5 for k, v in moved.items()},
+        # the move as a fraction of the weights' own norm: past ~1 the pretrained model is gone
+        "weight_change_relative": {k: (moved[k] / norms[k]) ** 0.5 for k in moved if norms[k] > 0},
         "seconds": time.perf_counter() - seconds,
     }
+
+
+def run_replays(replays: dict, name: str, probe_result: dict, model, batches, loss_fn, args) -> None:
+    """Replay the set at `--lr` and at the lr whose step is `--relative-step` of its weights' rms."""
+    matched = float(f"{probe_result['lr_for_1_percent_step'] * args.relative_step / 0.01:.1e}")
+    for key, lr in ((name, args.lr), (f"{name}@{args.relative_step:g}-relative-step", matched)):
+        replays[key] = replay(model, batches, loss_fn, lr, args.eps, args.replay_steps)
+        r = replays[key]
+        print(f"replay {key} (lr {lr:g}): loss {r['first_5_mean']:.3f} -> {r['last_5_mean']:.3f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps", type=float, default=1e-3)
     parser.add_argument("--lr", type=float, default=3e-4, help="the replay's learning rate (llm_sst2's)")
     parser.add_argument("--replay-steps", type=int, default=30)
+    parser.add_argument(
+        "--relative-step",
+        type=float,
+        default=0.01,
+        help="each set is also replayed at the lr whose step moves its weights by this fraction of their rms",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="experiments/results/llm_mezo_divergence.json")
@@ -160,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             f"critical lr {probes[name]['critical_lr']:.3g}",
             flush=True,
         )
-    replays = {"all": replay(model, batches, loss_fn, args.lr, args.eps, args.replay_steps)}
-    print(f"replay all: loss {replays['all']['first_5_mean']:.3f} -> {replays['all']['last_5_mean']:.3f}", flush=True)
+    replays = {}
+    run_replays(replays, "all", probes["all"], model, batches, loss_fn, args)
 
     train_order = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed + 1)).tolist()
     priming = [collate([train[i] for i in train_order[b * 4 : (b + 1) * 4]]) for b in range(16)]  # as llm_sst2
@@ -173,11 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         f"critical lr {probes['far-0.4']['critical_lr']:.3g}",
         flush=True,
     )
-    replays["far-0.4"] = replay(model, batches, loss_fn, args.lr, args.eps, args.replay_steps)
-    print(
-        f"replay far-0.4: loss {replays['far-0.4']['first_5_mean']:.3f} -> {replays['far-0.4']['last_5_mean']:.3f}",
-        flush=True,
-    )
+    run_replays(replays, "far-0.4", probes["far-0.4"], model, batches, loss_fn, args)
     write_report(
         args.output,
         {

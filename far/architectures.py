@@ -102,6 +102,7 @@ BUILTIN_SPECS: dict[str, FFNSpec] = {
     "llama": _GATED,
     "mistral": _GATED,
     "qwen2": _GATED,
+    "gemma3_text": _GATED,  # Gemma-3's decoder as transformers loads it (e.g. from a GGUF file)
 }
 
 _BERT_ATTENTION = AttentionSpec(
@@ -130,6 +131,8 @@ BUILTIN_ATTENTION_SPECS: dict[str, AttentionSpec | str] = {
     "llama": _DECODER_ATTENTION,
     "mistral": _DECODER_ATTENTION,
     "qwen2": _DECODER_ATTENTION,
+    # q_norm / k_norm normalise each head over head_dim with one weight shared by all heads: order-free
+    "gemma3_text": _DECODER_ATTENTION,
     "gpt2": "GPT-2 computes query, key and value in one fused Conv1D (attn.c_attn), whose head rows cannot be "
     "split into one learner block and one frozen block",
     "mpnet": "MPNet adds a relative position bias per head, shared by all layers, which a per-layer reordering "

@@ -45,6 +45,15 @@ TINY_CONFIGS = {
     "llama": dict(TINY, num_key_value_heads=2, pad_token_id=0),
     "mistral": dict(TINY, num_key_value_heads=2, pad_token_id=0),
     "qwen2": dict(TINY, num_key_value_heads=2, pad_token_id=0),
+    # one sliding-window and one global layer, a window shorter than the tiny batches' sequences
+    "gemma3_text": dict(
+        TINY,
+        num_key_value_heads=2,
+        head_dim=8,
+        pad_token_id=0,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
 }
 ARCHITECTURES = sorted(TINY_CONFIGS)
 

@@ -334,4 +334,4 @@ def test_reconfigure_with_out_of_range_learners_is_refused():
     assert not far.is_reconfigured(model)
 
 
-assert len(ARCHITECTURES) == 11
+assert len(ARCHITECTURES) == 12
