@@ -12,7 +12,7 @@ The learning rate of each arm and k is picked on seed 0's validation set (never 
 grid; the paper's ({1e-7, 1e-6} for full-parameter OPT, 100k steps) does not carry over to a model
 100x smaller run for a few hundred steps. What carries over is the size of a step: MeZO moves every
 perturbed weight by lr·g·z_i, so an arm's grid is the learning rates whose step is `--relative-steps`
-of its trainable weights' rms, from g's rms at the pretrained weights as `llm_mezo_divergence.py`
+of its trainable weight matrices' rms, from g's rms at the pretrained weights as `llm_mezo_divergence.py`
 measures it. Perturbing all 134.5M weights, embedding included, makes g 2.7x larger than FAR's
 learners do, so the same lr is a 2.7x larger step on each weight: that is why plain MeZO diverged at
 FAR's lr (3e-4) in `llm_sst2.py`. `--lrs` sets one grid for both arms instead. Seeds 1.. then rerun
@@ -26,6 +26,12 @@ pieces. The summary goes to `--output` (.json and .md).
     python experiments/llm_fewshot.py --phase zero grid --k 16          # zero-shot, seed 0's grid
     python experiments/llm_fewshot.py --phase final --k 16 --seeds 1 2  # the other seeds at the picks
     python experiments/llm_fewshot.py --phase summary                   # -> experiments/results/llm_fewshot.{json,md}
+
+Gemma-3-270M, after its own probe (`llm_mezo_divergence.py --model gemma3-270m --output ..._gemma3.json`):
+
+    python experiments/llm_fewshot.py --model gemma3-270m --phase zero grid final summary --k 16 \
+        --lrs-from experiments/results/llm_mezo_divergence_gemma3.json \
+        --cases-dir experiments/results/llm_fewshot_gemma3 --output experiments/results/llm_fewshot_gemma3.json
 """
 
 from __future__ import annotations
@@ -220,12 +226,14 @@ PROBE_OF_ARM = {"mezo": "all", "mezo_far": "far-0.4"}  # llm_mezo_divergence.py'
 
 
 def scaled_grid(path: Path, arm: str, relative_steps: list[float]) -> list[float]:
-    """The lrs whose MeZO step is each of `relative_steps` of the arm's weights' rms, to one significant digit."""
+    """The lrs whose MeZO step is each of `relative_steps` of the arm's matrices' rms, to one significant digit."""
     if not path.exists():
         raise SystemExit(f"{path} is missing: run experiments/llm_mezo_divergence.py first, or give --lrs")
     probe = json.loads(path.read_text())["probes"][PROBE_OF_ARM[arm]]
-    if "lr_for_1_percent_step" not in probe:
-        raise SystemExit(f"{path} predates the step-size probe: run experiments/llm_mezo_divergence.py again")
+    if "matrix_weight_rms" not in probe:
+        raise SystemExit(
+            f"{path} predates the step size scaled by the weight matrices: run experiments/llm_mezo_divergence.py again"
+        )
     return [float(f"{r / 0.01 * probe['lr_for_1_percent_step']:.0e}") for r in relative_steps]
 
 
@@ -371,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         "--relative-steps",
         type=float,
         nargs="+",
-        default=[0.01, 0.03],
-        help="without --lrs: each step moves a trainable weight by this fraction of their rms",
+        default=[0.01, 0.03, 0.06],
+        help="without --lrs: each step moves a trainable weight by this fraction of the weight matrices' rms",
     )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eps", type=float, default=1e-3)

@@ -4,13 +4,20 @@ A MeZO step moves every perturbed weight by −lr·g·z_i, with g ≈ ∇L·z th
 direction z. g grows with what is perturbed: on k-shot SST-2 at the pretrained weights its rms is
 51.6 with all 134.5M weights (the embedding, tied to the LM head, included) and 19.0 with FAR r=0.4's
 58.4M (embeddings frozen). So one lr is a 2.7x larger step on each weight for plain MeZO: at 3e-4 that
-is 8.6% of the weights' rms per step, a random walk that in 12 steps moved the embedding by 1.5x and
-the other weights by 1.1x their own norm (the loss rose from 1.0 to 4.7); FAR's 3.0% per step moved
+is 8.5% of the weights' rms per step, a random walk that in 12 steps moved the embedding by 1.5x and
+the other weights by 1.1x their own norm (the loss, over 5 steps, rose from 1.0 to 4.2); FAR's 3.0% per step moved
 its learners by 0.08x and the loss fell. At the lr whose step is 1% of the weights' rms (3.5e-5 for
 all weights) plain MeZO descends too. Hence `llm_fewshot.py` scales each arm's grid by step size.
 
+The step is measured against the weight matrices, not every weight: Gemma-3 stores its norm gains
+at rms 14-171 (its matrices: 0.04), so a scale that counted them (1.38 over all weights) set a "1%"
+lr of 1e-4 that moved the matrices by 37% per step, and both arms ended at chance. At 2.7e-6, 1% of
+the matrices' rms, the same replay descends. Eight directions pin g's rms down only roughly: on
+Gemma-3, FAR's estimate (212) came out above all weights' (142), which a subset cannot be in
+expectation; hence `llm_fewshot.py`'s grid spans 1-6% steps rather than trusting one.
+
 The script measures, on k-shot SST-2 training batches at the pretrained weights, g's rms and the
-weights' rms (their ratio gives the lr for a 1% step) and, for the record, the curvature along z
+weight matrices' rms (their ratio gives the lr for a 1% step) and, for the record, the curvature along z
 (q = zᵀHz ≈ (L(θ+εz) + L(θ−εz) − 2L(θ)) / ε², whose second-order stable bound 2·E[g²] / E[g²·q]
 turned out useless here: q's estimates swing in sign from one direction to the next), for:
     all           every weight, embedding (tied to the LM head) included: llm_sst2's plain MeZO arm
@@ -22,7 +29,9 @@ each of `all` and `far-0.4`, and as many at the lr for a `--relative-step` step,
 how far the weights moved. It also records what was ruled out: the weights' dtype, dropout,
 train/eval mode.
 
-    python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12  # -> results/llm_mezo_divergence.json
+    python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12 --threads 1  # SmolLM2-135M
+    python experiments/llm_mezo_divergence.py --model gemma3-270m --directions 8 --replay-steps 12 --threads 1 \
+        --output experiments/results/llm_mezo_divergence_gemma3.json
 """
 
 from __future__ import annotations
@@ -78,14 +87,18 @@ def probe(model, params, batches, loss_fn, directions: int, eps: float, seed: in
     critical = 2 * statistics.fmean(g2) / statistics.fmean(g * q for g, q in zip(g2, qs, strict=True))
     g_rms = statistics.fmean(g2) ** 0.5
     w_rms = weight_rms(params)
+    matrix_rms = weight_rms([p for p in params if p.ndim >= 2] or params)
     return {
         "perturbed": sum(p.numel() for p in params),
         "directions": directions,
         "loss_at_theta": statistics.fmean(base),
         "g_rms": g_rms,
         "weight_rms": w_rms,
-        # a MeZO step moves every perturbed weight by lr·g·z_i: this lr makes that move 1% of the weights' rms
-        "lr_for_1_percent_step": 0.01 * w_rms / g_rms,
+        # a MeZO step moves every perturbed weight by lr·g·z_i: this lr makes that move 1% of the weight
+        # matrices' rms. Norm gains are left out of the scale: Gemma-3 stores them at rms 14-171 against its
+        # matrices' 0.04, and counting them set a "1%" lr that moved the matrices by 37% per step.
+        "matrix_weight_rms": matrix_rms,
+        "lr_for_1_percent_step": 0.01 * matrix_rms / g_rms,
         "q_mean": statistics.fmean(qs),
         "q_std": statistics.stdev(qs) if len(qs) > 1 else 0.0,
         "critical_lr": critical,

@@ -23,8 +23,8 @@ def test_k_shot_split_is_k_per_class_each_and_disjoint(fewshot):
 
 def test_grid_makes_each_step_the_asked_fraction_of_the_weights(fewshot, tmp_path):
     probes = {
-        "all": {"g_rms": 50.0, "weight_rms": 0.2, "lr_for_1_percent_step": 0.01 * 0.2 / 50.0},
-        "far-0.4": {"g_rms": 20.0, "weight_rms": 0.2, "lr_for_1_percent_step": 0.01 * 0.2 / 20.0},
+        "all": {"g_rms": 50.0, "matrix_weight_rms": 0.2, "lr_for_1_percent_step": 0.01 * 0.2 / 50.0},
+        "far-0.4": {"g_rms": 20.0, "matrix_weight_rms": 0.2, "lr_for_1_percent_step": 0.01 * 0.2 / 20.0},
     }
     path = tmp_path / "divergence.json"
     path.write_text(json.dumps({"probes": probes}))
@@ -36,6 +36,10 @@ def test_grid_makes_each_step_the_asked_fraction_of_the_weights(fewshot, tmp_pat
 def test_grid_refuses_a_probe_file_without_step_sizes(fewshot, tmp_path):
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"probes": {"all": {"critical_lr": 1e-3}}}))
+    with pytest.raises(SystemExit, match="run experiments/llm_mezo_divergence.py again"):
+        fewshot.scaled_grid(path, "mezo", [0.01])
+    # a step scaled by every weight's rms, norm gains included: far too large a step on Gemma-3's matrices
+    path.write_text(json.dumps({"probes": {"all": {"weight_rms": 1.38, "lr_for_1_percent_step": 1e-4}}}))
     with pytest.raises(SystemExit, match="run experiments/llm_mezo_divergence.py again"):
         fewshot.scaled_grid(path, "mezo", [0.01])
     with pytest.raises(SystemExit, match="missing"):

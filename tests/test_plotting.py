@@ -222,3 +222,29 @@ def test_loss_and_memory_figures():
     assert notes == ["100 MiB\n×1.00", "400 MiB\n×4.00"]
     with pytest.raises(ValueError, match="no memory cases"):
         plotting.plot_memory([], "x")
+
+
+def test_fewshot_figure():
+    def row(k, arm, seeds):
+        mean = float(np.mean(seeds))
+        return {"k": k, "arm": arm, "lr": 1e-4, "dev_accuracy": seeds, "dev_mean": mean, "dev_std": 0.01}
+
+    smol = {
+        "model": "smollm2-135m",
+        "zero_shot_dev_accuracy": 0.52,
+        "rows": [row(16, "mezo", [0.7, 0.72]), row(16, "mezo_far", [0.6, 0.62]), row(512, "mezo", [0.7, 0.7])],
+    }
+    gemma = {"model": "gemma3-270m", "zero_shot_dev_accuracy": 0.54, "rows": [row(16, "mezo_far", [0.55, 0.57])]}
+    fig = plotting.plot_fewshot([smol, gemma], "few-shot setting")
+    assert_labelled(fig, "few-shot setting")
+    ax = fig.axes[0]
+    # one bar per (model, k, arm) that ran, at its mean in percent; the missing k=512 FAR row leaves a gap
+    assert [round(bar.get_height(), 6) for bar in ax.patches] == [71.0, 61.0, 70.0, 56.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "SmolLM2-135M\nk = 16 per class",
+        "SmolLM2-135M\nk = 512 per class",
+        "Gemma-3-270M\nk = 16 per class",
+    ]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["MeZO (all weights)", "MeZO + FAR (r = 0.4)"]
+    with pytest.raises(ValueError, match="no few-shot rows"):
+        plotting.plot_fewshot([], "x")

@@ -1,4 +1,5 @@
-"""The notebooks' figures: priming's node deltas, the method comparison, retention sweeps, loss curves, memory.
+"""The notebooks' figures: priming's node deltas, the method comparison, retention sweeps, loss curves, memory,
+few-shot accuracy.
 
 matplotlib is a dev extra: it is imported when a figure is drawn, not with this module. Every
 function returns the `matplotlib.figure.Figure`; axes carry units, titles the setting.
@@ -105,7 +106,7 @@ def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
     ax.axvline(retention, color="black", linestyle="--", linewidth=1, label=f"retention {retention}")
     ax.set(xlabel="fraction of the layer's FFN nodes kept (top by delta)", ylabel="share of the layer's total Σ|ΔW|")
     ax.set(xlim=(0, 1), ylim=(0, 1.01), title=title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
 
@@ -352,5 +353,43 @@ def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, ba
         "; dashed: after loading the model" if any(r.get("loaded_rss_bytes") for r in records.values()) else ""
     )
     ax.set_title(f"{title}\n(×: ratio to {baseline}{loaded_note})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fewshot(summaries: Sequence[Mapping], title: str):
+    """Few-shot dev accuracy (experiments/llm_fewshot.py): per model and k, each arm's mean ± std over seeds.
+
+    Args:
+        summaries: llm_fewshot.py summaries, one per model: {"model", "zero_shot_dev_accuracy",
+            "rows": [{"k", "arm", "lr", "dev_accuracy": [per seed], "dev_mean", "dev_std"}]}.
+        title: The setting (steps, batch, protocol).
+    """
+    plt = _pyplot()
+    groups = [(s, k) for s in summaries for k in sorted({r["k"] for r in s["rows"]})]
+    if not groups:
+        raise ValueError("no few-shot rows to plot: run experiments/llm_fewshot.py --phase summary")
+    arms = list(dict.fromkeys(r["arm"] for s in summaries for r in s["rows"]))
+    width = 0.8 / len(arms)
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.2 * len(groups)), 4.4))
+    for g, (summary, k) in enumerate(groups):
+        zero = 100 * summary["zero_shot_dev_accuracy"]
+        ax.hlines(zero, g - 0.45, g + 0.45, color="black", linestyle="--", linewidth=1.2)
+        ax.annotate(f"zero-shot {zero:.1f}", (g - 0.45, zero), va="bottom", fontsize=7)
+        for a, arm in enumerate(arms):
+            row = next((r for r in summary["rows"] if r["k"] == k and r["arm"] == arm), None)
+            if row is None:
+                continue
+            x = g - 0.4 + width * (a + 0.5)
+            mean, std = 100 * row["dev_mean"], 100 * row["dev_std"]
+            ax.bar(x, mean, width, yerr=std, capsize=4, color=f"C{a}", alpha=0.85, label=None if g else arm)
+            ax.scatter([x] * len(row["dev_accuracy"]), [100 * v for v in row["dev_accuracy"]], color="black", s=8)
+            ax.annotate(f"{mean:.1f}\nlr {row['lr']:.0e}", (x, mean + std), ha="center", va="bottom", fontsize=7)
+    labels = [f"{MODEL_NAMES.get(s['model'], s['model'])}\nk = {k} per class" for s, k in groups]
+    ax.set_xticks(np.arange(len(groups)), labels)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles, [CASE_LABELS.get(n, n).replace("\n", " ") for n in names], fontsize=8, loc="upper right")
+    ax.set(xlabel="model, training examples per class", ylabel="SST-2 dev accuracy (%)", ylim=(40, 90))
+    ax.set_title(f"{title}\n(bars: mean ± std over seeds, dots: seeds; dashed: the pretrained model)", fontsize=10)
     fig.tight_layout()
     return fig

@@ -48,8 +48,20 @@ RESULT_SOURCES: dict[str, str] = {
     "memory_minilm.json": "python experiments/bench_memory.py",
     "llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
     "llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
+    # after `python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12 --threads 1`
+    "llm_fewshot.json": (
+        "python experiments/llm_fewshot.py --phase zero grid final summary --k 16; "
+        "python experiments/llm_fewshot.py --phase grid final summary --k 512"
+    ),
+    # after `python experiments/llm_mezo_divergence.py --model gemma3-270m --directions 8 --replay-steps 12
+    # --threads 1 --output experiments/results/llm_mezo_divergence_gemma3.json`
+    "llm_fewshot_gemma3.json": (
+        "python experiments/llm_fewshot.py --model gemma3-270m --phase zero grid final summary --k 16 "
+        "--lrs-from experiments/results/llm_mezo_divergence_gemma3.json "
+        "--cases-dir experiments/results/llm_fewshot_gemma3 --output experiments/results/llm_fewshot_gemma3.json"
+    ),
 }
-MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M"}
+MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M", "gemma3-270m": "Gemma-3-270M"}
 
 
 class MissingResultError(FileNotFoundError):
