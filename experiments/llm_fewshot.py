@@ -6,7 +6,8 @@ the prompt `<sentence> It was` with the label words ` terrible` / ` great`; the 
 dev (all 872 sentences). MeZO: batch 16, eps 1e-3, one direction per step, the learning rate
 decaying linearly to zero; `mezo` trains every weight (the paper's setting), `mezo_far` primes from
 gradients on the training set (`far.llm.prime_and_reconfigure`, r=0.4, embeddings frozen) and trains
-the learners and the attention and norm weights.
+the learners and the attention and norm weights; `mezo_far_emb` is `mezo_far` with the embedding (tied
+to the LM head, so the label words' output rows too) trained as well.
 
 The learning rate of each arm and k is picked on seed 0's validation set (never on dev) from a
 grid; the paper's ({1e-7, 1e-6} for full-parameter OPT, 100k steps) does not carry over to a model
@@ -26,6 +27,8 @@ pieces. The summary goes to `--output` (.json and .md).
     python experiments/llm_fewshot.py --phase zero grid --k 16          # zero-shot, seed 0's grid
     python experiments/llm_fewshot.py --phase final --k 16 --seeds 1 2  # the other seeds at the picks
     python experiments/llm_fewshot.py --phase summary                   # -> experiments/results/llm_fewshot.{json,md}
+    # FAR with the embedding trained too; no probe measures its set, so its grid is given (plain's)
+    python experiments/llm_fewshot.py --phase grid final summary --k 16 --arms mezo_far_emb --lrs 4e-05 1e-4 2e-4
 
 Gemma-3-270M, after its own probe (`llm_mezo_divergence.py --model gemma3-270m --output ..._gemma3.json`):
 
@@ -61,7 +64,7 @@ from far.tasks.prompts import (
     sample_k_shot,
 )
 
-ARMS = ("mezo", "mezo_far")
+ARMS = ("mezo", "mezo_far", "mezo_far_emb")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -135,7 +138,7 @@ def run_case(args: argparse.Namespace) -> dict:
     result.update(arm=args.arm, k=args.k, seed=args.seed, lr=args.lr, eps=args.eps, steps=args.steps)
     result.update(train_examples=len(train), validation_examples=len(validation))
     result["zero_shot_validation_accuracy"] = accuracy(model, validation, label_ids, pad)
-    if args.arm == "mezo_far":
+    if args.arm in ("mezo_far", "mezo_far_emb"):
         t = time.perf_counter()
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed + 1)).tolist()
         n_batches = min(args.priming_batches, len(train) // args.priming_batch)
@@ -144,7 +147,10 @@ def run_case(args: argparse.Namespace) -> dict:
             for b in range(n_batches)
         ]
         prime_and_reconfigure(
-            model, priming, loss_fn, far.FARConfig(args.retention, seed=args.seed, freeze_embeddings=True)
+            model,
+            priming,
+            loss_fn,
+            far.FARConfig(args.retention, seed=args.seed, freeze_embeddings=args.arm == "mezo_far"),
         )
         result["gradient_priming"] = {
             "batches": n_batches,
@@ -229,6 +235,8 @@ def scaled_grid(path: Path, arm: str, relative_steps: list[float]) -> list[float
     """The lrs whose MeZO step is each of `relative_steps` of the arm's matrices' rms, to one significant digit."""
     if not path.exists():
         raise SystemExit(f"{path} is missing: run experiments/llm_mezo_divergence.py first, or give --lrs")
+    if arm not in PROBE_OF_ARM:
+        raise SystemExit(f"llm_mezo_divergence.py measures no set for {arm}: give its grid with --lrs")
     probe = json.loads(path.read_text())["probes"][PROBE_OF_ARM[arm]]
     if "matrix_weight_rms" not in probe:
         raise SystemExit(
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", nargs="+", choices=("zero", "grid", "final", "summary"), default=["summary"])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--data-dir", default=os.environ.get("FAR_DATA_DIR", "../shared/data"))
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:2]))
     parser.add_argument("--k", type=int, default=16, help="examples per class (training; validation the same)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the final phase")
     parser.add_argument("--lrs", type=float, nargs="+", default=None, help="grid of seed 0, the same for both arms")

@@ -44,6 +44,9 @@ def test_grid_refuses_a_probe_file_without_step_sizes(fewshot, tmp_path):
         fewshot.scaled_grid(path, "mezo", [0.01])
     with pytest.raises(SystemExit, match="missing"):
         fewshot.scaled_grid(tmp_path / "absent.json", "mezo", [0.01])
+    # no probe measures FAR with a trained embedding: its grid has to be given
+    with pytest.raises(SystemExit, match="--lrs"):
+        fewshot.scaled_grid(path, "mezo_far_emb", [0.01])
 
 
 def test_pick_is_best_validation_accuracy_then_lowest_loss_on_seed_0(fewshot):

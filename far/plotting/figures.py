@@ -27,6 +27,7 @@ CASE_LABELS = {
     "inference": "inference\n(no_grad)",
     "mezo": "MeZO\n(all weights)",
     "mezo_far": "MeZO + FAR\n(r = 0.4)",
+    "mezo_far_emb": "MeZO + FAR\n(r = 0.4, embedding trained)",
     "adamw": "AdamW\n(all weights)",
 }
 MIB = 2**20

@@ -51,7 +51,8 @@ RESULT_SOURCES: dict[str, str] = {
     # after `python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12 --threads 1`
     "llm_fewshot.json": (
         "python experiments/llm_fewshot.py --phase zero grid final summary --k 16; "
-        "python experiments/llm_fewshot.py --phase grid final summary --k 512"
+        "python experiments/llm_fewshot.py --phase grid final summary --k 512; "
+        "python experiments/llm_fewshot.py --phase grid final summary --k 16 --arms mezo_far_emb --lrs 4e-05 1e-4 2e-4"
     ),
     # after `python experiments/llm_mezo_divergence.py --model gemma3-270m --directions 8 --replay-steps 12
     # --threads 1 --output experiments/results/llm_mezo_divergence_gemma3.json`
