@@ -16,7 +16,7 @@ perturbed weight by lr·g·z_i, so an arm's grid is the learning rates whose ste
 of its trainable weight matrices' rms, from g's rms at the pretrained weights as `llm_mezo_divergence.py`
 measures it. Perturbing all 134.5M weights, embedding included, makes g 2.7x larger than FAR's
 learners do, so the same lr is a 2.7x larger step on each weight: that is why plain MeZO diverged at
-FAR's lr (3e-4) in `llm_sst2.py`. `--lrs` sets one grid for both arms instead. Seeds 1.. then rerun
+FAR's lr (3e-4) in `llm_sst2.py`. `--lrs` sets one grid for every arm instead. Seeds 1.. then rerun
 each arm at its pick; seed 0's result is the grid run at the pick.
 
 Every case runs in its own process (`--jobs` side by side, one torch thread each) and saves its
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:2]))
     parser.add_argument("--k", type=int, default=16, help="examples per class (training; validation the same)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the final phase")
-    parser.add_argument("--lrs", type=float, nargs="+", default=None, help="grid of seed 0, the same for both arms")
+    parser.add_argument("--lrs", type=float, nargs="+", default=None, help="grid of seed 0, the same for every arm")
     parser.add_argument(
         "--lrs-from",
         type=Path,

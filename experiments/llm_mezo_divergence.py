@@ -4,7 +4,7 @@ A MeZO step moves every perturbed weight by −lr·g·z_i, with g ≈ ∇L·z th
 direction z. g grows with what is perturbed: on k-shot SST-2 at the pretrained weights its rms is
 51.6 with all 134.5M weights (the embedding, tied to the LM head, included) and 19.0 with FAR r=0.4's
 58.4M (embeddings frozen). So one lr is a 2.7x larger step on each weight for plain MeZO: at 3e-4 that
-is 8.5% of the weights' rms per step, a random walk that in 12 steps moved the embedding by 1.5x and
+is 8.5% of the weight matrices' rms per step, a random walk that in 12 steps moved the embedding by 1.5x and
 the other weights by 1.1x their own norm (the loss, over 5 steps, rose from 1.0 to 4.2); FAR's 3.0% per step moved
 its learners by 0.08x and the loss fell. At the lr whose step is 1% of the weights' rms (3.5e-5 for
 all weights) plain MeZO descends too. Hence `llm_fewshot.py` scales each arm's grid by step size.

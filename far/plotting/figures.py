@@ -107,7 +107,7 @@ def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
     ax.axvline(retention, color="black", linestyle="--", linewidth=1, label=f"retention {retention}")
     ax.set(xlabel="fraction of the layer's FFN nodes kept (top by delta)", ylabel="share of the layer's total Σ|ΔW|")
     ax.set(xlim=(0, 1), ylim=(0, 1.01), title=title)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
 
