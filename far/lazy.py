@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 class _LazyPackage(types.ModuleType):
     """A package module whose public name wins over a submodule of the same name.
 
-    Importing `far.tasks.predict` makes the import system set the package attribute `predict` to that
-    submodule; an eager `from far.tasks.predict import predict` in the `__init__` used to replace
+    Importing `far.recipes.predict` makes the import system set the package attribute `predict` to that
+    submodule; an eager `from far.recipes.predict import predict` in the `__init__` used to replace
     it with the function right after. This does the same whenever the submodule gets imported.
     """
 

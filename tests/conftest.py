@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import (
     AutoConfig,
+    AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
@@ -63,6 +64,13 @@ def tiny_model(model_type: str = "bert", num_labels: int = 3, seed: int = 0, **o
     config = AutoConfig.for_model(model_type, num_labels=num_labels, **{**TINY_CONFIGS[model_type], **overrides})
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_config(config).eval()
+
+
+def tiny_causal_lm(model_type: str = "llama", seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny seeded causal LM of `model_type` (its config from TINY_CONFIGS, the LM head tied), in eval mode."""
+    config = AutoConfig.for_model(model_type, **{**TINY_CONFIGS[model_type], "tie_word_embeddings": True, **overrides})
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def tiny_examples(n: int = 24, length: int = 6, seed: int = 0) -> list[dict[str, torch.Tensor]]:

@@ -256,7 +256,8 @@ def test_a_learners_file_with_heads_is_refused_by_another_base_before_any_change
 
 @pytest.mark.parametrize("optimizer", ["adamw", "mezo"])
 def test_finetune_primes_heads_and_resumes_exactly(tmp_path, optimizer):
-    options = dict(optimizer=optimizer, lr=1e-2, priming=2, max_steps=6, batch_size=4, attention_retention=0.5)
+    options = dict(optimizer=optimizer, lr=1e-2, priming=2, max_steps=6, batch_size=4)
+    options["config"] = far.FARConfig(0.4, attention_retention=0.5)
 
     def run(**kwargs):
         model = tiny_model("bert")
@@ -273,12 +274,11 @@ def test_finetune_primes_heads_and_resumes_exactly(tmp_path, optimizer):
 
 
 def test_attention_retention_without_far_is_refused():
-    with pytest.raises(ValueError, match="give a retention"):
+    with pytest.raises(ValueError, match="give a retention"), pytest.warns(DeprecationWarning, match="config="):
         far.finetune(tiny_model("bert"), tiny_examples(20), retention=None, attention_retention=0.5, progress=False)
     with pytest.raises(ValueError, match="cannot split the attention heads"):
-        far.finetune(
-            tiny_model("gpt2"), tiny_examples(20), attention_retention=0.5, max_steps=10, batch_size=4, progress=False
-        )
+        config = far.FARConfig(0.4, attention_retention=0.5)
+        far.finetune(tiny_model("gpt2"), tiny_examples(20), config, max_steps=10, batch_size=4, progress=False)
 
 
 def test_the_trainer_callback_splits_heads_after_priming_and_resumes(tmp_path):

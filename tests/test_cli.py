@@ -219,7 +219,7 @@ def test_squad_v2_eval_file(tiny_model_dir, data, tmp_path, capsys):
     assert set(odds) == set(json.loads((out / "predictions.json").read_text())) and len(odds) == 18
 
 
-def test_default_model_on_shared_data(data_dir, tmp_path, capsys):
+def test_default_model_on_shared_data(data_dir, minilm_path, tmp_path, capsys):
     """`far glue --task cola` with the embedded MiniLM on the real CoLA files."""
     code = main(
         [
@@ -320,7 +320,7 @@ def test_user_errors_exit_2_before_training(case, argv, message, data, vision_mo
 
 
 def test_model_loading_aliases_heads_and_seeds(tiny_model_dir, monkeypatch):
-    from far.tasks.models import MODEL_ALIASES, ModelAlias, check_max_length, load_model_and_tokenizer
+    from far.models import MODEL_ALIASES, ModelAlias, check_max_length, load_model_and_tokenizer
 
     monkeypatch.setitem(MODEL_ALIASES, "ghost", ModelAlias("no_such_package_far", "no-such-package-far"))
     with pytest.raises(ValueError, match="needs the package 'no-such-package-far'.*pip install no-such-package-far"):

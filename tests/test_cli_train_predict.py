@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassificatio
 
 import far
 from far.cli.main import main
-from far.tasks import predict
+from far.recipes import predict
 
 GOOD = "good great lovely fine superb warm".split()
 BAD = "bad awful dull boring poor tired".split()

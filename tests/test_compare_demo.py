@@ -1,4 +1,4 @@
-"""The demo's side-by-side helpers (`far.tasks.compare`) on a tiny model, and `far demo` end to end, briefly."""
+"""The demo's side-by-side helpers (`far.recipes.compare`) on a tiny model, and `far demo` end to end, briefly."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from conftest import tiny_batch, tiny_model
 
 import far
 from far.cli.main import main
-from far.tasks.compare import majority_baseline, paired_step_times
-from far.tasks.evaluators import TextMetric
+from far.evaluation.evaluators import TextMetric
+from far.recipes.compare import majority_baseline, paired_step_times
 
 
 def test_majority_baseline():
@@ -29,7 +29,8 @@ def test_paired_step_times_leave_the_models_alone():
     assert all(torch.equal(before[k], v) for k, v in full.state_dict().items())
 
 
-def test_demo_end_to_end(data_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.slow
+def test_demo_end_to_end(data_dir, minilm_path, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     argv = ["demo", "--data-dir", str(data_dir), "--output-dir", str(tmp_path), "--max-train-samples", "128"]
     assert main([*argv, "--max-eval-samples", "32", "--timing-rounds", "1"]) == 0

@@ -1,4 +1,4 @@
-"""far.tasks.glue: local GLUE TSVs in the hub's form, clear errors, tokenisation."""
+"""far.data.glue: local GLUE TSVs in the hub's form, clear errors, tokenisation."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from far.tasks import GLUE_TASKS, load_glue, read_glue_tsv, tokenize_glue
-from far.tasks.glue import features
+from far.data import GLUE_TASKS, load_glue, read_glue_tsv, tokenize_glue
+from far.data.glue import features
 
 
 def _write(path, lines):
@@ -57,7 +57,7 @@ def test_stsb_scores_and_mnli_label_names(glue_dir, caplog):
     assert stsb.column_names == ["sentence1", "sentence2", "label", "idx"]
     assert stsb["label"] == pytest.approx([4.75, 0.5])
     assert stsb[1]["sentence2"] == 'A dog "barks".'
-    with caplog.at_level(logging.WARNING, logger="far.tasks.glue"):
+    with caplog.at_level(logging.WARNING, logger="far.data.glue"):
         mnli = load_glue("mnli", glue_dir)["validation"]
     assert mnli["label"] == [1, 2] and mnli.column_names[:2] == ["premise", "hypothesis"]
     assert "skipped 1 row" in caplog.text

@@ -1,4 +1,4 @@
-"""far.tasks.squad: SQuAD JSON in the hub's form, the article split, and run_qa-style features."""
+"""far.data.squad: SQuAD JSON in the hub's form, the article split, and run_qa-style features."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from far.metrics import normalize_answer
-from far.tasks.squad import (
+from far.data.squad import (
     load_squad,
     prepare_eval_features,
     read_squad_json,
@@ -15,6 +14,7 @@ from far.tasks.squad import (
     squad_eval_dataset,
     squad_train_dataset,
 )
+from far.evaluation.metrics import normalize_answer
 
 CONTEXT = (
     "Super Bowl 50 was an American football game to determine the champion of the National Football "

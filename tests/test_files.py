@@ -1,11 +1,11 @@
-"""The user's own files (`far.tasks.files`): every format, label mapping, and every bad input's message."""
+"""The user's own files (`far.data.files`): every format, label mapping, and every bad input's message."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import write_rows as write
 
-from far.tasks.files import DataFileError, LabelSpace, load_text_files, read_table, read_texts, resolve_text_columns
+from far.data.files import DataFileError, LabelSpace, load_text_files, read_table, read_texts, resolve_text_columns
 
 ROWS = [
     {"text": "A warm, funny film.", "label": "positive"},

@@ -36,7 +36,7 @@ def test_far_training_moves_learners_only(tmp_path, optimizer, lr):
         tiny_examples(),
         optimizer=optimizer,
         lr=lr,
-        retention=0.4,
+        config=far.FARConfig(retention=0.4),
         priming=2,
         max_steps=8,
         batch_size=6,
@@ -67,7 +67,7 @@ def test_far_training_moves_learners_only(tmp_path, optimizer, lr):
         max_steps=8,
         batch_size=6,
         weight_decay=0.1,
-        retention=0.4,
+        config=far.FARConfig(retention=0.4),
         progress=False,
     )
     assert torch.equal(reference.bert.encoder.layer[0].intermediate.dense.learner_weight, split.learner_weight)
@@ -108,7 +108,7 @@ def test_learners_change_after_the_surgery():
 def test_full_finetuning_and_freeze_ffn_ablation():
     model = tiny_model("bert")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    result = far.finetune(model, tiny_examples(), retention=None, lr=1e-2, max_steps=3, batch_size=8, progress=False)
+    result = far.finetune(model, tiny_examples(), None, lr=1e-2, max_steps=3, batch_size=8, progress=False)
     assert not far.is_reconfigured(model) and result.priming_steps == 0
     assert result.trainable_parameters == result.total_parameters
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "embeddings" not in n)
@@ -116,7 +116,7 @@ def test_full_finetuning_and_freeze_ffn_ablation():
     model = tiny_model("bert")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     result = far.finetune(
-        model, tiny_examples(), retention=None, freeze_ffn=True, lr=1e-2, max_steps=3, batch_size=8, progress=False
+        model, tiny_examples(), None, freeze_ffn=True, lr=1e-2, max_steps=3, batch_size=8, progress=False
     )
     ffn_names = [n for n in before if ".intermediate.dense." in n or ".output.dense." in n and "attention" not in n]
     assert ffn_names and all(torch.equal(model.get_parameter(n), before[n]) for n in ffn_names)
@@ -127,7 +127,7 @@ def test_random_selection_skips_priming_and_global_rng_is_untouched():
     model = tiny_model("bert")
     state = torch.get_rng_state()
     result = far.finetune(
-        model, tiny_examples(), selection="random", retention=0.5, max_steps=3, batch_size=8, progress=False
+        model, tiny_examples(), far.FARConfig(0.5, "random"), max_steps=3, batch_size=8, progress=False
     )
     assert torch.equal(torch.get_rng_state(), state)
     assert result.priming_steps == 0 and result.priming_seconds >= 0 and far.is_reconfigured(model)
@@ -231,20 +231,25 @@ def test_datasets_dataset_with_padding_collator(minilm_path):
         (dict(lr=0.0), ValueError, "lr must be a finite number > 0"),
         (dict(lr=-1e-5), ValueError, "lr must be a finite number > 0"),
         (dict(optimizer="mezo", mezo_eps=0.0), ValueError, "mezo_eps must be a finite number > 0"),
-        (dict(retention=0.0), ValueError, r"retention must be in \(0, 1\]"),
-        (dict(retention=1.5), ValueError, r"retention must be in \(0, 1\]"),
+        (dict(config=0.0), ValueError, r"retention must be in \(0, 1\]"),
+        (dict(config=1.5), ValueError, r"retention must be in \(0, 1\]"),
         (dict(optimizer="adam"), ValueError, "optimizer must be one of 'adamw', 'sgd', 'mezo'"),
         (dict(priming_optimizer="lion"), ValueError, "priming_optimizer must be one of"),
         (dict(priming=12), ValueError, "priming must be shorter than the run"),
         (dict(priming=1.5), ValueError, r"fraction of the steps in \[0, 1\)"),
         (dict(priming=0), ValueError, "priming must be > 0"),
-        (dict(selection="best"), ValueError, "selection must be one of"),
+        (dict(config="best"), TypeError, "retention must be a number"),
+        (
+            dict(config=far.FARConfig(0.4), freeze_embeddings=True),
+            ValueError,
+            r"set FARConfig\(freeze_embeddings=True\)",
+        ),
         (dict(batch_size=0), ValueError, "batch_size must be an int >= 1"),
         (dict(grad_accum=0), ValueError, "grad_accum must be an int >= 1"),
         (dict(warmup=20), ValueError, "warmup must be shorter than the run"),
         (dict(eval_every=2), ValueError, "eval_every needs an eval_fn"),
         (dict(checkpoint_every=2), ValueError, "checkpoint_every needs an output_dir"),
-        (dict(freeze_ffn=True), ValueError, "use it with retention=None"),
+        (dict(freeze_ffn=True), ValueError, "use it with config=None"),
         (dict(loss_fn="mse"), TypeError, "loss_fn must be callable"),
         (dict(epochs=0), ValueError, "epochs must be a finite number > 0"),
     ],
@@ -294,3 +299,18 @@ def test_existing_run_in_output_dir_is_not_overwritten(tmp_path):
             output_dir=tmp_path,
             progress=False,
         )
+
+
+def test_the_surgery_keywords_of_old_still_work_with_a_deprecation_warning():
+    old, new = tiny_model("bert"), tiny_model("bert")
+    options = dict(max_steps=3, batch_size=8, lr=1e-2, progress=False)
+    with pytest.warns(DeprecationWarning, match=r"config=far.FARConfig"):
+        far.finetune(old, tiny_examples(), retention=0.5, selection="random", seed=3, **options)
+    far.finetune(new, tiny_examples(), far.FARConfig(0.5, "random", seed=3), seed=3, **options)
+    assert far.get_config(old) == far.get_config(new)
+    for (name, a), b in zip(old.state_dict().items(), new.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(TypeError, match="not both"), pytest.warns(DeprecationWarning):
+        far.finetune(tiny_model("bert"), tiny_examples(), far.FARConfig(0.5), retention=0.4, **options)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        far.finetune(tiny_model("bert"), tiny_examples(), retentoin=0.4, **options)

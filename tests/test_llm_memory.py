@@ -7,7 +7,8 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from conftest import tiny_causal_lm
+from transformers import AutoModelForCausalLM
 
 from far.llm.memory import page_out, page_out_after_forward, release_freed_memory, to_private_memory
 
@@ -91,18 +92,7 @@ def test_release_freed_memory_takes():
 
 
 def test_to_private_memory_copies_in_place_and_keeps_ties(tmp_path):
-    config = AutoConfig.for_model(
-        "llama",
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=40,
-        vocab_size=97,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tiny_causal_lm("llama", num_hidden_layers=1).save_pretrained(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path)  # memory-mapped safetensors
     names = ["model.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight"]
     params = [model.get_parameter(n) for n in names]

@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from conftest import tiny_causal_lm
 
 import far
 from far.llm.priming import gradient_scores
 
-CONFIG = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=40,
-    vocab_size=97,
-    pad_token_id=0,
-    tie_word_embeddings=True,
-)
-
 
 def model_and_batches(seed: int = 0):
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **CONFIG)).eval()
+    model = tiny_causal_lm("llama", seed)
     generator = torch.Generator().manual_seed(seed + 1)
     batches = [{"input_ids": torch.randint(3, 97, (3, 6), generator=generator)} for _ in range(3)]
     return model, batches

@@ -8,10 +8,11 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_causal_lm
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-from far.tasks.prompts import (
+from far.data.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     PromptTemplate,
@@ -25,19 +26,6 @@ from far.tasks.prompts import (
 )
 
 WORDS = ["[PAD]", "[UNK]", "It", "was", "great", "terrible", "a", "film", "bad", "good", "plot", "very", "dull"]
-CAUSAL_CONFIGS = {
-    "llama": dict(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=40,
-        vocab_size=len(WORDS),
-        pad_token_id=0,
-        tie_word_embeddings=True,
-    ),
-    "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_inner=40, vocab_size=len(WORDS), pad_token_id=0),
-}
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +37,15 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 
 def causal_lm(model_type: str = "llama", seed: int = 0) -> torch.nn.Module:
-    config = AutoConfig.for_model(model_type, **CAUSAL_CONFIGS[model_type])
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).eval()
+    # conftest's tiny model over this file's dozen-word vocabulary
+    return tiny_causal_lm(model_type, seed, vocab_size=len(WORDS), pad_token_id=0)
 
 
 SENTENCES = ["a great film", "a very dull plot", "bad", "a good film a good plot", "dull film"]
 LABELS = [1, 0, 0, 1, 0]
 
 
-@pytest.mark.parametrize("model_type", sorted(CAUSAL_CONFIGS))
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
 def test_label_logits_are_the_lm_logits_at_each_prompts_last_token(model_type, tokenizer):
     model = causal_lm(model_type)
     ids = label_word_ids(tokenizer, SST2_TEMPLATE)

@@ -16,10 +16,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from far.cli.main import main
-from far.tasks import RunSettings, load_text_files, predict, text_files_run, train_and_report
-from far.tasks.lora import LoraSettings, add_lora, load_lora_adapter
-from far.tasks.models import load_trained_model
-from far.tasks.settings import train_and_eval_splits
+from far.data import load_text_files
+from far.methods.lora import LoraSettings, add_lora, load_lora_adapter
+from far.models import load_trained_model
+from far.recipes import RunSettings, predict, text_files_run, train_and_report
+from far.recipes.settings import train_and_eval_splits
 
 pytest.importorskip("peft")
 
@@ -192,11 +193,11 @@ def test_validation_from_train_holds_out_a_seeded_part():
 
 
 def test_far_imports_without_peft():
-    # PEFT is imported by the LoRA functions only: `import far` and `far.tasks` (and the CLI) work without it.
+    # PEFT is imported by the LoRA functions only: `import far` and `far.recipes` (and the CLI) work without it.
     code = (
         "import sys; sys.modules['peft'] = None\n"
-        "import far, far.tasks, far.cli.main\n"
-        "from far.tasks.lora import add_lora, LoraSettings\n"
+        "import far, far.recipes, far.cli.main\n"
+        "from far.methods.lora import add_lora, LoraSettings\n"
         "from conftest import tiny_model\n"
         "try:\n"
         "    add_lora(tiny_model('bert', 2), LoraSettings())\n"

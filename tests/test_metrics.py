@@ -1,4 +1,4 @@
-"""far.metrics: the local `evaluate` modules against scikit-learn / scipy and hand-worked SQuAD cases."""
+"""far.evaluation.metrics: the local `evaluate` modules against scikit-learn / scipy and hand-worked SQuAD cases."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from sklearn import metrics as sk
 
-from far import metrics
+from far.evaluation import metrics
 
 RNG = np.random.default_rng(0)
 

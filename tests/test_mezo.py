@@ -10,8 +10,8 @@ from conftest import tiny_batch, tiny_model
 from torch import nn
 
 import far
+from far.seeds import derive_seed
 from far.training.scratch import CHUNK, scratch_for
-from far.training.seeds import derive_seed
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""far.tasks.squad_postprocess: best valid span from start/end logits, and the official predictions file."""
+"""far.evaluation.squad_postprocess: best valid span from start/end logits, and the official predictions file."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from far.tasks import postprocess_qa_predictions, write_predictions
-from far.tasks.squad import prepare_eval_features, prepare_train_features
+from far.data.squad import prepare_eval_features, prepare_train_features
+from far.evaluation import postprocess_qa_predictions
+from far.evaluation.squad_postprocess import write_predictions
 
 CONTEXT = "abc def ghi"
 OFFSETS = [None, (0, 3), (4, 7), (8, 11), None]  # [CLS] abc def ghi [SEP]

@@ -1,7 +1,7 @@
 """What the `far` commands share: their arguments, the registration of a training command, printing.
 
 A training command is `register_training_command(...)` plus a `run(args)` that builds a
-`far.tasks.TrainingRun` from `settings_from(args)` and hands it to `train_and_report` through
+`far.recipes.TrainingRun` from `settings_from(args)` and hands it to `train_and_report` through
 `report(...)`; the training itself, the files and the metrics record are the tasks layer's.
 """
 
@@ -14,10 +14,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
-from far.tasks.locate import DATA_DIR_ENV
-from far.tasks.models import DEFAULT_MODEL, MODEL_ALIASES
-from far.tasks.report import METRICS_FILE, TrainingRun, train_and_report
-from far.tasks.settings import METHODS, OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
+from far.data.locate import DATA_DIR_ENV
+from far.methods import METHODS
+from far.models import DEFAULT_MODEL, MODEL_ALIASES
+from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
+from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
 from far.training.plan import check_length
 
 T = TypeVar("T")
@@ -198,7 +199,7 @@ def print_metrics(label: str, metrics: Mapping[str, float]) -> None:
 
 
 def report(run: TrainingRun) -> int:
-    """Train and report `run` (`far.tasks.train_and_report`), then print its metrics and where it wrote."""
+    """Train and report `run` (`far.recipes.train_and_report`), then print its metrics and where it wrote."""
     record = train_and_report(run)
     print_metrics(run.title, record["metrics"])
     out: Path = run.output_dir

@@ -22,12 +22,12 @@ from transformers import DataCollatorWithPadding
 
 import far
 from far.cli.common import add_data_arguments
-from far.tasks.compare import majority_baseline, paired_step_times
-from far.tasks.evaluators import GlueEvaluator
-from far.tasks.glue import GLUE_TASKS, load_glue, tokenize_glue
-from far.tasks.models import DEFAULT_MODEL, load_model_and_tokenizer
-from far.tasks.predict import Predictor, model_card
-from far.tasks.settings import first
+from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
+from far.evaluation.evaluators import GlueEvaluator
+from far.models import DEFAULT_MODEL, load_model_and_tokenizer
+from far.recipes.compare import majority_baseline, paired_step_times
+from far.recipes.predict import Predictor, model_card
+from far.recipes.settings import first
 
 TASK = GLUE_TASKS["sst2"]
 MAX_LENGTH = 64  # SST-2's sentences: 99.8% of the dev set fits

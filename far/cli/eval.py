@@ -13,11 +13,11 @@ from pathlib import Path
 import far
 from far.cli.common import UsageError, add_data_arguments, print_metrics
 from far.cli.squad import add_squad_arguments, squad_settings
-from far.tasks.glue import GLUE_TASKS, load_glue
-from far.tasks.models import check_max_length, load_trained_model
-from far.tasks.report import write_json
-from far.tasks.runs import glue_evaluator, squad_evaluator
-from far.tasks.settings import first
+from far.data.glue import GLUE_TASKS, load_glue
+from far.models import check_max_length, load_trained_model
+from far.recipes.report import write_json
+from far.recipes.runs import glue_evaluator, squad_evaluator
+from far.recipes.settings import first
 
 SQUAD_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
 EVAL_METRICS_FILE = "eval_metrics.json"

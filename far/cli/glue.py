@@ -15,10 +15,10 @@ import argparse
 import importlib
 
 from far.cli.common import print_metrics, register_training_command, report, settings_from
-from far.tasks.models import is_causal_lm
-from far.tasks.settings import GLUE_DEFAULTS
+from far.models import is_causal_lm
+from far.recipes.settings import GLUE_DEFAULTS
 
-# The task names, without importing far.tasks.glue's `datasets` into a causal LM's run.
+# The task names, without importing far.data.glue's `datasets` into a causal LM's run.
 GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 
 
@@ -35,10 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if is_causal_lm(settings.model):
         # The lean runtime is loaded by name so that an encoder's run does not import it, nor it
         # the encoders' `datasets` and transformers model code (far.lazy says why).
-        lean = importlib.import_module("far.tasks.lean_prompted")
+        lean = importlib.import_module("far.llm.run")
         record = lean.lean_prompted_run(settings, args.task)
         print_metrics(f"{args.task} ({settings.method}, prompts)", record["metrics"])
         print(f"wrote {settings.output_path(f'{args.task}-{settings.method}') / 'metrics.json'} and predictions")
         return 0
-    runs = importlib.import_module("far.tasks.runs")
+    runs = importlib.import_module("far.recipes.runs")
     return report(runs.glue_run(settings, args.task))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from far.tasks.predict import Predictor, check_output, format_rows, model_card, read_inputs, write_predictions
+from far.recipes.predict import Predictor, check_output, format_rows, model_card, read_inputs, write_predictions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

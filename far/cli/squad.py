@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 
 from far.cli.common import from_args, register_training_command, report, settings_from
-from far.tasks.runs import SquadSettings, squad_run
-from far.tasks.settings import SQUAD_DEFAULTS
-from far.tasks.squad import DEFAULT_HOLDOUT_ARTICLES, VERSIONS
+from far.data.squad import DEFAULT_HOLDOUT_ARTICLES, VERSIONS
+from far.recipes.runs import SquadSettings, squad_run
+from far.recipes.settings import SQUAD_DEFAULTS
 
 
 def add_squad_arguments(parser: argparse.ArgumentParser, version: bool = True) -> None:

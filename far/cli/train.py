@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 
 from far.cli.common import register_training_command, report, settings_from
-from far.tasks.files import DEFAULT_LABEL_COLUMN, load_text_files
-from far.tasks.runs import text_files_run
-from far.tasks.settings import FILE_DEFAULTS
+from far.data.files import DEFAULT_LABEL_COLUMN, load_text_files
+from far.recipes.runs import text_files_run
+from far.recipes.settings import FILE_DEFAULTS
 
 
 def _add_files(parser: argparse.ArgumentParser) -> None:

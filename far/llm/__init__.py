@@ -2,7 +2,8 @@
 
 GGUF files as cached Hugging Face folders (`far.llm.gguf`), resident-memory control
 (`far.llm.memory`) and priming from gradient magnitudes instead of a weight snapshot
-(`far.llm.priming`). Nothing here knows a task: prompts and model aliases are in `far.tasks`.
+(`far.llm.priming`). The one causal-LM run of a GLUE task is `far.llm.run`;
+prompts are in `far.data.prompts`, model aliases in `far.models`.
 
     >>> from far.llm import prime_and_reconfigure
     >>> prime_and_reconfigure(model, batches, loss_fn, far.FARConfig(0.4, freeze_embeddings=True))

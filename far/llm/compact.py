@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from far.training.seeds import derive_seed
+from far.seeds import derive_seed
 
 Q8_BLOCK, Q8_BYTES = 32, 34  # GGUF Q8_0: an fp16 scale and 32 int8 values per block
 

@@ -137,7 +137,7 @@ def read_config(header: GGUFHeader) -> LeanConfig:
     if arch not in ("llama", "gemma3"):
         raise ValueError(
             f"the lean runtime reads llama and gemma3 GGUF files, this one is {arch!r}; load it with "
-            "far.tasks.load_causal_lm (transformers) instead"
+            "far.models.load_causal_lm (transformers) instead"
         )
     embd = reader.tensors["token_embd.weight"]
     hidden = _field(reader, f"{arch}.embedding_length")

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from far.llm.lean_model import LeanCausalLM
-from far.training.seeds import derive_seed
+from far.seeds import derive_seed
 
 
 class CompactMeZO:

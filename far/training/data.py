@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from far.training.seeds import derive_seed
+from far.seeds import derive_seed
 
 
 class BatchStream:

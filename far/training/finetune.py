@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from torch import nn
 from transformers import default_data_collator
 
 from far.architectures import FFNSpec, find_attention, find_ffns
+from far.config import UNSET, FARConfig, as_config
 from far.surgery import is_reconfigured
 from far.training.checkpoint import has_run, read_checkpoint
 from far.training.data import BatchStream
@@ -31,14 +33,50 @@ def _check_data(train_data: object) -> int:
     return n
 
 
+# The config's fields that far.finetune once took as keywords of its own.
+_DEPRECATED_FIELDS = ("retention", "selection", "attention_retention")
+
+
+def _resolve_config(
+    config: FARConfig | float | None, deprecated: dict[str, Any], *, seed: int, freeze_embeddings: bool
+) -> FARConfig | None:
+    """The one `FARConfig` of a run (or None), built here once from what the caller gave."""
+    unknown = sorted(set(deprecated) - set(_DEPRECATED_FIELDS))
+    if unknown:
+        raise TypeError(f"far.finetune() got unexpected keyword argument(s) {unknown}")
+    if deprecated:
+        warnings.warn(
+            f"far.finetune({', '.join(f'{k}=' for k in deprecated)}...) is deprecated; pass config=far.FARConfig(...) "
+            "(or config=None for no surgery)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if config is not UNSET:
+            raise TypeError(f"give the surgery once: config= or {sorted(deprecated)}, not both")
+        if deprecated.get("retention", 0.4) is None:
+            if deprecated.get("attention_retention") is not None:
+                raise ValueError(
+                    "attention_retention splits heads as part of FAR; give a retention too (e.g. retention=0.4)"
+                )
+            return None
+        config = as_config(seed=seed, freeze_embeddings=freeze_embeddings, **deprecated)
+    elif config is UNSET or (config is not None and not isinstance(config, FARConfig)):
+        # a number is the retention; FARConfig refuses anything else with a clear message
+        config = as_config(config, seed=seed, freeze_embeddings=freeze_embeddings)
+    elif config is not None and freeze_embeddings and not config.freeze_embeddings:
+        raise ValueError(
+            "freeze_embeddings=True beside a FARConfig: set FARConfig(freeze_embeddings=True) instead, so that the "
+            "config says the whole surgery"
+        )
+    return config
+
+
 def finetune(
     model: nn.Module,
     train_data: Any,
+    config: FARConfig | float | None = UNSET,
     *,
     optimizer: str = "adamw",
-    retention: float | None = 0.4,
-    attention_retention: float | None = None,
-    selection: str = "per_layer",
     priming: float | int = 0.1,
     priming_optimizer: str = "adamw",
     priming_lr: float | None = None,
@@ -67,6 +105,7 @@ def finetune(
     log_every: int = 1,
     spec: FFNSpec | None = None,
     progress: bool = True,
+    **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
 
@@ -90,18 +129,16 @@ def finetune(
     Args:
         model: A Hugging Face (or any) model; the default `loss_fn` needs `model(**batch).loss`.
         train_data: Map-style dataset of examples (a list, a torch `Dataset`, a `datasets.Dataset`).
-        optimizer: "adamw" or "mezo" (or "sgd") for the training phase.
-        retention: Fraction of FFN nodes kept trainable; None is full fine-tuning (no priming, no
-            surgery, the same loop otherwise).
-        attention_retention: Also split every attention block, keeping this fraction of each
-            layer's heads trainable (see `far.FARConfig`); None leaves attention as it is.
-        selection: "per_layer", "global" or "random" (random needs no priming and skips it).
+        config: The surgery, as for `far.reconfigure`: a `far.FARConfig`, a number (the retention:
+            `FARConfig(retention, seed=seed, freeze_embeddings=freeze_embeddings)`), or None for no
+            surgery (full fine-tuning: no priming, the same loop otherwise). Left out: `FARConfig()`.
+            The config travels whole to the surgery; its `selection="random"` needs no priming.
         priming: Priming length: a fraction of the run's steps in [0, 1), or a number of steps.
         priming_optimizer: "adamw" (default), "sgd" or "mezo".
         priming_lr: Base LR of priming; default `lr` if the optimizers match, else the priming
             optimizer's default.
-        freeze_embeddings: Also freeze every `nn.Embedding`.
-        freeze_ffn: With retention=None: freeze every FFN (the freeze-FFN ablation).
+        freeze_embeddings: Also freeze every `nn.Embedding` (with a `FARConfig`, set its field instead).
+        freeze_ffn: With config=None: freeze every FFN (the freeze-FFN ablation).
         epochs: Passes over `train_data` (fractions allowed); ignored when `max_steps` is set.
         max_steps: Optimizer steps of the whole run (priming included).
         lr: Base LR of training; None picks 5e-5 (adamw), 1e-3 (sgd) or 1e-6 (mezo).
@@ -131,13 +168,15 @@ def finetune(
         log_every: Steps between log lines (evaluations and the last step are always logged).
         spec: FFN layout for architectures far does not know (see `far.FFNSpec`).
         progress: Show a tqdm progress bar (steps/s, loss).
+        **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
+            keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
     Returns:
         A `far.FinetuneResult` (final metrics, steps, time split into priming / training / eval,
         peak memory, parameter counts).
 
     Example:
-        >>> result = far.finetune(model, train_examples, retention=0.4, epochs=3, lr=5e-5,
+        >>> result = far.finetune(model, train_examples, far.FARConfig(retention=0.4), epochs=3, lr=5e-5,
         ...                       eval_fn=lambda m: {"accuracy": accuracy(m)})
         >>> result.metrics, result.training_seconds
         >>> far.finetune(model, train_examples, optimizer="mezo", max_steps=20_000)
@@ -149,16 +188,15 @@ def finetune(
     for name, fn in (("collate_fn", collate_fn), ("loss_fn", loss_fn), ("eval_fn", eval_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+    config = _resolve_config(config, deprecated, seed=seed, freeze_embeddings=freeze_embeddings)
     plan = plan_training(
         n_examples,
         optimizer=optimizer,
-        retention=retention,
-        attention_retention=attention_retention,
-        selection=selection,
+        config=config,
         priming=priming,
         priming_optimizer=priming_optimizer,
         priming_lr=priming_lr,
-        freeze_embeddings=freeze_embeddings,
+        freeze_embeddings=freeze_embeddings if config is None else False,
         freeze_ffn=freeze_ffn,
         epochs=epochs,
         max_steps=max_steps,
@@ -195,8 +233,7 @@ def finetune(
     else:
         if (plan.far is not None or plan.freeze_ffn) and is_reconfigured(model):
             raise ValueError(
-                "this model is already reconfigured by FAR; pass the plain model, or retention=None to train it "
-                "as it is"
+                "this model is already reconfigured by FAR; pass the plain model, or config=None to train it as it is"
             )
         if output_dir is not None and has_run(output_dir):
             raise ValueError(

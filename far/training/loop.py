@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
 from far.priming import Primer
+from far.seeds import derive_seed
 from far.surgery import freeze_ffns, reconfigure
 from far.training.checkpoint import Checkpoint, load_model_state, load_training_state, save_checkpoint
 from far.training.data import BatchStream, to_device
@@ -25,7 +26,6 @@ from far.training.optim import build_optimizer, trainable_parameters
 from far.training.plan import TrainingPlan
 from far.training.result import FinetuneResult
 from far.training.schedule import warmup_linear
-from far.training.seeds import derive_seed
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 EvalFn = Callable[[nn.Module], Mapping[str, float]]

@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from far.seeds import derive_seed
 from far.training.scratch import CHUNK, Scratch, scratch_for
-from far.training.seeds import derive_seed
 
 _FULL_PRECISION = (torch.float32, torch.float64)
 

@@ -130,10 +130,8 @@ def plan_training(
     n_examples: int,
     *,
     optimizer: str,
-    retention: float | None,
-    selection: str,
+    config: FARConfig | None,
     priming: float | int,
-    attention_retention: float | None = None,
     priming_optimizer: str,
     priming_lr: float | None,
     freeze_embeddings: bool,
@@ -158,21 +156,18 @@ def plan_training(
     """Check every option and resolve the step counts; raises ValueError/TypeError naming the bad one."""
     optimizer = _optimizer_name("optimizer", optimizer)
     priming_optimizer = _optimizer_name("priming_optimizer", priming_optimizer)
-    far = None
-    if retention is None and attention_retention is not None:
-        raise ValueError("attention_retention splits heads as part of FAR; give a retention too (e.g. retention=0.4)")
-    if retention is not None:
-        far = FARConfig(
-            retention=retention,
-            selection=selection,
-            seed=seed,
-            freeze_embeddings=freeze_embeddings,
-            attention_retention=attention_retention,
-        )
+    if config is not None and not isinstance(config, FARConfig):
+        raise TypeError(f"config must be a far.FARConfig or None, got {type(config).__name__}")
+    far = config
+    if far is not None:
         if freeze_ffn:
+            raise ValueError("freeze_ffn=True is the freeze-FFN ablation of full fine-tuning; use it with config=None")
+        if freeze_embeddings:
             raise ValueError(
-                "freeze_ffn=True is the freeze-FFN ablation of full fine-tuning; use it with retention=None"
+                "with a FARConfig, the surgery freezes the embeddings: set FARConfig(freeze_embeddings=True) "
+                "instead of freeze_embeddings=True"
             )
+        freeze_embeddings = far.freeze_embeddings
     for name, flag in (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("bf16", bf16)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -189,7 +184,7 @@ def plan_training(
     priming_steps = length_in_steps("priming", priming, total_steps) if primes else 0
     if primes and priming_steps == 0:
         raise ValueError(
-            f"selection={selection!r} ranks FFN nodes by how much they move during priming, so priming must be "
+            f"selection={far.selection!r} ranks FFN nodes by how much they move during priming, so priming must be "
             "> 0 (e.g. priming=0.1, a tenth of the steps); or use selection='random'"
         )
     hint = "it must be > 0, e.g. 5e-5 for AdamW or 1e-6 for MeZO (None picks the optimizer's default)"

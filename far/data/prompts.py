@@ -152,27 +152,41 @@ def prompt_loss_fn(label_ids: Tensor) -> Callable[[nn.Module, dict[str, Tensor]]
 
 
 @torch.no_grad()
-def predict(
-    model: nn.Module, examples: Sequence[dict], label_ids: Tensor, pad_token_id: int, batch_size: int = 32
+def predict_batches(
+    model: nn.Module,
+    lengths: Sequence[int],
+    batch_of: Callable[[list[int]], dict[str, Tensor]],
+    label_ids: Tensor,
+    batch_size: int = 32,
 ) -> Tensor:
-    """Predicted label of each example: (N,) LongTensor, in the order given.
+    """Predicted label of each of `len(lengths)` examples: (N,) LongTensor, in the order given.
 
-    Examples are batched by length (less padding), in eval mode; the model's mode is restored after.
+    Examples are batched by `lengths` (less padding); `batch_of(indices)` makes the batch of those
+    examples (from encoded examples, or tokenising texts only when asked, as the lean runtime does).
+    Runs in eval mode; the model's mode is restored after.
     """
-    collate = PromptCollator(pad_token_id)
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
-    predictions = torch.empty(len(examples), dtype=torch.long)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    predictions = torch.empty(len(lengths), dtype=torch.long)
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            batch = collate([examples[i] for i in chunk])
+            batch = batch_of(chunk)
             logits = label_logits(model, batch["input_ids"], batch["attention_mask"], label_ids)
             predictions[chunk] = logits.argmax(dim=-1).cpu()
     finally:
         model.train(was_training)
     return predictions
+
+
+def predict(
+    model: nn.Module, examples: Sequence[dict], label_ids: Tensor, pad_token_id: int, batch_size: int = 32
+) -> Tensor:
+    """Predicted label of each `encode_prompts` example: (N,) LongTensor, in the order given."""
+    collate = PromptCollator(pad_token_id)
+    lengths = [len(e["input_ids"]) for e in examples]
+    return predict_batches(model, lengths, lambda chunk: collate([examples[i] for i in chunk]), label_ids, batch_size)
 
 
 def accuracy(

@@ -50,7 +50,7 @@ def postprocess_qa_predictions(
     Args:
         examples: the questions (rows with "id" and "context"), e.g. a `datasets.Dataset`.
         features: the evaluation windows (rows with "example_id" and "offset_mapping"), as
-            `far.tasks.squad.prepare_eval_features` makes them.
+            `far.data.squad.prepare_eval_features` makes them.
         start_logits, end_logits: one 1-D array per window (its own length: windows are not padded).
         n_best: how many top start and end positions to pair per window.
         max_answer_length: longest answer, in tokens.

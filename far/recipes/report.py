@@ -8,10 +8,9 @@ and hands it to `train_and_report`, which writes into the run's output folder:
     train.log         every `far.*` log record of the run
     log.jsonl         far.finetune's per-step log
     model/            the fine-tuned model and its tokenizer (`far.save_pretrained`), unless not saved
-    learners.safetensors  what training changed (`far.save_learners`), when the method reconfigured
-                      the model (far, random) and the model is saved
-    adapter/          the PEFT adapter folder of a `--method lora` run (`far.tasks.lora.save_lora`); its
-                      model/ is then the adapters merged into the base, a plain model
+    ...               what the method saves (`far.methods.Method.save`): learners.safetensors for
+                      FAR's surgery (what training changed, `far.save_learners`), adapter/ for LoRA
+                      (its model/ is then the adapters merged into the base, a plain model)
 
 Nothing here prints; the caller shows the returned record as it likes.
 """
@@ -32,18 +31,15 @@ from torch import nn
 
 import far
 from far.atomic import atomic_file
-from far.tasks.lora import ADAPTER_WEIGHTS, is_lora, save_lora
-from far.tasks.settings import RECORDED_OPTIONS, RunSettings
+from far.recipes.settings import RECORDED_OPTIONS, RunSettings
 
 if TYPE_CHECKING:  # a type only: the evaluators module imports datasets
-    from far.tasks.evaluators import Evaluator
+    from far.evaluation.evaluators import Evaluator
 
-logger = logging.getLogger("far.tasks")
+logger = logging.getLogger("far.recipes")
 
 LOG_FILE = "train.log"
 METRICS_FILE = "metrics.json"
-LEARNERS_FILE = "learners.safetensors"
-ADAPTER_DIR = "adapter"
 
 
 @dataclass(kw_only=True)
@@ -58,12 +54,7 @@ class TrainingRun:
         train_data / collate_fn / loss_fn: As `far.finetune` takes them (loss_fn None: the model's own).
         evaluator: Scores the model and writes its predictions.
         hyperparameters: The resolved hyper-parameters (`RunSettings.hyperparameters`).
-        options: The `far.finetune` keyword arguments (default `settings.finetune_options`).
-        prepare: Run on the model before training, inside the run's log: what a method does to
-            the model beyond `far.finetune` (e.g. gradient priming and surgery for a causal LM);
-            returns fields for the record.
         extra: More fields for the record (example counts, the data split, ...).
-        label: Shown after the method in the log and the printed metrics, e.g. "prompts".
     """
 
     task: str
@@ -75,15 +66,12 @@ class TrainingRun:
     loss_fn: Callable | None = None
     evaluator: Evaluator
     hyperparameters: dict
-    options: dict | None = None
-    prepare: Callable[[nn.Module], Mapping] | None = None
     extra: dict = field(default_factory=dict)
-    label: str = ""
 
     @property
     def title(self) -> str:
-        """e.g. "cola (far)" or "sst2 (far, prompts)"."""
-        return f"{self.task} ({', '.join(filter(None, (self.settings.method, self.label)))})"
+        """e.g. "cola (far)"."""
+        return f"{self.task} ({self.settings.method})"
 
     @property
     def output_dir(self) -> Path:
@@ -130,22 +118,15 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def save_model(model: nn.Module, tokenizer: Any, directory: Path) -> Path:
-    """Save the fine-tuned model with `far.save_pretrained` (FAR layout kept) and the tokenizer beside it."""
-    far.save_pretrained(model, directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def train_and_report(run: TrainingRun) -> dict:
     """Train with `far.finetune`, evaluate, then write predictions, the model and metrics.json.
 
     Returns:
         The record that metrics.json holds: the task, method, `far.FinetuneResult`'s fields, the
-        metrics, the hyper-parameters, `run.extra` and what `run.prepare` returned, the files.
+        metrics, the hyper-parameters, `run.extra`, the files and their sizes.
     """
     settings, out, model = run.settings, run.output_dir, run.model
-    options = settings.finetune_options(run.hyperparameters) if run.options is None else run.options
+    options = settings.finetune_options(run.hyperparameters)
     with run_log(out):
         logger.info(
             "far %s: model %s, optimizer %s, %d training examples; hyper-parameters %s",
@@ -155,7 +136,6 @@ def train_and_report(run: TrainingRun) -> dict:
             len(run.train_data),
             run.hyperparameters,
         )
-        prepared = dict(run.prepare(model)) if run.prepare is not None else {}
         result = far.finetune(
             model,
             run.train_data,
@@ -171,24 +151,9 @@ def train_and_report(run: TrainingRun) -> dict:
     if result.log_path:
         files["step_log"] = Path(result.log_path).name
     model_dir = settings.model_path(out)
-    sizes = {}
-    if model_dir is not None and run.tokenizer is not None and is_lora(model):
-        # The adapter first: saving the merged model merges the adapters into the base in place.
-        saved = save_lora(model, run.tokenizer, adapter_dir=out / ADAPTER_DIR, model_dir=model_dir)
-        files["adapter"], files["model"] = ADAPTER_DIR, str(model_dir)
-        sizes["adapter_file_bytes"] = (saved["adapter"] / ADAPTER_WEIGHTS).stat().st_size
-        # The merged model's weights: what one adapter spares storing per task.
-        sizes["model_bytes"] = sum(p.numel() * p.element_size() for p in model.get_base_model().parameters())
-    elif model_dir is not None and run.tokenizer is not None:
-        save_model(model, run.tokenizer, model_dir)
-        files["model"] = str(model_dir)
-    if model_dir is not None and far.is_reconfigured(model):
-        learners = far.save_learners(model, out / LEARNERS_FILE)
-        files["learners"] = LEARNERS_FILE
-        sizes["learners_file_bytes"] = learners.stat().st_size
-        # The whole model's weights (parameters, tied ones once): what the learners file spares storing.
-        sizes["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    far_config = settings.far_config()
+    saved = settings.method_spec.save(model, run.tokenizer, out, model_dir) if model_dir and run.tokenizer else None
+    files.update(saved.files if saved else {})
+    far_config = settings.far
     record = {
         "task": run.task,
         "method": settings.method,
@@ -198,10 +163,14 @@ def train_and_report(run: TrainingRun) -> dict:
         "model": settings.model,
         **result.to_dict(),
         "metrics": metrics,
-        "hyperparameters": {**run.hyperparameters, **{k: options[k] for k in RECORDED_OPTIONS if k in options}},
-        **prepared,
+        "hyperparameters": {
+            **run.hyperparameters,
+            **{k: options[k] for k in RECORDED_OPTIONS if k in options},
+            "attention_retention": None if far_config is None else far_config.attention_retention,
+            "freeze_embeddings": settings.freeze_embeddings,
+        },
         **run.extra,
-        **sizes,
+        **(saved.sizes if saved else {}),
         "files": files,
         "far_version": far.__version__,
     }

@@ -19,12 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from far import metrics
 from far.atomic import atomic_file
-from far.tasks.glue import GlueTask
-from far.tasks.prompts import predict
-from far.tasks.squad import EVAL_ONLY_COLUMNS
-from far.tasks.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
+from far.data.glue import GlueTask
+from far.data.squad import EVAL_ONLY_COLUMNS
+from far.evaluation import metrics
+from far.evaluation.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
 
 LABELS_FILE = "predictions.tsv"  # GLUE-style tasks: one row per example
 ANSWERS_FILE = "predictions.json"  # SQuAD: the official {id: answer} file
@@ -236,42 +235,3 @@ class SquadEvaluator:
             odds, files["null_odds"] = Path(directory) / NULL_ODDS_FILE, NULL_ODDS_FILE
         write_predictions(self.predictions, Path(directory) / ANSWERS_FILE, odds)
         return files
-
-
-class PromptEvaluator:
-    """Accuracy of a causal LM on prompts (`far.tasks.prompts`); `predictions` holds the last labels.
-
-    Args:
-        examples: `encode_prompts` output.
-        label_ids: The label words' token ids (`label_word_ids`).
-        pad_token_id: The tokenizer's pad token.
-        idx / names: The examples' indices and the class names, for the predictions file.
-    """
-
-    def __init__(
-        self,
-        examples: Sequence[dict],
-        label_ids: torch.Tensor,
-        pad_token_id: int,
-        *,
-        idx: Sequence[int],
-        names: Sequence[str],
-        batch_size: int = 32,
-    ) -> None:
-        self.examples, self.label_ids, self.pad_token_id = examples, label_ids, pad_token_id
-        self.idx, self.names, self.batch_size = list(idx), list(names), batch_size
-        self.labels = [int(e["labels"]) for e in examples]
-        self.predictions: list[int] | None = None
-
-    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        if not self.examples:
-            raise ValueError("PromptEvaluator needs at least one example")
-        predicted = predict(model, self.examples, self.label_ids, self.pad_token_id, self.batch_size)
-        self.predictions = predicted.tolist()
-        return {"accuracy": float((predicted == torch.tensor(self.labels)).float().mean())}
-
-    def write_predictions(self, directory: Path) -> dict[str, str]:
-        if self.predictions is None:
-            raise ValueError("no predictions yet: call the evaluator on a model first")
-        write_label_predictions(Path(directory) / LABELS_FILE, self.idx, self.predictions, self.labels, self.names)
-        return {"predictions": LABELS_FILE}

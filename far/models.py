@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 
 import far
+from far.data.locate import hub_offline
 from far.llm.gguf import ensure_gguf_cache
-from far.tasks.locate import hub_offline
-from far.tasks.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
+from far.methods.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded: a GGUF alias's lean run never needs it
     import transformers

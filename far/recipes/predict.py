@@ -5,7 +5,7 @@ model plus a learners file (`learners=`), which must be the base the file was tr
 model's config says which text columns it reads (`far train` records them; a GLUE model reads its
 task's), so a file to predict has the training run's column names.
 
-    >>> far.tasks.predict("runs/reviews-far/model", ["A warm, funny film.", "Two hours I will never get back."])
+    >>> far.recipes.predict("runs/reviews-far/model", ["A warm, funny film.", "Two hours I will never get back."])
     [{'text': 'A warm, funny film.', 'label': 'positive', 'score': 0.97}, ...]
 """
 
@@ -25,12 +25,12 @@ import transformers
 from transformers import AutoConfig, DataCollatorWithPadding
 
 from far.atomic import atomic_file
+from far.data.files import DataFileError, read_texts, tokenize_texts
+from far.data.glue import GLUE_TASKS
+from far.evaluation.evaluators import model_outputs
+from far.models import load_model_and_tokenizer, load_trained_model, resolve_model
+from far.recipes.runs import COLUMNS_KEY
 from far.saving import learners_model_config, load_learners
-from far.tasks.evaluators import model_outputs
-from far.tasks.files import DataFileError, read_texts, tokenize_texts
-from far.tasks.glue import GLUE_TASKS
-from far.tasks.models import load_model_and_tokenizer, load_trained_model, resolve_model
-from far.tasks.runs import COLUMNS_KEY
 
 OUTPUT_FORMATS = (".csv", ".jsonl")
 

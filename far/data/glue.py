@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from far.tasks.locate import find_local
+from far.data.locate import find_local
 
 if TYPE_CHECKING:  # imported where used: ~95 MB that a process reading no GLUE dataset never needs
     import datasets

@@ -1,13 +1,13 @@
 """The metrics of FAR's GLUE and SQuAD scripts, as local `evaluate` modules (the hub's cannot be fetched offline).
 
->>> from far import metrics
+>>> from far.evaluation import metrics
 >>> metrics.load("glue", "cola").compute(predictions=[1, 0, 1, 1], references=[1, 0, 0, 1])
 {'matthews_correlation': 0.577...}
 """
 
 from __future__ import annotations
 
-from far.metrics.classification import (
+from far.evaluation.metrics.classification import (
     F1,
     Accuracy,
     LocalMetric,
@@ -16,9 +16,9 @@ from far.metrics.classification import (
     f1,
     matthews_correlation,
 )
-from far.metrics.correlation import Pearson, Spearman, pearson, rankdata, spearman
-from far.metrics.glue import GLUE_METRICS, Glue
-from far.metrics.squad import Squad, SquadV2, exact_match, normalize_answer, token_f1
+from far.evaluation.metrics.correlation import Pearson, Spearman, pearson, rankdata, spearman
+from far.evaluation.metrics.glue import GLUE_METRICS, Glue
+from far.evaluation.metrics.squad import Squad, SquadV2, exact_match, normalize_answer, token_f1
 
 METRICS: dict[str, type[LocalMetric]] = {
     "accuracy": Accuracy,

@@ -8,10 +8,10 @@ then trains whatever is trainable, and `save_lora` writes what a PEFT user expec
                head), plus the task model's config.json and the tokenizer, so the folder says what it is
     model/     the adapters merged into the base (`merge_and_unload`): a plain Hugging Face model
 
-PEFT is imported only when a LoRA function runs, so `import far` and `import far.tasks` work without it.
+PEFT is imported only when a LoRA function runs, so `import far` and `import far.recipes` work without it.
 
     >>> model = add_lora(model, LoraSettings(r=8))
-    >>> far.finetune(model, train, retention=None)
+    >>> far.finetune(model, train, config=None)
     >>> save_lora(model, tokenizer, adapter_dir="runs/cola-lora/adapter", model_dir="runs/cola-lora/model")
     >>> model = load_lora_adapter("runs/cola-lora/adapter", base_path)   # merged, ready to evaluate
 """
@@ -28,6 +28,7 @@ from torch import nn
 
 import far
 from far.atomic import atomic_dir
+from far.methods.base import Method, Saved, model_bytes
 
 PEFT_REQUIREMENT = "peft>=0.21,<0.22"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -229,3 +230,28 @@ def load_lora_adapter(folder: str | os.PathLike, base_path: str | os.PathLike, *
 def adapter_file_bytes(folder: str | os.PathLike) -> int:
     """Size of the adapter's weights file: what a user keeps per task besides the shared base."""
     return (Path(folder) / ADAPTER_WEIGHTS).stat().st_size
+
+
+ADAPTER_DIR = "adapter"
+
+
+@dataclass(frozen=True)
+class Lora(Method):
+    """`--method lora`: PEFT's adapters on a frozen base, the task head trained; no FAR surgery."""
+
+    def apply(self, model: nn.Module, *, base_model: str, lora: LoraSettings | None = None) -> tuple[nn.Module, dict]:
+        # Wrapped before the run is built, so that a bad target module fails before any training.
+        model = add_lora(model, lora or LoraSettings(), base_model=base_model)
+        return model, {"lora": lora_record(model)}
+
+    def save(self, model: nn.Module, tokenizer: Any, output_dir: Path, model_dir: Path) -> Saved:
+        # The adapter first: saving the merged model merges the adapters into the base in place.
+        saved = save_lora(model, tokenizer, adapter_dir=output_dir / ADAPTER_DIR, model_dir=model_dir)
+        return Saved(
+            files={"adapter": ADAPTER_DIR, "model": str(model_dir)},
+            # The merged model's weights: what one adapter spares storing per task.
+            sizes={
+                "adapter_file_bytes": (saved["adapter"] / ADAPTER_WEIGHTS).stat().st_size,
+                "model_bytes": model_bytes(model.get_base_model()),
+            },
+        )

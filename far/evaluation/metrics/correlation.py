@@ -8,7 +8,7 @@ import datasets
 import evaluate
 import numpy as np
 
-from far.metrics.classification import LocalMetric
+from far.evaluation.metrics.classification import LocalMetric
 
 _FLOAT_FEATURES = datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("float64")})
 

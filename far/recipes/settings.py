@@ -1,88 +1,37 @@
 """What a training run of a task is asked to do: the method, the optimizer, hyper-parameters, outputs.
 
 `RunSettings` is what the `far` command's flags fill in (and what a script or notebook may build
-itself); `METHODS` is the one table of fine-tuning methods. Hyper-parameters left None take the
-task's defaults for the optimizer (`GLUE_DEFAULTS`, ...), resolved by `RunSettings.hyperparameters`.
+itself); the method comes from the one table `far.methods.METHODS`. Its `FARConfig` is built once,
+when the settings are (`RunSettings.far`), and travels whole to `far.finetune` and the surgery.
+Hyper-parameters left None take the task's defaults for the optimizer (`GLUE_DEFAULTS`, ...),
+resolved by `RunSettings.hyperparameters`.
 
     >>> settings = RunSettings(method="far", retention=0.4, max_steps=100)
-    >>> settings.finetune_options(settings.hyperparameters(GLUE_DEFAULTS))["retention"]
-    0.4
+    >>> settings.finetune_options(settings.hyperparameters(GLUE_DEFAULTS))["config"] is settings.far
+    True
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from far.config import FARConfig
-from far.tasks.lora import LoraSettings
-from far.tasks.models import DEFAULT_MODEL
+from far.methods import METHODS, LoraSettings, Method
+from far.models import DEFAULT_MODEL
 from far.training.plan import check_length
 
-
-@dataclass(frozen=True)
-class Method:
-    """One way to fine-tune, as `far.finetune` options; a method is added by adding a row to `METHODS`.
-
-    Args:
-        name: The `--method` value.
-        help: One line for the help text.
-        selection: FAR's learner selection; None for a method without surgery.
-        freeze_ffn: Freeze every FFN weight (the freeze-FFN ablation).
-        lora: Train LoRA adapters (Hugging Face PEFT) on a frozen base instead (`far.tasks.lora`).
-    """
-
-    name: str
-    help: str
-    selection: str | None = None
-    freeze_ffn: bool = False
-    lora: bool = False
-
-    def far_config(
-        self,
-        retention: float,
-        *,
-        seed: int = 0,
-        freeze_embeddings: bool = False,
-        attention_retention: float | None = None,
-    ) -> FARConfig | None:
-        """The surgery this method makes (checked by `FARConfig`), or None."""
-        if self.selection is None:
-            if attention_retention is not None:
-                raise ValueError(f"attention_retention splits heads with FAR's surgery; method {self.name!r} has none")
-            return None
-        return FARConfig(
-            retention,
-            self.selection,
-            seed=seed,
-            freeze_embeddings=freeze_embeddings,
-            attention_retention=attention_retention,
-        )
-
-
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
-        Method("full", "full fine-tuning"),
-        Method("far", "FAR: learners chosen by priming", selection="per_layer"),
-        Method("random", "FAR's surgery with learners drawn at random (the paper's baseline)", selection="random"),
-        Method("freeze-ffn", "every FFN weight frozen (an ablation)", freeze_ffn=True),
-        Method("lora", "LoRA adapters (Hugging Face PEFT) on a frozen base, the task head trained", lora=True),
-    )
-}
 OPTIMIZERS = ("adamw", "mezo")
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
 TRAINABLE_DTYPES = ("bfloat16", "float32")
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
-    "attention_retention",
     "priming",
     "weight_decay",
     "grad_accum",
     "bf16",
-    "freeze_embeddings",
     "seed",
     "mezo_eps",
     "mezo_directions",
@@ -151,6 +100,8 @@ class RunSettings:
     model_dir: str | None = None
     save_model: bool = True
     progress: bool = True
+    # Derived, built once from the fields above: the run's surgery (None: the method makes none).
+    far: FARConfig | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -161,7 +112,13 @@ class RunSettings:
             raise ValueError(
                 f"trainable_dtype must be one of {', '.join(TRAINABLE_DTYPES)}, got {self.trainable_dtype!r}"
             )
-        self.far_config()  # FARConfig checks retention
+        far_config = METHODS[self.method].far_config(
+            self.retention,
+            seed=self.seed,
+            freeze_embeddings=self.freeze_embeddings,
+            attention_retention=self.attention_retention,
+        )  # FARConfig checks retention
+        object.__setattr__(self, "far", far_config)
         self.lora_settings()  # LoraSettings checks rank, alpha, dropout
         if self.validation_from_train is not None and not 0.0 < self.validation_from_train < 1.0:
             raise ValueError(
@@ -177,15 +134,6 @@ class RunSettings:
     @property
     def method_spec(self) -> Method:
         return METHODS[self.method]
-
-    def far_config(self) -> FARConfig | None:
-        """The surgery of this run's method, or None (full fine-tuning, freeze-FFN)."""
-        return self.method_spec.far_config(
-            self.retention,
-            seed=self.seed,
-            freeze_embeddings=self.freeze_embeddings,
-            attention_retention=self.attention_retention,
-        )
 
     def lora_settings(self) -> LoraSettings:
         """LoRA's options (used by `--method lora` only)."""
@@ -219,18 +167,12 @@ class RunSettings:
 
     def finetune_options(self, hyperparameters: Mapping) -> dict:
         """Keyword arguments for `far.finetune` from the method, optimizer and hyper-parameters."""
-        method = self.method_spec
-        surgery = (
-            dict(retention=None, freeze_ffn=method.freeze_ffn)
-            if method.selection is None
-            else dict(
-                retention=self.retention, selection=method.selection, attention_retention=self.attention_retention
-            )
-        )
         return dict(
+            config=self.far,
             optimizer=self.optimizer,
             priming=self.priming,
-            freeze_embeddings=self.freeze_embeddings,
+            # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
+            freeze_embeddings=self.freeze_embeddings and self.far is None,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],
@@ -244,7 +186,7 @@ class RunSettings:
             mezo_eps=self.mezo_eps,
             mezo_directions=self.mezo_directions,
             progress=self.progress,
-            **surgery,
+            **self.method_spec.train_options(),
         )
 
     def output_path(self, name: str) -> Path:

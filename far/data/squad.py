@@ -19,7 +19,7 @@ from pathlib import Path
 
 import datasets
 
-from far.tasks.locate import find_local
+from far.data.locate import find_local
 
 logger = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ import datasets
 from torch import nn
 from transformers import DataCollatorWithPadding
 
-from far.tasks.evaluators import GlueEvaluator, LabelEvaluator, SquadEvaluator, TextMetric
-from far.tasks.files import TextFiles, tokenize_texts
-from far.tasks.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
-from far.tasks.lora import add_lora, lora_record
-from far.tasks.models import check_max_length, load_model_and_tokenizer
-from far.tasks.report import TrainingRun
-from far.tasks.settings import (
+from far.data.files import TextFiles, tokenize_texts
+from far.data.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
+from far.data.squad import DEFAULT_HOLDOUT_ARTICLES, load_squad, squad_eval_dataset, squad_train_dataset
+from far.evaluation.evaluators import GlueEvaluator, LabelEvaluator, SquadEvaluator, TextMetric
+from far.models import check_max_length, load_model_and_tokenizer
+from far.recipes.report import TrainingRun
+from far.recipes.settings import (
     FILE_DEFAULTS,
     GLUE_DEFAULTS,
     SQUAD_DEFAULTS,
@@ -29,7 +29,6 @@ from far.tasks.settings import (
     first,
     train_and_eval_splits,
 )
-from far.tasks.squad import DEFAULT_HOLDOUT_ARTICLES, load_squad, squad_eval_dataset, squad_train_dataset
 
 # The model config's record of the columns it was trained on, so that `far predict` reads the same ones.
 COLUMNS_KEY = "far_columns"
@@ -76,11 +75,7 @@ class SquadSettings:
 
 
 def _with_method(model: nn.Module, settings: RunSettings) -> tuple[nn.Module, dict]:
-    # LoRA wraps the task model (PEFT) before the run is built, so a bad target module fails here.
-    if not settings.method_spec.lora:
-        return model, {}
-    model = add_lora(model, settings.lora_settings(), base_model=settings.model)
-    return model, {"lora": lora_record(model)}
+    return settings.method_spec.apply(model, base_model=settings.model, lora=settings.lora_settings())
 
 
 def _held_out(settings: RunSettings) -> dict:
@@ -208,7 +203,7 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
     """A run on the user's own files (`load_text_files`): classification or regression, scored on the validation file.
 
     The saved model's config holds the class names (`id2label` / `label2id`) and the text and label
-    columns (`far_columns`), which `far.tasks.predict` reads back.
+    columns (`far_columns`), which `far.recipes.predict` reads back.
 
     Example:
         >>> files = load_text_files("examples/reviews/train.csv", "examples/reviews/dev.csv")

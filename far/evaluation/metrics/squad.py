@@ -14,7 +14,7 @@ from collections import Counter
 import datasets
 import evaluate
 
-from far.metrics.classification import LocalMetric
+from far.evaluation.metrics.classification import LocalMetric
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = set(string.punctuation)

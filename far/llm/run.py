@@ -28,9 +28,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from far.atomic import atomic_file
+from far.data.locate import resolve_data_dir
+from far.data.prompts import (
+    SST2_TEMPLATE,
+    PromptCollator,
+    PromptTemplate,
+    label_word_ids,
+    predict_batches,
+    prompt_loss_fn,
+    read_labelled_tsv,
+)
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import prime_and_split, set_trainable
 from far.llm.lean_model import LeanCausalLM
@@ -38,11 +47,9 @@ from far.llm.lean_saving import load_trained, save_trained
 from far.llm.memory import release_freed_memory
 from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
-from far.tasks.locate import resolve_data_dir
-from far.tasks.models import find_gguf
-from far.tasks.prompts import SST2_TEMPLATE, PromptCollator, PromptTemplate, label_word_ids, read_labelled_tsv
-from far.tasks.settings import PROMPT_DEFAULTS, RunSettings
-from far.training.seeds import derive_seed
+from far.models import find_gguf
+from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
+from far.seeds import derive_seed
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
 GLUE_FOLDERS = {"sst2": ("SST-2", ("negative", "positive"))}
@@ -86,27 +93,9 @@ class PromptBatches:
         return self.collate(examples)
 
 
-def label_loss(label_ids: torch.Tensor):
-    def loss_fn(model: LeanCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model.label_logits(batch["input_ids"], batch["attention_mask"], label_ids)
-        return F.cross_entropy(logits, batch["labels"])
-
-    return loss_fn
-
-
-@torch.no_grad()
 def predict(model: LeanCausalLM, data: PromptBatches, label_ids: torch.Tensor, chunk: int) -> list[int]:
-    """Predicted label of every example, batched by length in chunks of `chunk` prompts."""
-    lengths = [len(t) for t in data.texts]
-    order = sorted(range(len(data)), key=lengths.__getitem__)
-    predictions = [0] * len(data)
-    for start in range(0, len(order), chunk):
-        part = order[start : start + chunk]
-        batch = data.batch(part)
-        logits = model.label_logits(batch["input_ids"], batch["attention_mask"], label_ids)
-        for i, p in zip(part, logits.argmax(dim=-1).tolist(), strict=True):
-            predictions[i] = p
-    return predictions
+    """Predicted label of every example, batched by text length in chunks of `chunk` prompts, tokenised per chunk."""
+    return predict_batches(model, [len(t) for t in data.texts], data.batch, label_ids, chunk).tolist()
 
 
 def _write_json(path: Path, obj: object) -> None:
@@ -208,7 +197,7 @@ def lean_prompted_run(
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
-    loss_fn = label_loss(label_ids)
+    loss_fn = prompt_loss_fn(label_ids)
     order = torch.randperm(n_train, generator=torch.Generator().manual_seed(derive_seed(settings.seed, 0))).tolist()
     batch_size = hparams["batch_size"]
 
@@ -217,7 +206,7 @@ def lean_prompted_run(
         return [order[(start + j) % n_train] for j in range(min(batch_size, n_train))]
 
     priming_started, primed = time.perf_counter(), 0
-    far_config = settings.far_config() if train else None
+    far_config = settings.far if train else None
     if not train:
         steps = 0
     elif far_config is not None:

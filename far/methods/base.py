@@ -1,0 +1,98 @@
+"""The interface every fine-tuning method of a training run follows, and the plain methods.
+
+A method is one row of `far.methods.METHODS`, reached by its `--method` name. A run asks it four
+things, always in this order, and never branches on the method's name itself:
+
+    far_config(...)   the surgery `far.finetune` makes (a `far.FARConfig`), or None
+    train_options()   further `far.finetune` options (e.g. the freeze-FFN ablation)
+    apply(model, ..)  what it does to the model before training (LoRA wraps it), and a record
+    save(model, ..)   the files it writes after training, and their sizes
+
+`Method` itself is full fine-tuning; FAR's surgery (`far.methods.surgery`) and LoRA
+(`far.methods.lora`) override what differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+import far
+from far.config import FARConfig
+
+LEARNERS_FILE = "learners.safetensors"
+
+
+@dataclass
+class Saved:
+    """What `Method.save` wrote: file names for the run's record (relative to its folder, or paths), and sizes."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """The whole model's weights (parameters, tied ones once): what a small per-user file spares storing."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def save_model(model: nn.Module, tokenizer: Any, directory: Path) -> Path:
+    """Save the fine-tuned model with `far.save_pretrained` (FAR layout kept) and the tokenizer beside it."""
+    far.save_pretrained(model, directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to fine-tune; this base class is full fine-tuning (every weight trains).
+
+    Args:
+        name: The `--method` value.
+        help: One line for the help text.
+    """
+
+    name: str
+    help: str
+
+    def far_config(
+        self,
+        retention: float,
+        *,
+        seed: int = 0,
+        freeze_embeddings: bool = False,
+        attention_retention: float | None = None,
+    ) -> FARConfig | None:
+        """The surgery of this method, checked by `FARConfig`; None for a method without one."""
+        if attention_retention is not None:
+            raise ValueError(f"attention_retention splits heads with FAR's surgery; method {self.name!r} has none")
+        return None
+
+    def train_options(self) -> dict:
+        """`far.finetune` options of this method beyond the surgery."""
+        return {}
+
+    def apply(self, model: nn.Module, *, base_model: str, lora: Any = None) -> tuple[nn.Module, dict]:
+        """The model to train (the same one, or a wrapper of it) and fields for the run's record."""
+        return model, {}
+
+    def save(self, model: nn.Module, tokenizer: Any, output_dir: Path, model_dir: Path) -> Saved:
+        """Write the trained model to `model_dir` (and, for a reconfigured model, its learners file)."""
+        save_model(model, tokenizer, model_dir)
+        saved = Saved(files={"model": str(model_dir)})
+        if far.is_reconfigured(model):
+            learners = far.save_learners(model, output_dir / LEARNERS_FILE)
+            saved.files["learners"] = LEARNERS_FILE
+            saved.sizes.update(learners_file_bytes=learners.stat().st_size, model_bytes=model_bytes(model))
+        return saved
+
+
+@dataclass(frozen=True)
+class FreezeFFN(Method):
+    """Every FFN weight frozen, the rest trained: the paper's ablation."""
+
+    def train_options(self) -> dict:
+        return {"freeze_ffn": True}
