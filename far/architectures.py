@@ -139,6 +139,16 @@ BUILTIN_ATTENTION_SPECS: dict[str, AttentionSpec | str] = {
     "of heads would misalign",
 }
 
+# What feeds the first layer besides the embeddings, by the module's own (last) name. The embeddings
+# are found by type (every nn.Embedding, with the largest module around it that holds no layer, such
+# as BERT's `embeddings` and its LayerNorm); these projections sit beside them, and backward stops
+# at a frozen stack of bottom layers only if they are frozen too. They exist only where the
+# embedding width differs from the hidden size.
+BUILTIN_INPUT_MODULES: dict[str, tuple[str, ...]] = {
+    "electra": ("embeddings_project",),
+    "opt": ("project_in",),
+}
+
 _PROJECTION_TYPES = (*PROJECTION_TYPES, SplitLinear)
 
 
@@ -186,6 +196,11 @@ def expand_nodes(nodes: Tensor, width: int) -> Tensor:
 def model_type(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     return getattr(config, "model_type", None)
+
+
+def input_modules(model: nn.Module) -> tuple[str, ...]:
+    """Names (a module's own, last name) of what feeds the first layer besides the embeddings."""
+    return BUILTIN_INPUT_MODULES.get(model_type(model), ())
 
 
 def resolve_spec(model: nn.Module, spec: FFNSpec | None = None) -> FFNSpec:

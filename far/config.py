@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 SELECTIONS = ("per_layer", "global", "random")
+AUTO = "auto"  # freeze_layers chosen from the priming scores (see far.selection.auto_freeze_layers)
 
 
 def check_retention(retention: object, name: str = "retention", what: str = "FFN nodes") -> float:
@@ -25,6 +26,26 @@ def check_retention(retention: object, name: str = "retention", what: str = "FFN
             "stay trainable (1.0 keeps them all)"
         )
     return value
+
+
+def check_freeze_layers(value: object) -> int | str | None:
+    """`value` as None, an int >= 0 or "auto", or raise (the layer count is checked against the model)."""
+    if value is None or (isinstance(value, str) and value == AUTO):
+        return value
+    if isinstance(value, str):
+        raise ValueError(
+            f"freeze_layers must be None, an int >= 0 or {AUTO!r}, got the string {value!r}; "
+            f"e.g. freeze_layers=2 freezes the bottom two layers, freeze_layers={AUTO!r} picks them from the "
+            "priming scores"
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"freeze_layers must be None, an int >= 0 or {AUTO!r}, got {value!r} of type {type(value).__name__}; "
+            "it counts the bottom layers frozen whole"
+        )
+    if value < 0:
+        raise ValueError(f"freeze_layers must be >= 0 (the number of bottom layers frozen whole), got {value}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -45,6 +66,12 @@ class FARConfig:
         attention_retention: Also split every attention block: this fraction of each layer's
             heads (key/value groups under grouped-query attention) stays trainable, chosen by the
             same `selection` from the heads' priming scores. None (default) leaves attention as it is.
+        freeze_layers: Freeze the bottom layers whole, and everything below them (the embeddings),
+            so that backward stops at the lowest trainable layer: an int K >= 0 (the bottom K
+            layers; K must be below the model's layer count, which `far.reconfigure` checks), or
+            `"auto"` (K chosen from the priming scores, see `far.selection.auto_freeze_layers`).
+            The learner budget (retention x all FFN nodes) is then spent over the layers that stay
+            trainable, by the same `selection`. None (default): every layer keeps learners.
     """
 
     retention: float = 0.4
@@ -53,6 +80,7 @@ class FARConfig:
     freeze_embeddings: bool = False
     recompute_activations: bool = False
     attention_retention: float | None = None
+    freeze_layers: int | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "retention", check_retention(self.retention))
@@ -66,6 +94,7 @@ class FARConfig:
         for name in ("freeze_embeddings", "recompute_activations"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        object.__setattr__(self, "freeze_layers", check_freeze_layers(self.freeze_layers))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -2,6 +2,12 @@
 
 Pure functions of their arguments. Ties are broken towards the lower node index (and, for the
 global strategy, towards the earlier FFN), so a selection never depends on sort internals.
+
+With `freeze_layers`, the FFNs of the bottom K layers get no learners (an empty index tensor) and
+the budget that all FFNs would hold, round(retention x all nodes), is spent over the others: by
+score across them ("global"), in equal shares ("per_layer", top nodes of each), or in equal
+shares of random nodes ("random"). A group's layer comes from `layer_of` (`{name: layer index}`,
+as `far.freezing.layer_index` finds it); by default the groups, in order, are layers 0, 1, ...
 """
 
 from __future__ import annotations
@@ -12,7 +18,15 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from far.config import UNSET, FARConfig, as_config
+from far.config import AUTO, UNSET, FARConfig, as_config
+
+# freeze_layers="auto" freezes the largest bottom stack of layers that together moved less than this
+# fraction of all the change priming measured, each layer's change taken as the mean score of its
+# nodes (so wide and narrow layers weigh alike). Why a fifth: it gives up less than a fifth of the
+# change priming saw; where every layer moved alike it freezes just under a fifth of the layers
+# (2 of 12, 1 of 6, none of 4), layers that moved less than average freeze sooner and ones that
+# moved more later. At least one layer always stays trainable.
+AUTO_FREEZE_MASS = 0.2
 
 
 def learner_count(n_nodes: int, retention: float) -> int:
@@ -31,15 +45,17 @@ def select_per_layer(scores: Mapping[str, Tensor], retention: float) -> dict[str
     return {name: _top(s, learner_count(s.numel(), retention)) for name, s in scores.items()}
 
 
-def select_global(scores: Mapping[str, Tensor], retention: float) -> dict[str, Tensor]:
-    """The top round(retention * N) nodes over all N nodes, at least one per FFN.
+def select_global(scores: Mapping[str, Tensor], retention: float, *, budget: int | None = None) -> dict[str, Tensor]:
+    """The top round(retention * N) nodes over all N nodes (or `budget` nodes), at least one per FFN.
 
     Each FFN first keeps its best node; the rest of the budget goes to the highest remaining
     scores across all FFNs.
     """
     names = list(scores)
     sizes = [scores[n].numel() for n in names]
-    budget = max(len(names), round(retention * sum(sizes)))
+    if budget is None:
+        budget = round(retention * sum(sizes))
+    budget = max(len(names), budget)
     flat = torch.cat([scores[n].float() for n in names])
     offsets = torch.tensor([0, *sizes]).cumsum(0)
     chosen = torch.zeros(flat.numel(), dtype=torch.bool)
@@ -49,6 +65,109 @@ def select_global(scores: Mapping[str, Tensor], retention: float) -> dict[str, T
     order = torch.sort(rest, descending=True, stable=True).indices
     chosen[order[: budget - len(names)]] = True
     return {name: chosen[offsets[i] : offsets[i + 1]].nonzero().flatten() for i, name in enumerate(names)}
+
+
+def _positions(names: Mapping[str, object], layer_of: Mapping[str, int] | None) -> dict[str, int]:
+    """Each group's layer index: `layer_of`, or the groups' order (one group per layer)."""
+    if layer_of is None:
+        return {name: i for i, name in enumerate(names)}
+    missing = [name for name in names if name not in layer_of]
+    if missing:
+        raise ValueError(f"layer_of has no layer index for {missing[:3]}; give one for every group")
+    return {name: int(layer_of[name]) for name in names}
+
+
+def auto_freeze_layers(scores: Mapping[str, Tensor], layer_of: Mapping[str, int] | None = None) -> int:
+    """How many bottom layers `freeze_layers="auto"` freezes, from the FFNs' priming scores.
+
+    Each layer's change is the mean score of its nodes; K is the largest count such that the
+    bottom K layers' changes add up to less than `AUTO_FREEZE_MASS` of all layers' changes,
+    capped so that at least one layer stays trainable.
+
+    Example:
+        >>> auto_freeze_layers({"a": torch.tensor([0.1, 0.1]), "b": torch.ones(2), "c": torch.ones(2)})
+        1
+    """
+    layers = _positions(scores, layer_of)
+    n_layers = max(layers.values()) + 1
+    total = torch.zeros(n_layers, dtype=torch.float64)
+    nodes = torch.zeros(n_layers, dtype=torch.float64)
+    for name, s in scores.items():
+        total[layers[name]] += s.double().sum()
+        nodes[layers[name]] += s.numel()
+    change = total / nodes.clamp(min=1)  # (L,) mean node score per layer
+    below = change.cumsum(0)  # (L,) change of the bottom 1, 2, ... L layers
+    threshold = AUTO_FREEZE_MASS * float(change.sum())
+    k = max((i + 1 for i in range(n_layers) if float(below[i]) < threshold), default=0)
+    return min(k, n_layers - 1)
+
+
+def _shares(sizes: list[int], budget: int) -> list[int]:
+    """`budget` split over groups of `sizes` nodes in proportion to their sizes, at least 1 each.
+
+    Largest remainders get the leftover units (ties: the earlier group), so the shares add up to
+    the budget exactly whenever it is at least one per group.
+    """
+    total = sum(sizes)
+    shares = [budget * n // total for n in sizes]
+    remainders = [budget * n % total for n in sizes]
+    for i in sorted(range(len(sizes)), key=lambda i: -remainders[i])[: budget - sum(shares)]:
+        shares[i] += 1
+    return [max(1, share) for share in shares]
+
+
+def select_depth(
+    config: FARConfig,
+    *,
+    n_nodes: Mapping[str, int],
+    scores: Mapping[str, Tensor] | None = None,
+    layer_of: Mapping[str, int] | None = None,
+) -> dict[str, Tensor]:
+    """Learners of every group under `config.freeze_layers`: none below layer K, the budget above.
+
+    Args:
+        config: A config with `freeze_layers` set (an int, or "auto", which needs `scores`).
+        n_nodes: `{group_name: n}`, in module order.
+        scores: `{group_name: (n,) scores}`; needed by "per_layer", "global" and "auto".
+        layer_of: `{group_name: layer index}`; default: the groups in order are layers 0, 1, ...
+
+    Returns:
+        `{group_name: sorted int64 indices}`, empty for the groups of frozen layers.
+    """
+    if config.freeze_layers is None:
+        raise ValueError("select_depth needs a config with freeze_layers set; use select_learners otherwise")
+    if scores is None and config.selection != "random":
+        raise ValueError(f"{config.selection!r} selection needs priming scores")
+    layers = _positions(n_nodes, layer_of)
+    n_layers = max(layers.values()) + 1
+    if config.freeze_layers == AUTO:
+        if scores is None:
+            raise ValueError("freeze_layers='auto' needs priming scores; give scores=..., or an int freeze_layers")
+        k = auto_freeze_layers(scores, layers)
+    else:
+        k = config.freeze_layers
+    if k >= n_layers:
+        raise ValueError(
+            f"freeze_layers={k} would freeze every layer of {n_layers}; at most {n_layers - 1} leaves one to train"
+        )
+    trainable = [name for name in n_nodes if layers[name] >= k]
+    sizes = [n_nodes[name] for name in trainable]
+    # Freezing layers moves their share of the budget up; it shrinks only where the layers above are full.
+    budget = min(sum(sizes), max(len(trainable), round(config.retention * sum(n_nodes.values()))))
+    if config.selection == "global":
+        chosen = select_global({name: scores[name] for name in trainable}, config.retention, budget=budget)
+    elif config.selection == "random":
+        generator = torch.Generator().manual_seed(config.seed)
+        chosen = {
+            name: torch.randperm(n, generator=generator)[:share].sort().values
+            for name, n, share in zip(trainable, sizes, _shares(sizes, budget), strict=True)
+        }
+    else:
+        chosen = {
+            name: _top(scores[name], share) for name, share in zip(trainable, _shares(sizes, budget), strict=True)
+        }
+    empty = torch.empty(0, dtype=torch.int64)
+    return {name: chosen.get(name, empty) for name in n_nodes}
 
 
 def select_random(n_nodes: Mapping[str, int], retention: float, seed: int) -> dict[str, Tensor]:
@@ -68,6 +187,8 @@ def select_learners(
     retention: float | None = None,
     selection: str | None = None,
     seed: int | None = None,
+    freeze_layers: int | str | None = None,
+    layer_of: Mapping[str, int] | None = None,
 ) -> dict[str, Tensor]:
     """Learner node indices (sorted, int64) of every FFN.
 
@@ -75,19 +196,23 @@ def select_learners(
         config: A `far.FARConfig`, or the retention (fraction of nodes kept trainable, in (0, 1]).
         scores: `{ffn_name: (n,) scores}`; needed by "per_layer" and "global".
         n_nodes: `{ffn_name: n}`; needed by "random" when no scores are given.
-        retention / selection / seed: The config's fields, as keywords: the retention,
-            "per_layer" (default), "global" or "random", the seed of "random".
+        retention / selection / seed / freeze_layers: The config's fields, as keywords: the
+            retention, "per_layer" (default), "global" or "random", the seed of "random", the
+            bottom layers that get no learners (see `select_depth`).
+        layer_of: `{ffn_name: layer index}` for `freeze_layers`; default: the FFNs in order.
 
     Example:
         >>> select_learners(0.5, scores={"ffn": torch.tensor([0.1, 0.9, 0.5, 0.2])})
         {'ffn': tensor([1, 2])}
     """
-    config = as_config(config, retention=retention, selection=selection, seed=seed)
+    config = as_config(config, retention=retention, selection=selection, seed=seed, freeze_layers=freeze_layers)
+    if n_nodes is None and scores is not None:
+        n_nodes = {name: s.numel() for name, s in scores.items()}
+    if config.freeze_layers is not None and n_nodes is not None:
+        return select_depth(config, n_nodes=n_nodes, scores=scores, layer_of=layer_of)
     if config.selection == "random":
         if n_nodes is None:
-            if scores is None:
-                raise ValueError("random selection needs n_nodes (or scores, for their sizes)")
-            n_nodes = {name: s.numel() for name, s in scores.items()}
+            raise ValueError("random selection needs n_nodes (or scores, for their sizes)")
         return select_random(n_nodes, config.retention, config.seed)
     if scores is None:
         raise ValueError(f"{config.selection!r} selection needs priming scores")

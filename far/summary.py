@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from far.architectures import find_attention
+from far.freezing import frozen_depth
 from far.layers import INPUT, SplitLinear
 
 
@@ -18,6 +19,9 @@ class Summary:
     trainable_parameters: int
     learners: dict[str, tuple[int, int]] = field(default_factory=dict)  # group -> (learners, nodes)
     attention_blocks: frozenset[str] = frozenset()  # the groups in `learners` whose nodes are heads
+    # (bottom layers frozen whole, all layers, whether everything below them is frozen too: backward
+    # then stops at the lowest trainable layer); (0, 0, False) where the layers cannot be found
+    frozen_layers: tuple[int, int, bool] = (0, 0, False)
 
     @property
     def trainable_fraction(self) -> float:
@@ -28,6 +32,14 @@ class Summary:
             f"trainable params: {self.trainable_parameters:,} || all params: {self.total_parameters:,} "
             f"|| trainable%: {100 * self.trainable_fraction:.4f}"
         ]
+        frozen, n_layers, below = self.frozen_layers
+        if frozen:
+            stops = (
+                (f"backward stops at layer {frozen}" if frozen < n_layers else "backward stops above the layers")
+                if below
+                else "backward still runs to the bottom (something below them trains, e.g. the embeddings)"
+            )
+            lines.append(f"frozen layers: 0-{frozen - 1} ({frozen} of {n_layers}), {stops}")
         for name, (k, n) in self.learners.items():
             unit = "heads" if name in self.attention_blocks else "nodes"
             lines.append(f"  {name}: {k:,}/{n:,} learner {unit} ({100 * k / n:.1f}%)")
@@ -38,7 +50,8 @@ def summary(model: nn.Module, *, verbose: bool = True) -> Summary:
     """Count total and trainable parameters and the learners of every split FFN and attention block.
 
     An attention block's learners are counted in heads (key/value groups under grouped-query
-    attention), an FFN's in intermediate nodes.
+    attention), an FFN's in intermediate nodes. Bottom layers frozen whole (`freeze_layers`, or
+    `far.freeze_layers` on a plain model) are reported with the layer backward stops at.
 
     Args:
         model: Any model, reconfigured or not.
@@ -61,10 +74,18 @@ def summary(model: nn.Module, *, verbose: bool = True) -> Summary:
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         learners=learners,
         attention_blocks=frozenset(heads) & frozenset(learners),
+        frozen_layers=_frozen_layers(model),
     )
     if verbose:
         print(result)
     return result
+
+
+def _frozen_layers(model: nn.Module) -> tuple[int, int, bool]:
+    try:
+        return frozen_depth(model)
+    except ValueError:  # an architecture whose FFNs (hence layers) far cannot find unaided
+        return (0, 0, False)
 
 
 def _heads_per_block(model: nn.Module) -> dict[str, int]:

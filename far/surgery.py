@@ -2,8 +2,13 @@
 
 Every public verb validates all of its input before it touches the model, so a call that raises
 leaves the model exactly as it was. A reconfigured model carries what was done to it as
-`model.far_state` (a `FARState`: the config, the embeddings FAR froze), which `far.get_config`
-reads and `far.restore` removes; it is the one attribute surgery sets.
+`model.far_state` (a `FARState`: the config, what FAR froze), which `far.get_config` reads and
+`far.restore` removes; it is the one attribute surgery sets.
+
+With `freeze_layers`, the FFNs of the frozen bottom layers are split too, into 0 learners and all
+their nodes frozen. Every FFN stays a `SplitLinear`, so the layout records the frozen layers by
+itself (their empty learner blocks): learners files, checkpoints and `reconfigure_with_learners`
+rebuild them from the learners alone, with no second kind of FFN to tell apart.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from far.architectures import (
     find_ffns,
     projection_rows,
 )
-from far.config import UNSET, FARConfig, as_config
+from far.config import AUTO, UNSET, FARConfig, as_config
+from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.priming import Primer, detach_primer, primer_of
-from far.selection import select_learners
+from far.selection import auto_freeze_layers, select_learners
 
 STATE_ATTRIBUTE = "far_state"
 
@@ -39,6 +45,8 @@ class FARState:
 
     config: FARConfig
     frozen_embeddings: tuple[str, ...] = ()  # parameter names that FAR froze, unfrozen on restore
+    frozen_layers: int = 0  # bottom layers frozen whole (freeze_layers, "auto" resolved)
+    frozen_parameters: tuple[str, ...] = ()  # their parameters FAR froze, as the plain model names them
 
 
 def is_reconfigured(model: nn.Module) -> bool:
@@ -90,7 +98,7 @@ def _check_scores(scores: object, ffns: Mapping[str, FFN], argument: str = "scor
     return checked
 
 
-def _check_learners(learners: object, ffns: Mapping[str, FFN]) -> dict[str, Tensor]:
+def _check_learners(learners: object, ffns: Mapping[str, FFN], empty_ok: bool = False) -> dict[str, Tensor]:
     if not isinstance(learners, Mapping) or set(learners) != set(ffns):
         raise ValueError(
             "learners must map every FFN name (see far.find_ffns), and every attention block's when the config "
@@ -99,10 +107,10 @@ def _check_learners(learners: object, ffns: Mapping[str, FFN]) -> dict[str, Tens
     checked = {}
     for name, ffn in ffns.items():
         idx = torch.as_tensor(learners[name])
-        if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1 or idx.numel() == 0:
+        if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1 or (idx.numel() == 0 and not empty_ok):
             raise ValueError(f"learners[{name!r}] must be a non-empty 1-D integer tensor")
         idx = idx.long().cpu().sort().values
-        if idx[0] < 0 or idx[-1] >= ffn.n_nodes or (idx[1:] == idx[:-1]).any():
+        if idx.numel() and (idx[0] < 0 or idx[-1] >= ffn.n_nodes or (idx[1:] == idx[:-1]).any()):
             raise ValueError(f"learners[{name!r}] must hold distinct node indices in [0, {ffn.n_nodes})")
         checked[name] = idx
     return checked
@@ -134,16 +142,21 @@ def _primer_head_scores(model: nn.Module, scores: object, head_scores: object) -
     return primer.head_scores()
 
 
-def _primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None, selection: str) -> object:
+def _primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None, config: FARConfig) -> object:
     """The scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
     if scores is not None and not isinstance(scores, Primer):
         return scores
     primer = _watching_primer(model, scores)
     if primer is None:
+        needs, instead = (
+            ("freeze_layers='auto'", "or give freeze_layers an int")
+            if config.selection == "random"
+            else (f"selection={config.selection!r}", "or use selection='random'")
+        )
         raise ValueError(
-            f"selection={selection!r} needs priming scores, and this model was never primed. Create "
+            f"{needs} needs priming scores, and this model was never primed. Create "
             "far.Primer(model) and run a few training steps first (or use far.finetune), pass "
-            "scores=..., or use selection='random'"
+            f"scores=..., {instead}"
         )
     result = primer.scores()
     if all(bool((s == 0).all()) for s in result.values()):
@@ -170,7 +183,9 @@ def reconfigure(
     the largest priming scores) stay trainable, the others are frozen and never get a gradient.
     With `attention_retention`, every attention block is split the same way, a node being a head
     (its query, key and value rows and its output-projection columns). Outputs are unchanged.
-    Everything else keeps its `requires_grad`, except the embeddings when `freeze_embeddings=True`.
+    Everything else keeps its `requires_grad`, except the embeddings when `freeze_embeddings=True`,
+    and, with `freeze_layers=K`, the bottom K layers and everything below them (the embeddings):
+    their FFNs keep no learners, so backward stops at layer K.
 
     A head split stores learner heads first, so inside the attention the heads are reordered:
     attention maps a model returns with `output_attentions=True` come in that order, and attention
@@ -181,8 +196,8 @@ def reconfigure(
             described by `spec`.
         config: A `far.FARConfig`; or leave it out and give its fields as keywords (a number here
             is the retention). Defaults: retention 0.4, per-layer selection.
-        **fields: The config's fields as keywords: retention, selection, seed,
-            freeze_embeddings, recompute_activations, attention_retention (see `far.FARConfig`).
+        **fields: The config's fields as keywords: retention, selection, seed, freeze_embeddings,
+            recompute_activations, attention_retention, freeze_layers (see `far.FARConfig`).
         scores: `{output_projection_name: (n,) scores}`, or the `far.Primer` that watched this
             model; default: the Primer attached to `model` (the latest created on it). Unused by
             selection="random".
@@ -208,21 +223,39 @@ def reconfigure(
         raise ValueError(
             "this model is already reconfigured by FAR; call far.restore(model) before reconfiguring it again"
         )
-    if config.selection == "random":
-        chosen = select_learners(config, n_nodes={n: f.n_nodes for n, f in ffns.items()})
-    else:
-        checked = _check_scores(_primer_scores(model, scores, config.selection), ffns)
-        chosen = select_learners(config, scores=checked)
+    layers, layer_of = [], None
+    if config.freeze_layers is not None:
+        layers = find_layers(model, spec)
+        layer_of = layer_index([*ffns, *blocks], layers)
+        if config.freeze_layers != AUTO:
+            check_depth(config.freeze_layers, len(layers))
+    checked = None
+    if config.selection != "random" or config.freeze_layers == AUTO:
+        checked = _check_scores(_primer_scores(model, scores, config), ffns)
+    # "auto" is resolved once, from the FFN scores, so that the heads freeze with the same layers.
+    depth = config.freeze_layers
+    if depth == AUTO:
+        depth = auto_freeze_layers(checked, {name: layer_of[name] for name in ffns})
+    select_config = dataclasses.replace(config, freeze_layers=depth)
+    ffn_layers = None if layer_of is None else {name: layer_of[name] for name in ffns}
+    chosen = select_learners(
+        select_config, scores=checked, n_nodes={n: f.n_nodes for n, f in ffns.items()}, layer_of=ffn_layers
+    )
     if blocks:
         # Heads are chosen by the same strategy at their own retention, and drawn separately
         # (for "random"), so that adding attention never changes which FFN nodes are learners.
-        head_config = dataclasses.replace(config, retention=config.attention_retention)
-        if config.selection == "random":
-            chosen |= select_learners(head_config, n_nodes={n: b.n_nodes for n, b in blocks.items()})
-        else:
-            checked = _check_scores(_primer_head_scores(model, scores, head_scores), blocks, "head_scores")
-            chosen |= select_learners(head_config, scores=checked)
-    return _split(model, {**ffns, **blocks}, chosen, config)
+        head_config = dataclasses.replace(select_config, retention=config.attention_retention)
+        head_scores_checked = None
+        if config.selection != "random":
+            head_scores_checked = _check_scores(_primer_head_scores(model, scores, head_scores), blocks, "head_scores")
+        block_layers = None if layer_of is None else {name: layer_of[name] for name in blocks}
+        chosen |= select_learners(
+            head_config,
+            scores=head_scores_checked,
+            n_nodes={n: b.n_nodes for n, b in blocks.items()},
+            layer_of=block_layers,
+        )
+    return _split(model, {**ffns, **blocks}, chosen, config, layers or None, depth or 0)
 
 
 def reconfigure_with_learners(
@@ -244,7 +277,33 @@ def reconfigure_with_learners(
     groups = node_groups(model, spec, attention=config.attention_retention is not None, attention_spec=attention_spec)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
-    return _split(model, groups, _check_learners(learners, groups), config)
+    checked = _check_learners(learners, groups, empty_ok=config.freeze_layers is not None)
+    layers, depth = None, 0
+    if config.freeze_layers is not None:
+        layers = find_layers(model, spec)
+        depth = _recorded_depth(checked, layer_index(groups, layers), config, len(layers))
+    return _split(model, groups, checked, config, layers, depth)
+
+
+def _recorded_depth(
+    learners: Mapping[str, Tensor], layer_of: Mapping[str, int], config: FARConfig, n_layers: int
+) -> int:
+    """The frozen layers a layout records: the bottom ones whose groups have no learners."""
+    empty = {layer_of[name] for name, idx in learners.items() if idx.numel() == 0}
+    depth = next(i for i in range(n_layers + 1) if i not in empty)
+    kept = {layer_of[name] for name, idx in learners.items() if idx.numel() > 0}
+    if depth >= n_layers or empty - set(range(depth)) or kept & set(range(depth)):
+        raise ValueError(
+            "learners must leave exactly the bottom frozen layers empty and give every other group at least "
+            f"one learner (got empty layers {sorted(empty)} of {n_layers}); pass the learners of a model "
+            "reconfigured with this config's freeze_layers"
+        )
+    if config.freeze_layers not in (AUTO, depth):
+        raise ValueError(
+            f"the learners leave the bottom {depth} layers empty, but the config says freeze_layers="
+            f"{config.freeze_layers!r}; pass the config the learners were chosen with"
+        )
+    return depth
 
 
 def node_groups(
@@ -287,9 +346,19 @@ def projection_learners(model: nn.Module, group: NodeGroup, name: str, nodes: Te
 
 
 def _split(
-    model: nn.Module, groups: Mapping[str, NodeGroup], learners: Mapping[str, Tensor], config: FARConfig
+    model: nn.Module,
+    groups: Mapping[str, NodeGroup],
+    learners: Mapping[str, Tensor],
+    config: FARConfig,
+    layers: list[str] | None = None,
+    depth: int = 0,
 ) -> nn.Module:
+    """Split `groups`; with `layers` (freeze_layers set), freeze the bottom `depth` and all below them."""
     # Everything was validated by the caller; from here on nothing raises on user input.
+    depth_frozen: list[str] = []
+    if layers is not None:
+        # Named before the split: restore gives the plain model's parameters back their requires_grad.
+        depth_frozen = [n for n in depth_parameters(model, layers, depth) if model.get_parameter(n).requires_grad]
     for group in groups.values():
         idx = learners[group.name]
         for name in group.inputs:
@@ -306,7 +375,23 @@ def _split(
             if isinstance(module, nn.Embedding) and module.weight.requires_grad:
                 module.weight.requires_grad_(False)
                 frozen.append(f"{module_name}.weight")
-    setattr(model, STATE_ATTRIBUTE, FARState(config=config, frozen_embeddings=tuple(frozen)))
+    layer_params = []
+    if layers is not None:
+        below = set(below_layers(model, layers))
+        frozen += [n for n in depth_frozen if n in below and n not in frozen]
+        layer_params = [n for n in depth_frozen if n not in below]
+        # After the split: the frozen layers' learner blocks (empty) freeze with everything else there.
+        prefixes = tuple(f"{layer}." for layer in layers[:depth])
+        for name, p in model.named_parameters():
+            if name in below or name.startswith(prefixes):
+                p.requires_grad_(False)
+    state = FARState(
+        config=config,
+        frozen_embeddings=tuple(frozen),
+        frozen_layers=depth,
+        frozen_parameters=tuple(layer_params),
+    )
+    setattr(model, STATE_ATTRIBUTE, state)
     detach_primer(model)  # its job is done; its weight snapshot is as large as the FFNs
     return model
 
@@ -330,7 +415,7 @@ def restore(model: nn.Module) -> nn.Module:
         _set_module(model, name, module.to_linear())
     state = getattr(model, STATE_ATTRIBUTE, None)
     if isinstance(state, FARState):
-        for param_name in state.frozen_embeddings:
+        for param_name in (*state.frozen_embeddings, *state.frozen_parameters):
             model.get_parameter(param_name).requires_grad_(True)
     if hasattr(model, STATE_ATTRIBUTE):
         delattr(model, STATE_ATTRIBUTE)

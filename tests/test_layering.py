@@ -20,7 +20,7 @@ PACKAGE = ROOT / "far"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("far.atomic", "far.config", "far.lazy", "far.seeds")),
     ("split layers", ("far.split_ops", "far.layers")),
-    ("FFN discovery", ("far.architectures", "far.flops", "far.summary")),
+    ("FFN discovery", ("far.architectures", "far.flops", "far.freezing", "far.summary")),
     ("priming and selection", ("far.priming", "far.selection")),
     ("surgery", ("far.surgery",)),
     ("saving", ("far.saving",)),

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import FARConfig
+from far.freezing import find_layers, layer_index
 from far.selection import learner_count
 from far.surgery import is_reconfigured, learners, learners_from_state_dict, reconfigure_with_learners
 
@@ -37,13 +38,22 @@ def read_layout(files: Iterable[str | os.PathLike]) -> dict[str, Tensor]:
 def inferred_config(model: nn.Module, chosen: Mapping[str, Tensor], spec: FFNSpec | None = None) -> FARConfig:
     """A `FARConfig` for learners saved without one: the overall retention, and the selection it fits.
 
-    Only retention (and attention retention, where heads are split) can be read back from a
-    layout; seed and freeze_embeddings take their defaults.
+    Only retention, the frozen bottom layers (FFNs with no learners) and attention retention (where
+    heads are split) can be read back from a layout; seed and freeze_embeddings take their defaults.
     """
     ffns = find_ffns(model, spec)
     n_nodes = {name: ffn.n_nodes for name, ffn in ffns.items()}
     retention = sum(len(chosen[n]) for n in n_nodes) / sum(n_nodes.values())
-    uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in n_nodes)
+    freeze_layers = None
+    if any(len(chosen[n]) == 0 for n in n_nodes):  # layers frozen whole: the lowest with learners is the depth
+        layer_of = layer_index(n_nodes, find_layers(model, spec))
+        freeze_layers = min(layer_of[n] for n in n_nodes if len(chosen[n]))
+    trainable = [n for n in n_nodes if len(chosen[n])]
+    if freeze_layers is None:
+        uniform = all(len(chosen[n]) == learner_count(n_nodes[n], retention) for n in n_nodes)
+    else:  # the budget in equal shares over the trainable layers, as per_layer selection spends it
+        counts = [len(chosen[n]) for n in trainable]
+        uniform = max(counts) - min(counts) <= 1 and len({n_nodes[n] for n in trainable}) == 1
     heads = [name for name in chosen if name not in ffns]
     attention_retention = None
     if heads:  # the fraction of heads kept, over all blocks
@@ -53,6 +63,7 @@ def inferred_config(model: nn.Module, chosen: Mapping[str, Tensor], spec: FFNSpe
         retention=round(retention, 6),
         selection="per_layer" if uniform else "global",
         attention_retention=attention_retention,
+        freeze_layers=freeze_layers,
     )
 
 

@@ -218,9 +218,10 @@ def _expect(path: Path, tensors: Mapping[str, Tensor], key: str, shape: tuple[in
         )
 
 
-def _check_learner_indices(path: Path, name: str, idx: Tensor, n_nodes: int) -> None:
-    ok = idx.dtype == torch.int64 and idx.dim() == 1 and 0 < idx.numel() <= n_nodes
-    if ok:
+def _check_learner_indices(path: Path, name: str, idx: Tensor, n_nodes: int, empty_ok: bool) -> None:
+    # Empty: a group in a layer frozen whole (freeze_layers); `reconfigure_with_learners` checks which.
+    ok = idx.dtype == torch.int64 and idx.dim() == 1 and (0 if empty_ok else 1) <= idx.numel() <= n_nodes
+    if ok and idx.numel():
         ok = bool(idx[0] >= 0) and bool(idx[-1] < n_nodes) and bool((idx[1:] > idx[:-1]).all())
     if not ok:
         raise LearnersFileError(
@@ -250,7 +251,7 @@ def _check_against_model(
     chosen, ffn_keys = {}, set()
     for ffn in ffns.values():
         idx = tensors.get(f"{ffn.name}.learner_indices", torch.empty(0))
-        _check_learner_indices(path, ffn.name, idx, ffn.n_nodes)
+        _check_learner_indices(path, ffn.name, idx, ffn.n_nodes, config.freeze_layers is not None)
         chosen[ffn.name] = idx
         k = idx.numel()
         ffn_keys.add(f"{ffn.name}.learner_indices")

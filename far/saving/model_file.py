@@ -25,7 +25,8 @@ def save_model_file(model: nn.Module, path: str | os.PathLike) -> None:
     tensors, aliases, seen = {}, {}, {}
     for name, tensor in model.state_dict().items():
         identity = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-        if identity in seen:
+        # Empty tensors (the learner blocks of layers frozen whole) all have data_ptr 0: never ties.
+        if identity in seen and tensor.numel():
             aliases[name] = seen[identity]
             continue
         seen[identity] = name
