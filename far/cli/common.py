@@ -14,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
+from far.config import AUTO
 from far.data.locate import DATA_DIR_ENV
 from far.methods import METHODS
 from far.models import DEFAULT_MODEL, MODEL_ALIASES
@@ -41,6 +42,19 @@ def fraction_or_steps(text: str) -> float | int:
         return check_length("the length", value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def layers_or_auto(text: str) -> int | str:
+    """argparse type of --freeze-layers: a number of bottom layers, or "auto"."""
+    if text == AUTO:
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of layers nor {AUTO!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"the number of frozen layers must be >= 0, got {value}")
+    return value
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +132,17 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="modules to adapt (default: PEFT's for the architecture, e.g. query value for BERT)",
     )
-    parser.add_argument("--freeze-embeddings", action="store_true", help="also freeze the embeddings (far/random)")
+    parser.add_argument(
+        "--freeze-embeddings", action="store_true", help="also freeze the embeddings (every method but lora)"
+    )
+    parser.add_argument(
+        "--freeze-layers",
+        type=layers_or_auto,
+        default=None,
+        metavar="K|auto",
+        help="freeze the embeddings and the bottom K layers whole, so that backward stops at layer K (every "
+        "method); auto: K from FAR's priming scores (far/random)",
+    )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument(
         "--trainable-dtype",

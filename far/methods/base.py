@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 import far
-from far.config import FARConfig
+from far.config import AUTO, FARConfig
 
 LEARNERS_FILE = "learners.safetensors"
 
@@ -65,8 +65,18 @@ class Method:
         seed: int = 0,
         freeze_embeddings: bool = False,
         attention_retention: float | None = None,
+        freeze_layers: int | str | None = None,
     ) -> FARConfig | None:
-        """The surgery of this method, checked by `FARConfig`; None for a method without one."""
+        """The surgery of this method, checked by `FARConfig`; None for a method without one.
+
+        Without surgery, `freeze_layers` is plain freezing (`far.freeze_layers`), which needs a number:
+        "auto" reads FAR's priming scores.
+        """
+        if freeze_layers == AUTO:
+            raise ValueError(
+                f"freeze_layers='auto' picks the layers from FAR's priming scores; method {self.name!r} has none: "
+                "give a number of bottom layers (e.g. 2)"
+            )
         if attention_retention is not None:
             raise ValueError(f"attention_retention splits heads with FAR's surgery; method {self.name!r} has none")
         return None

@@ -21,6 +21,7 @@ class Surgery(Method):
         seed: int = 0,
         freeze_embeddings: bool = False,
         attention_retention: float | None = None,
+        freeze_layers: int | str | None = None,
     ) -> FARConfig:
         return FARConfig(
             retention,
@@ -28,4 +29,5 @@ class Surgery(Method):
             seed=seed,
             freeze_embeddings=freeze_embeddings,
             attention_retention=attention_retention,
+            freeze_layers=freeze_layers,
         )

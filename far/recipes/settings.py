@@ -87,6 +87,7 @@ class RunSettings:
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] | None = None
     freeze_embeddings: bool = False
+    freeze_layers: int | str | None = None
     bf16: bool = False
     trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
@@ -117,6 +118,7 @@ class RunSettings:
             seed=self.seed,
             freeze_embeddings=self.freeze_embeddings,
             attention_retention=self.attention_retention,
+            freeze_layers=self.freeze_layers,
         )  # FARConfig checks retention
         object.__setattr__(self, "far", far_config)
         self.lora_settings()  # LoraSettings checks rank, alpha, dropout
@@ -173,6 +175,7 @@ class RunSettings:
             priming=self.priming,
             # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
             freeze_embeddings=self.freeze_embeddings and self.far is None,
+            freeze_layers=self.freeze_layers if self.far is None else None,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],
