@@ -32,18 +32,31 @@ def detach_primer(model: nn.Module) -> None:
         delattr(model, PRIMER_ATTRIBUTE)
 
 
+def trainable_embeddings(model: nn.Module) -> list[str]:
+    """Parameter names of the `nn.Embedding` weights that train (those `freeze_embeddings` freezes)."""
+    return [
+        f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
+    ]
+
+
 class Primer:
     """Snapshots a model's FFN weights, then scores each node by how much it changed.
 
     Create it before the priming steps and call `scores()` after them; the training loop is the
     caller's own. The snapshot holds only the FFN projections, on CPU, in the model's dtype, plus,
-    with `heads=True`, the attention projections, whose heads `head_scores()` then scores.
+    with `heads=True`, the attention projections, whose heads `head_scores()` then scores, and,
+    with `embeddings=True`, the trainable embedding matrices. `far.reconfigure` puts the nodes,
+    heads and embeddings it freezes back to these pre-priming values (see `far.portable`), so that
+    a learners file applies to the stock model.
 
     Args:
         model: A plain (not reconfigured) model.
         spec: FFN layout for architectures that are not built in.
         heads: Also score attention heads (for `far.reconfigure(..., attention_retention=...)`).
         attention_spec: Attention layout for architectures that are not built in.
+        embeddings: Also snapshot every trainable `nn.Embedding` weight, for a reconfiguration with
+            `freeze_embeddings=True`; it costs a copy of them until `reconfigure` (so it is off
+            unless the embeddings will be frozen).
 
     Example:
         >>> primer = far.Primer(model)
@@ -60,7 +73,10 @@ class Primer:
         *,
         heads: bool = False,
         attention_spec: AttentionSpec | None = None,
+        embeddings: bool = False,
     ) -> None:
+        if not isinstance(embeddings, bool):
+            raise TypeError(f"embeddings must be True or False, got {embeddings!r}")
         self.ffns: dict[str, FFN] = find_ffns(model, spec)
         self.blocks: dict[str, NodeGroup] = find_attention(model, attention_spec) if heads else {}
         modules = dict(model.named_modules())
@@ -81,11 +97,21 @@ class Primer:
                 self._snapshot[f"{name}.weight"] = node_rows(module, role).to("cpu", copy=True)  # (n, f)
                 if name in ffn.inputs and module.bias is not None:
                     self._snapshot[f"{name}.bias"] = module.bias.detach().to("cpu", copy=True)
+        # Embeddings that priming may move; only these need their pre-priming value to be frozen again.
+        self.trainable_embeddings = tuple(trainable_embeddings(model))
+        if embeddings:
+            for name in self.trainable_embeddings:
+                self._snapshot[name] = model.get_parameter(name).detach().to("cpu", copy=True)  # (vocab, d)
         setattr(model, PRIMER_ATTRIBUTE, self)  # a plain attribute: not a submodule, not in the state dict
 
     def watches(self, model: nn.Module) -> bool:
         """Whether this Primer was created on `model` (the very object, not a copy)."""
         return self._model() is model
+
+    def snapshot(self, key: str) -> Tensor | None:
+        """The pre-priming value of `key` (`<projection>.weight` as node rows (n, f), `<projection>.bias`,
+        or an embedding's parameter name), or None if it was not snapshotted."""
+        return self._snapshot.get(key)
 
     @property
     def watches_heads(self) -> bool:

@@ -27,7 +27,9 @@ from far.architectures import (
 )
 from far.config import UNSET, FARConfig, as_config
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.priming import Primer, detach_primer, primer_of
+from far.portable import check_resettable
+from far.portable import reset_frozen as reset_frozen_values
+from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import select_learners
 
 STATE_ATTRIBUTE = "far_state"
@@ -162,6 +164,7 @@ def reconfigure(
     head_scores: Mapping[str, Tensor] | None = None,
     spec: FFNSpec | None = None,
     attention_spec: AttentionSpec | None = None,
+    reset_frozen: bool = True,
     **fields,
 ) -> nn.Module:
     """Freeze and reconfigure every FFN of `model`, in place, as `config` says.
@@ -175,6 +178,10 @@ def reconfigure(
     A head split stores learner heads first, so inside the attention the heads are reordered:
     attention maps a model returns with `output_attentions=True` come in that order, and attention
     dropout draws its masks for other heads than the unsplit model would (the same distribution).
+
+    After priming, every frozen node (and frozen head and embedding) goes back to its pre-priming
+    value, as the Primer snapshotted it (`reset_frozen=True`): the model is then the stock model
+    plus what stays trainable, and `far.save_learners` writes a file for the stock model.
 
     Args:
         model: A plain model whose architecture is built in (see `far.BUILTIN_SPECS`) or
@@ -190,6 +197,9 @@ def reconfigure(
             `attention_retention`; default: those of the Primer (created with `heads=True`).
         spec: FFN layout for architectures that are not built in.
         attention_spec: Attention layout for architectures that are not built in.
+        reset_frozen: Put what FAR freezes back to its pre-priming value, from the Primer passed as
+            `scores` or attached to `model` (nothing to do without one). False keeps the primed
+            values: a learners file then fits only this primed model.
 
     Returns:
         The same model object, reconfigured.
@@ -222,7 +232,20 @@ def reconfigure(
         else:
             checked = _check_scores(_primer_head_scores(model, scores, head_scores), blocks, "head_scores")
             chosen |= select_learners(head_config, scores=checked)
-    return _split(model, {**ffns, **blocks}, chosen, config)
+    if not isinstance(reset_frozen, bool):
+        raise TypeError(f"reset_frozen must be True or False, got {reset_frozen!r}")
+    groups = {**ffns, **blocks}
+    # The Primer that watched priming holds the pre-priming values; without one nothing was primed.
+    primer = (scores if isinstance(scores, Primer) else primer_of(model)) if reset_frozen else None
+    embeddings = trainable_embeddings(model) if config.freeze_embeddings else []
+    if primer is not None:
+        if not primer.watches(model):
+            raise ValueError("scores=primer: this Primer was created on another model")
+        check_resettable(primer, groups, embeddings)
+    _split(model, groups, chosen, config)
+    if primer is not None:
+        reset_frozen_values(model, primer, groups, embeddings)
+    return model
 
 
 def reconfigure_with_learners(

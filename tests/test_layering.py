@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("far.atomic", "far.config", "far.lazy")),
     ("split layers", ("far.split_ops", "far.layers")),
     ("FFN discovery", ("far.architectures", "far.flops", "far.summary")),
-    ("priming and selection", ("far.priming", "far.selection")),
+    ("priming and selection", ("far.priming", "far.selection", "far.portable")),
     ("surgery", ("far.surgery",)),
     ("saving", ("far.saving",)),
     # `far` itself is the public API: core, saving and training.

@@ -134,7 +134,12 @@ class FARCallback(TrainerCallback):
         if self.priming_steps == 0:
             self._switch(model, optimizer, None)
         else:
-            self._primer = Primer(model, self.spec, heads=self.config.attention_retention is not None)
+            self._primer = Primer(
+                model,
+                self.spec,
+                heads=self.config.attention_retention is not None,
+                embeddings=self.config.freeze_embeddings,  # frozen embeddings go back to their pre-priming value
+            )
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         # The Trainer passes its model and optimizer (and more) as keywords.

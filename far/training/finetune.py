@@ -67,6 +67,7 @@ def finetune(
     log_every: int = 1,
     spec: FFNSpec | None = None,
     progress: bool = True,
+    reset_frozen: bool = True,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
 
@@ -131,6 +132,9 @@ def finetune(
         log_every: Steps between log lines (evaluations and the last step are always logged).
         spec: FFN layout for architectures far does not know (see `far.FFNSpec`).
         progress: Show a tqdm progress bar (steps/s, loss).
+        reset_frozen: At the switch, put every frozen node, head and embedding back to its
+            pre-priming value (see `far.reconfigure`), so that `far.save_learners` writes a file
+            for the stock model. False keeps the primed values (the file fits only the primed model).
 
     Returns:
         A `far.FinetuneResult` (final metrics, steps, time split into priming / training / eval,
@@ -160,6 +164,7 @@ def finetune(
         priming_lr=priming_lr,
         freeze_embeddings=freeze_embeddings,
         freeze_ffn=freeze_ffn,
+        reset_frozen=reset_frozen,
         epochs=epochs,
         max_steps=max_steps,
         lr=lr,

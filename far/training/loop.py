@@ -132,7 +132,12 @@ class Loop:
                         module.weight.requires_grad_(False)
         elif plan.priming_steps:
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
-            self.primer = Primer(model, self.spec, heads=plan.far.attention_retention is not None)
+            self.primer = Primer(
+                model,
+                self.spec,
+                heads=plan.far.attention_retention is not None,
+                embeddings=plan.far.freeze_embeddings and plan.reset_frozen,  # a copy only of what will be frozen
+            )
         else:  # random selection: no scores needed
             reconfigure(model, plan.far, spec=self.spec)
         self._build(0)
@@ -154,10 +159,10 @@ class Loop:
         moments included: the learner tensors are new Parameters with their nodes reordered.
         """
         t = time.perf_counter()
-        scores = self.primer.scores()
-        head_scores = self.primer.head_scores() if self.primer.watches_heads else None
-        self.primer = self.optimizer = self.scheduler = None  # free the priming state first
-        reconfigure(self.model, self.plan.far, scores=scores, head_scores=head_scores, spec=self.spec)
+        primer = self.primer
+        self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
+        # The Primer gives the scores and, with reset_frozen, the pre-priming values of what is frozen.
+        reconfigure(self.model, self.plan.far, scores=primer, spec=self.spec, reset_frozen=self.plan.reset_frozen)
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))

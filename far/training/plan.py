@@ -13,6 +13,8 @@ OPTIMIZERS = tuple(DEFAULT_LR)
 
 # Options that do not change the trajectory: a resumed run may change them.
 _FREE_ON_RESUME = {"eval_every", "checkpoint_every", "keep_checkpoints", "log_every"}
+# What a checkpoint written before an option existed ran with.
+_BEFORE_THE_OPTION = {"reset_frozen": False}
 
 
 def _is_int(value: object) -> bool:
@@ -86,6 +88,7 @@ class TrainingPlan:
     priming_optimizer: str | None  # None: no priming phase
     freeze_embeddings: bool
     freeze_ffn: bool
+    reset_frozen: bool  # frozen tensors back to their pre-priming values at the switch
     n_examples: int
     batch_size: int
     grad_accum: int
@@ -122,7 +125,7 @@ class TrainingPlan:
         return [
             f"{f.name}: saved {saved.get(f.name)!r}, now {now[f.name]!r}"
             for f in fields(self)
-            if f.name not in _FREE_ON_RESUME and saved.get(f.name) != now[f.name]
+            if f.name not in _FREE_ON_RESUME and saved.get(f.name, _BEFORE_THE_OPTION.get(f.name)) != now[f.name]
         ]
 
 
@@ -138,6 +141,7 @@ def plan_training(
     priming_lr: float | None,
     freeze_embeddings: bool,
     freeze_ffn: bool,
+    reset_frozen: bool = True,
     epochs: float,
     max_steps: int | None,
     lr: float | None,
@@ -173,7 +177,8 @@ def plan_training(
             raise ValueError(
                 "freeze_ffn=True is the freeze-FFN ablation of full fine-tuning; use it with retention=None"
             )
-    for name, flag in (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("bf16", bf16)):
+    flags = (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("reset_frozen", reset_frozen))
+    for name, flag in (*flags, ("bf16", bf16)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if not _is_int(seed):
@@ -211,6 +216,7 @@ def plan_training(
         priming_optimizer=priming_optimizer,
         freeze_embeddings=freeze_embeddings,
         freeze_ffn=freeze_ffn,
+        reset_frozen=reset_frozen,
         n_examples=n_examples,
         batch_size=batch_size,
         grad_accum=grad_accum,
