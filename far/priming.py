@@ -113,6 +113,19 @@ class Primer:
         or an embedding's parameter name), or None if it was not snapshotted."""
         return self._snapshot.get(key)
 
+    def state(self) -> dict[str, Tensor]:
+        """The snapshot, `{key: pre-priming value}`, for a checkpoint taken during priming."""
+        return dict(self._snapshot)
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        """Replace the snapshot by one `state()` returned (a run resumed during priming)."""
+        if state.keys() != self._snapshot.keys():
+            raise ValueError("the saved Primer snapshot does not fit this Primer (other projections or options)")
+        bad = [k for k, t in state.items() if t.shape != self._snapshot[k].shape or t.dtype != self._snapshot[k].dtype]
+        if bad:
+            raise ValueError(f"the saved Primer snapshot has other shapes or dtypes ({bad[:3]}) than this model")
+        self._snapshot = {k: t.to("cpu") for k, t in state.items()}
+
     @property
     def watches_heads(self) -> bool:
         """Whether it records attention heads (created with `heads=True`)."""

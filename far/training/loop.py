@@ -17,7 +17,13 @@ from far.architectures import FFNSpec
 from far.atomic import atomic_file
 from far.priming import Primer
 from far.surgery import freeze_ffns, reconfigure
-from far.training.checkpoint import Checkpoint, load_model_state, load_training_state, save_checkpoint
+from far.training.checkpoint import (
+    Checkpoint,
+    load_model_state,
+    load_primer_state,
+    load_training_state,
+    save_checkpoint,
+)
 from far.training.data import BatchStream, to_device
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.mezo import MeZO
@@ -115,7 +121,14 @@ class Loop:
         if self._checkpoint_due(done):
             state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
             self.checkpoint = save_checkpoint(
-                self.output_dir, done, self.model, self.optimizer, self.scheduler, state, keep=plan.keep_checkpoints
+                self.output_dir,
+                done,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                state,
+                keep=plan.keep_checkpoints,
+                primer=None if self.primer is None else self.primer.state(),  # during priming: its snapshot
             )
 
     def _tick(self) -> None:
@@ -132,20 +145,27 @@ class Loop:
                         module.weight.requires_grad_(False)
         elif plan.priming_steps:
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
-            self.primer = Primer(
-                model,
-                self.spec,
-                heads=plan.far.attention_retention is not None,
-                embeddings=plan.far.freeze_embeddings and plan.reset_frozen,  # a copy only of what will be frozen
-            )
+            self.primer = self._primer()
         else:  # random selection: no scores needed
             reconfigure(model, plan.far, spec=self.spec)
         self._build(0)
         self.seconds["priming"] += time.perf_counter() - t
         return 0
 
+    def _primer(self) -> Primer:
+        far = self.plan.far
+        return Primer(
+            self.model,
+            self.spec,
+            heads=far.attention_retention is not None,
+            embeddings=far.freeze_embeddings and self.plan.reset_frozen,  # a copy only of what will be frozen
+        )
+
     def _resume(self, checkpoint: Checkpoint) -> int:
         load_model_state(self.model, checkpoint, self.spec)
+        if checkpoint.step < self.plan.priming_steps:  # killed during priming: the Primer's snapshot too
+            self.primer = self._primer()
+            self.primer.load_state(load_primer_state(checkpoint))
         self._build(checkpoint.step)
         load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
@@ -245,8 +265,8 @@ class Loop:
 
     def _checkpoint_due(self, done: int) -> bool:
         plan = self.plan
-        if self.output_dir is None or plan.checkpoint_every is None or done < plan.priming_steps:
-            return False  # during priming there is nothing to resume from without the Primer's snapshot
+        if self.output_dir is None or plan.checkpoint_every is None:
+            return False
         return done == plan.total_steps or done % plan.checkpoint_every == 0
 
     def _result(self, log_path: Path | None) -> FinetuneResult:
