@@ -179,10 +179,12 @@ class Loop:
         moments included: the learner tensors are new Parameters with their nodes reordered.
         """
         t = time.perf_counter()
-        primer = self.primer
+        scores = self.primer.scores()
+        head_scores = self.primer.head_scores() if self.primer.watches_heads else None
         self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
-        # The Primer gives the scores and, with reset_frozen, the pre-priming values of what is frozen.
-        reconfigure(self.model, self.plan.far, scores=primer, spec=self.spec, reset_frozen=self.plan.reset_frozen)
+        # The Primer stays attached to the model until reconfigure has put the frozen values back from it.
+        far_config, reset = self.plan.far, self.plan.reset_frozen
+        reconfigure(self.model, far_config, scores=scores, head_scores=head_scores, spec=self.spec, reset_frozen=reset)
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))
