@@ -30,6 +30,7 @@ _LAZY = {
     "load_learners": "far.saving",
     "save_learners": "far.saving",
     "save_pretrained": "far.saving",
+    "unload_learners": "far.saving",
     "select_learners": "far.selection",
     "Summary": "far.summary",
     "summary": "far.summary",
@@ -83,6 +84,7 @@ __all__ = [
     "save_pretrained",
     "select_learners",
     "summary",
+    "unload_learners",
 ]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)

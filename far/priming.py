@@ -32,18 +32,34 @@ def detach_primer(model: nn.Module) -> None:
         delattr(model, PRIMER_ATTRIBUTE)
 
 
+def trainable_embeddings(model: nn.Module) -> list[str]:
+    """Parameter names of the `nn.Embedding` weights that train (those `freeze_embeddings` freezes)."""
+    return [
+        f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
+    ]
+
+
 class Primer:
     """Snapshots a model's FFN weights, then scores each node by how much it changed.
 
     Create it before the priming steps and call `scores()` after them; the training loop is the
     caller's own. The snapshot holds only the FFN projections, on CPU, in the model's dtype, plus,
-    with `heads=True`, the attention projections, whose heads `head_scores()` then scores.
+    with `heads=True`, the attention projections, whose heads `head_scores()` then scores, and,
+    with `embeddings=True`, the trainable embedding matrices. `far.reconfigure` puts the nodes,
+    heads and embeddings it freezes back to these pre-priming values (see `far.portable`), so that
+    a learners file applies to the stock model.
 
     Args:
         model: A plain (not reconfigured) model.
         spec: FFN layout for architectures that are not built in.
         heads: Also score attention heads (for `far.reconfigure(..., attention_retention=...)`).
         attention_spec: Attention layout for architectures that are not built in.
+        embeddings: Also snapshot every trainable `nn.Embedding` weight, for a reconfiguration with
+            `freeze_embeddings=True`; it costs a copy of them until `reconfigure` (so it is off
+            unless the embeddings will be frozen).
+        everything: Snapshot every trainable tensor, for a reconfiguration with `freeze_layers`,
+            which freezes whole layers (attention, norms) and all below them: a copy of the model
+            until `reconfigure`.
 
     Example:
         >>> primer = far.Primer(model)
@@ -60,7 +76,12 @@ class Primer:
         *,
         heads: bool = False,
         attention_spec: AttentionSpec | None = None,
+        embeddings: bool = False,
+        everything: bool = False,
     ) -> None:
+        for name, flag in (("embeddings", embeddings), ("everything", everything)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.ffns: dict[str, FFN] = find_ffns(model, spec)
         self.blocks: dict[str, NodeGroup] = find_attention(model, attention_spec) if heads else {}
         modules = dict(model.named_modules())
@@ -81,11 +102,37 @@ class Primer:
                 self._snapshot[f"{name}.weight"] = node_rows(module, role).to("cpu", copy=True)  # (n, f)
                 if name in ffn.inputs and module.bias is not None:
                     self._snapshot[f"{name}.bias"] = module.bias.detach().to("cpu", copy=True)
+        # Embeddings that priming may move; only these need their pre-priming value to be frozen again.
+        self.trainable_embeddings = tuple(trainable_embeddings(model))
+        # Every tensor that priming may move: only these need a pre-priming value to be frozen again.
+        self.trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+        extra = self.trainable if everything else self.trainable_embeddings if embeddings else ()
+        for name in extra:
+            if name not in self._snapshot:  # FFN and head projections are kept above, as node rows
+                self._snapshot[name] = model.get_parameter(name).detach().to("cpu", copy=True)
         setattr(model, PRIMER_ATTRIBUTE, self)  # a plain attribute: not a submodule, not in the state dict
 
     def watches(self, model: nn.Module) -> bool:
         """Whether this Primer was created on `model` (the very object, not a copy)."""
         return self._model() is model
+
+    def snapshot(self, key: str) -> Tensor | None:
+        """The pre-priming value of `key` (`<projection>.weight` as node rows (n, f), `<projection>.bias`,
+        or an embedding's parameter name), or None if it was not snapshotted."""
+        return self._snapshot.get(key)
+
+    def state(self) -> dict[str, Tensor]:
+        """The snapshot, `{key: pre-priming value}`, for a checkpoint taken during priming."""
+        return dict(self._snapshot)
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        """Replace the snapshot by one `state()` returned (a run resumed during priming)."""
+        if state.keys() != self._snapshot.keys():
+            raise ValueError("the saved Primer snapshot does not fit this Primer (other projections or options)")
+        bad = [k for k, t in state.items() if t.shape != self._snapshot[k].shape or t.dtype != self._snapshot[k].dtype]
+        if bad:
+            raise ValueError(f"the saved Primer snapshot has other shapes or dtypes ({bad[:3]}) than this model")
+        self._snapshot = {k: t.to("cpu") for k, t in state.items()}
 
     @property
     def watches_heads(self) -> bool:

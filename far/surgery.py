@@ -33,7 +33,8 @@ from far.architectures import (
 from far.config import AUTO, UNSET, FARConfig, as_config
 from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.priming import Primer, detach_primer, primer_of
+from far.portable import check_resettable, reset_values
+from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import auto_freeze_layers, select_learners
 
 STATE_ATTRIBUTE = "far_state"
@@ -175,6 +176,7 @@ def reconfigure(
     head_scores: Mapping[str, Tensor] | None = None,
     spec: FFNSpec | None = None,
     attention_spec: AttentionSpec | None = None,
+    reset_frozen: bool = True,
     **fields,
 ) -> nn.Module:
     """Freeze and reconfigure every FFN of `model`, in place, as `config` says.
@@ -191,6 +193,10 @@ def reconfigure(
     attention maps a model returns with `output_attentions=True` come in that order, and attention
     dropout draws its masks for other heads than the unsplit model would (the same distribution).
 
+    After priming, every frozen node (and frozen head and embedding) goes back to its pre-priming
+    value, as the Primer snapshotted it (`reset_frozen=True`): the model is then the stock model
+    plus what stays trainable, and `far.save_learners` writes a file for the stock model.
+
     Args:
         model: A plain model whose architecture is built in (see `far.BUILTIN_SPECS`) or
             described by `spec`.
@@ -205,6 +211,9 @@ def reconfigure(
             `attention_retention`; default: those of the Primer (created with `heads=True`).
         spec: FFN layout for architectures that are not built in.
         attention_spec: Attention layout for architectures that are not built in.
+        reset_frozen: Put what FAR freezes back to its pre-priming value, from the Primer passed as
+            `scores` or attached to `model` (nothing to do without one). False keeps the primed
+            values: a learners file then fits only this primed model.
 
     Returns:
         The same model object, reconfigured.
@@ -255,7 +264,28 @@ def reconfigure(
             n_nodes={n: b.n_nodes for n, b in blocks.items()},
             layer_of=block_layers,
         )
-    return _split(model, {**ffns, **blocks}, chosen, config, layers or None, depth or 0)
+    if not isinstance(reset_frozen, bool):
+        raise TypeError(f"reset_frozen must be True or False, got {reset_frozen!r}")
+    groups = {**ffns, **blocks}
+    # The Primer that watched priming holds the pre-priming values; without one nothing was primed.
+    primer = (scores if isinstance(scores, Primer) else primer_of(model)) if reset_frozen else None
+    # Frozen whole besides the split groups' frozen nodes: the embeddings, and with depth the bottom
+    # layers' other tensors (attention, norms, biases) and everything below them.
+    others = trainable_embeddings(model) if config.freeze_embeddings else []
+    if layers:
+        covered = {f"{name}.weight" for g in groups.values() for name in g.projections}
+        covered |= {f"{name}.bias" for g in groups.values() for name in g.inputs}
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        depth_frozen = [n for n in depth_parameters(model, layers, depth) if n in trainable and n not in covered]
+        others += [n for n in depth_frozen if n not in others]
+    if primer is not None:
+        if not primer.watches(model):
+            raise ValueError("scores=primer: this Primer was created on another model")
+        check_resettable(primer, groups, others)
+    _split(model, groups, chosen, config, layers or None, depth or 0)
+    if primer is not None:
+        reset_values(model, primer, groups, others)
+    return model
 
 
 def reconfigure_with_learners(

@@ -118,4 +118,5 @@ def test_resume_refusals(tmp_path):
         )
     (tmp_path / "a" / "checkpoints" / "step-8" / "rng.pt").unlink()
     with pytest.raises(ValueError, match=r"is incomplete \(missing rng.pt\)"):
-        read_checkpoint(tmp_path / "a")
+        read_checkpoint(tmp_path / "a" / "checkpoints" / "step-8")  # that very one was asked for
+    assert read_checkpoint(tmp_path / "a").step == 4  # from the run: the previous intact one

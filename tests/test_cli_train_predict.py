@@ -87,6 +87,9 @@ def test_train_every_format_writes_glue_outputs(tiny_model_dir, tmp_path, capsys
         ["--method", "freeze-ffn"],
         ["--method", "far", "--optimizer", "mezo", "--freeze-embeddings"],
         ["--method", "full", "--optimizer", "mezo"],
+        ["--method", "full", "--freeze-embeddings", "--freeze-layers", "1"],
+        ["--method", "far", "--retention", "0.2", "--freeze-layers", "auto"],
+        ["--method", "random", "--freeze-layers", "1"],
     ],
 )
 def test_train_every_method_and_optimizer(tiny_model_dir, tmp_path, extra):
@@ -94,7 +97,12 @@ def test_train_every_method_and_optimizer(tiny_model_dir, tmp_path, extra):
     out = tmp_path / "run"
     assert _train(tiny_model_dir, train, dev, out, *extra) == 0
     record = json.loads((out / "metrics.json").read_text())
-    assert record["method"] == extra[1] and record["optimizer"] == (extra[3] if len(extra) > 3 else "adamw")
+    optimizer = extra[extra.index("--optimizer") + 1] if "--optimizer" in extra else "adamw"
+    assert record["method"] == extra[1] and record["optimizer"] == optimizer
+    if "--freeze-layers" in extra:
+        layers = extra[extra.index("--freeze-layers") + 1]
+        assert record["hyperparameters"]["freeze_layers"] == (layers if layers == "auto" else int(layers))
+        assert record["frozen_layers"] >= (1 if layers == "1" else 0)
     reconfigured = extra[1] in ("far", "random")
     assert (out / "learners.safetensors").exists() == reconfigured
     assert (out / "model" / "config.json").exists()

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("far.atomic", "far.config", "far.lazy", "far.seeds")),
     ("split layers", ("far.split_ops", "far.layers")),
     ("FFN discovery", ("far.architectures", "far.flops", "far.freezing", "far.summary")),
-    ("priming and selection", ("far.priming", "far.selection")),
+    ("priming and selection", ("far.priming", "far.selection", "far.portable")),
     ("surgery", ("far.surgery",)),
     ("saving", ("far.saving",)),
     # `far` itself is the public API: core, saving and training. far.llm is the lean causal-LM runtime.

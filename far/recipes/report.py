@@ -118,6 +118,14 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def frozen_layers(model: nn.Module) -> int | None:
+    """Bottom layers that ended frozen whole, or None where far cannot find the layers (a PEFT wrapper, ...)."""
+    try:
+        return far.summary(model, verbose=False).frozen_layers[0]
+    except (ValueError, TypeError):
+        return None
+
+
 def train_and_report(run: TrainingRun) -> dict:
     """Train with `far.finetune`, evaluate, then write predictions, the model and metrics.json.
 
@@ -168,7 +176,10 @@ def train_and_report(run: TrainingRun) -> dict:
             **{k: options[k] for k in RECORDED_OPTIONS if k in options},
             "attention_retention": None if far_config is None else far_config.attention_retention,
             "freeze_embeddings": settings.freeze_embeddings,
+            "freeze_layers": settings.freeze_layers,
         },
+        # Bottom layers frozen whole as trained ("auto" resolved): backward stopped above them.
+        "frozen_layers": frozen_layers(model),
         **run.extra,
         **(saved.sizes if saved else {}),
         "files": files,

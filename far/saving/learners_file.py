@@ -34,8 +34,16 @@ from far.architectures import FFNSpec, model_type, projection_rows
 from far.atomic import atomic_file
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
+from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.fingerprint import base_fingerprint, hash_tensors
-from far.surgery import get_config, is_reconfigured, learners, node_groups, reconfigure_with_learners
+from far.surgery import (
+    get_config,
+    is_reconfigured,
+    learners,
+    node_groups,
+    reconfigure_with_learners,
+    restore,
+)
 
 FORMAT = "far.learners"
 FORMAT_VERSION = "1"
@@ -235,8 +243,16 @@ def _check_against_model(
     metadata: Mapping[str, str],
     tensors: Mapping[str, Tensor],
     spec: FFNSpec | None,
+    active: ActiveLearners | None,
 ) -> tuple[FARConfig, dict[str, Tensor], list[str]]:
     config, layout = _parse(path, metadata)
+    relayout = active is not None and active.relayout  # another user's file split it: it may be re-split
+    loaded = get_config(model) if relayout else None
+    if loaded is not None and (loaded.attention_retention is None) != (config.attention_retention is None):
+        raise LearnersFileError(
+            f"{str(path)!r} splits attention heads {'not ' if config.attention_retention is None else ''}as the "
+            f"loaded file {active.path!r} does; call far.saving.unload_learners(model) first, then load it"
+        )
     if metadata["model_type"] != str(model_type(model)):
         raise LearnersFileError(
             f"{str(path)!r} was saved from a {metadata['model_type']!r} model, this model is "
@@ -281,21 +297,27 @@ def _check_against_model(
                 "may overwrite; it belongs to another model"
             )
         _expect(path, tensors, name, tuple(params[name].shape), params[name].dtype)
-    if is_reconfigured(model):
-        current = learners(model, spec)
-        same = get_config(model) == config and all(torch.equal(current[n].cpu(), chosen[n]) for n in chosen)
-        if not same:
+    if is_reconfigured(model) and not relayout:
+        if not _same_layout(model, config, chosen, spec):
             raise LearnersFileError(
                 f"this model is reconfigured differently from the one {str(path)!r} was saved from; "
                 "load the file onto the plain base model (far.restore(model) first)"
             )
-    if base_fingerprint(model, ffns, chosen, others) != metadata["base_fingerprint"]:
+    # With a file loaded, the base is the model with that file's overwritten values put back.
+    base_values = None if active is None else active.base
+    if base_fingerprint(model, ffns, chosen, others, base_values=base_values) != metadata["base_fingerprint"]:
         raise LearnersFileError(
             f"{str(path)!r} was trained from a different base model: the model's frozen weights do not match the "
-            "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from; "
-            "after FAR priming (which trains every weight) that base is the primed model, not the pretrained one"
+            "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from: "
+            "the stock pretrained model for a file saved after far.finetune (frozen values reset), the primed "
+            "model itself for one saved with reset_frozen=False"
         )
     return config, chosen, others
+
+
+def _same_layout(model: nn.Module, config: FARConfig, chosen: Mapping[str, Tensor], spec: FFNSpec | None) -> bool:
+    current = learners(model, spec)
+    return get_config(model) == config and all(torch.equal(current[n].cpu(), chosen[n]) for n in chosen)
 
 
 @torch.no_grad()
@@ -303,12 +325,19 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     """Apply a file written by `far.save_learners` to its base model, in place.
 
     A plain base model is reconfigured with the recorded learners first; a model already
-    reconfigured with the same learners and config is updated as it is. Everything is checked
-    before the model is touched: the file's own sha256, its format version, the model type, the
-    FFN layout, every shape and dtype, and the fingerprint of the base weights.
+    reconfigured with the same learners and config is updated as it is. On a model that holds
+    another file (another user's), that file's changes are undone first, so the model then
+    computes exactly what base + this file computes, whatever learners either file has. The
+    model keeps a copy of the base values this file overwrites (the size of the file's tensors)
+    for that; `far.saving.unload_learners` gives the base back.
+
+    Everything is checked before the model is touched: the file's own sha256, its format version,
+    the model type, the FFN layout, every shape and dtype, and the fingerprint of the base weights.
+    A file that fails any check raises and leaves the model (and the file it holds) as it was.
 
     Args:
-        model: The base model the file was trained from (plain, or reconfigured the same way).
+        model: The base model the file was trained from (plain, reconfigured the same way, or
+            holding another file for the same base).
         path: A learners file.
         spec: FFN layout for architectures that are not built in.
 
@@ -318,24 +347,42 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     Raises:
         LearnersFileError (a ValueError): the file is corrupted, truncated, not a FAR learners
             file, of an unknown version, or belongs to another architecture or base model.
+
+    Example:
+        >>> far.load_learners(base, "user-a.safetensors")
+        >>> far.load_learners(base, "user-b.safetensors")  # swaps A out: base + B, bit for bit
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     path = Path(path)
     metadata, tensors = _read(path)
-    config, chosen, others = _check_against_model(path, model, metadata, tensors, spec)
+    active = active_learners(model)
+    config, chosen, others = _check_against_model(path, model, metadata, tensors, spec, active)
     # Everything is verified; from here on nothing raises on bad input.
+    relayout = not is_reconfigured(model)
+    if active is not None:
+        revert(model, active)  # the base values again, in the active file's layout
+        relayout = active.relayout
+        if not _same_layout(model, config, chosen, spec):
+            restore(model)
     if not is_reconfigured(model):
         reconfigure_with_learners(model, chosen, config, spec=spec)
-    for ffn in node_groups(model, spec).values():
-        for name in (*ffn.inputs, ffn.output):
-            module = model.get_submodule(name)
-            perm = module.node_order[: module.n_learners].argsort()  # file row -> stored position
-            device = module.learner_weight.device
-            rows = tensors[f"{name}.learner_weight"].to(device)
-            module.learner_weight.index_copy_(0, perm, rows if module.role == INPUT else rows.t())
-            if module.role == INPUT and module.learner_bias is not None:
-                module.learner_bias.index_copy_(0, perm, tensors[f"{name}.learner_bias"].to(device))
+    projections = [name for ffn in node_groups(model, spec).values() for name in (*ffn.inputs, ffn.output)]
+    overwritten = [
+        f"{name}.{part}"
+        for name in projections
+        for part in ("learner_weight", "learner_bias")
+        if getattr(model.get_submodule(name), part, None) is not None
+    ]
+    remember(model, [*overwritten, *others], path=str(path), content_sha256=metadata[_CONTENT_KEY], relayout=relayout)
+    for name in projections:
+        module = model.get_submodule(name)
+        perm = module.node_order[: module.n_learners].argsort()  # file row -> stored position
+        device = module.learner_weight.device
+        rows = tensors[f"{name}.learner_weight"].to(device)
+        module.learner_weight.index_copy_(0, perm, rows if module.role == INPUT else rows.t())
+        if module.role == INPUT and module.learner_bias is not None:
+            module.learner_bias.index_copy_(0, perm, tensors[f"{name}.learner_bias"].to(device))
     for name in others:
         model.get_parameter(name).copy_(tensors[name])
     return model

@@ -11,7 +11,7 @@ from torch.optim import Optimizer
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from far.architectures import FFNSpec
-from far.config import UNSET, FARConfig, as_config
+from far.config import AUTO, UNSET, FARConfig, as_config
 from far.priming import Primer
 from far.saving.layout import read_layout, rebuild_layout
 from far.surgery import is_reconfigured, reconfigure
@@ -95,7 +95,9 @@ class FARCallback(TrainerCallback):
     ) -> None:
         self.config = as_config(config, **fields)
         self.priming = check_length("priming", priming)
-        if self.config.selection != "random" and self.priming == 0:
+        # Random selection needs no scores, unless freeze_layers="auto" reads them to choose the depth.
+        self._needs_scores = self.config.selection != "random" or self.config.freeze_layers == AUTO
+        if self._needs_scores and self.priming == 0:
             raise ValueError(
                 f"selection={self.config.selection!r} needs priming scores: priming must be > 0, or use "
                 "selection='random'"
@@ -118,8 +120,8 @@ class FARCallback(TrainerCallback):
                 "FARCallback changes the model's parameters mid-run, which DDP cannot follow; prime and reconfigure "
                 "in one process, then train the reconfigured model under DDP"
             )
-        random = self.config.selection == "random"
-        self.priming_steps = 0 if random else length_in_steps("priming", self.priming, state.max_steps)
+        needs = self._needs_scores
+        self.priming_steps = length_in_steps("priming", self.priming, state.max_steps) if needs else 0
         if is_reconfigured(model):
             if state.global_step < self.priming_steps:
                 raise ValueError(
@@ -134,7 +136,15 @@ class FARCallback(TrainerCallback):
         if self.priming_steps == 0:
             self._switch(model, optimizer, None)
         else:
-            self._primer = Primer(model, self.spec, heads=self.config.attention_retention is not None)
+            self._primer = Primer(
+                model,
+                self.spec,
+                heads=self.config.attention_retention is not None,
+                # What will be frozen whole goes back to its pre-priming value: the embeddings, or with depth
+                # whole layers and all below.
+                embeddings=self.config.freeze_embeddings,
+                everything=self.config.freeze_layers is not None,
+            )
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         # The Trainer passes its model and optimizer (and more) as keywords.

@@ -6,17 +6,23 @@ Layout under `output_dir/checkpoints/`::
     step-<N>/far.json            the FARConfig (or null) and the names of the trainable tensors
     step-<N>/optimizer.pt        optimizer state      } torch.save; read back with
     step-<N>/scheduler.pt        LR scheduler state   } torch.load(weights_only=True)
-    step-<N>/rng.pt              torch's CPU RNG state (dropout)
+    step-<N>/rng.pt              torch's CPU (and CUDA) RNG state (dropout)
     step-<N>/trainer_state.json  step, the run's plan, seconds spent so far
+    step-<N>/primer.safetensors  during priming only: the Primer's pre-priming snapshot
+    step-<N>/manifest.json       size and sha256 of every file above
     latest                       the name of the newest complete step folder
 
 A folder appears whole or not at all (`far.atomic.atomic_dir`), and `latest` is replaced only once
 its folder is complete, so a process killed mid-write never leaves a broken latest checkpoint.
+A checkpoint damaged later (a truncated or altered file) fails its manifest; resuming from a run
+then falls back to the newest checkpoint that is intact, with a logged warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import re
 import shutil
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -39,7 +46,18 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 FORMAT = 2  # 2: split projections stored node-major (one row per node)
 _FILES = ("model.safetensors", "far.json", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json")
+_PRIMER = "primer.safetensors"
+_MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+logger = logging.getLogger(__name__)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def save_checkpoint(
@@ -50,12 +68,14 @@ def save_checkpoint(
     scheduler: LRScheduler,
     trainer_state: dict,
     keep: int | None = None,
+    primer: dict | None = None,
 ) -> Path:
     """Write `output_dir/checkpoints/step-<step>/` atomically, point `latest` at it, prune old ones.
 
     Args:
         trainer_state: JSON-able run state (plan, seconds); `step` and `format` are added.
         keep: How many step folders to keep (the newest); None keeps all.
+        primer: During priming, the Primer's snapshot (`Primer.state()`), to resume priming from.
 
     Returns:
         The checkpoint folder.
@@ -72,8 +92,17 @@ def save_checkpoint(
         (tmp / "far.json").write_text(json.dumps(layout, indent=1))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step, "format": FORMAT}, indent=1))
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():  # dropout on a GPU draws from its own generators
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / "rng.pt")
+        if primer is not None:
+            save_file({k: t.contiguous() for k, t in primer.items()}, str(tmp / _PRIMER))
+        state = {**trainer_state, "step": step, "format": FORMAT, "primer": primer is not None}
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+        files = sorted(f.name for f in tmp.iterdir())
+        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files}
+        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
     with atomic_file(root / LATEST) as tmp:
         tmp.write_text(target.name)
     if keep is not None:
@@ -103,27 +132,79 @@ class Checkpoint:
         return self.path.parent.parent
 
 
+def _step_folders(root: Path) -> list[Path]:
+    """The step folders under a `checkpoints` folder, newest first; the one `latest` names leads."""
+    folders = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()),
+        reverse=True,
+    )
+    ordered = [p for _, p in folders]
+    pointer = root / LATEST
+    if pointer.is_file():
+        latest = root / pointer.read_text().strip()
+        ordered = [latest] + [p for p in ordered if p != latest]
+    return ordered
+
+
 def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint folder that `path` names: a step folder, a `checkpoints` folder, or a run's output_dir."""
+    """The checkpoint folder that `path` names: a step folder, a `checkpoints` folder, or a run's output_dir.
+
+    For a run or its `checkpoints` folder, that is the newest checkpoint that is intact (see
+    `verify_checkpoint`); skipping a damaged one logs a warning.
+    """
     path = Path(path)
-    for candidate in (path, path / CHECKPOINTS):
-        if (candidate / "trainer_state.json").is_file():
-            return candidate
-        pointer = candidate / LATEST
-        if pointer.is_file():
-            return candidate / pointer.read_text().strip()
+    if (path / "trainer_state.json").is_file() or _STEP_DIR.match(path.name) and path.is_dir():
+        return path
+    for root in (path, path / CHECKPOINTS):
+        if not ((root / LATEST).is_file() or (root.is_dir() and root.name == CHECKPOINTS)):
+            continue
+        problems = []
+        for folder in _step_folders(root):
+            problem = verify_checkpoint(folder)
+            if problem is None:
+                if problems:
+                    logger.warning(
+                        "skipping damaged checkpoints (%s); resuming from the previous intact one, %s",
+                        "; ".join(problems),
+                        folder,
+                    )
+                return folder
+            problems.append(f"{folder.name}: {problem}")
+        if problems:
+            raise ValueError(f"no intact checkpoint under {str(root)!r}: {'; '.join(problems)}")
     raise ValueError(
         f"no checkpoint at {str(path)!r}: pass a run's output_dir, its checkpoints/ folder or one "
         "checkpoints/step-<N> folder (written by far.finetune(..., output_dir=..., checkpoint_every=...))"
     )
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Find and check a checkpoint (its files present, its format known); loads no tensors."""
-    folder = find_checkpoint(path)
+def verify_checkpoint(folder: Path) -> str | None:
+    """What a checkpoint folder is if not intact ("incomplete (...)", "corrupted (...)"), or None."""
+    if not folder.is_dir():
+        return "missing"
     missing = [f for f in _FILES if not (folder / f).is_file()]
     if missing:
-        raise ValueError(f"the checkpoint {str(folder)!r} is incomplete (missing {', '.join(missing)})")
+        return f"incomplete (missing {', '.join(missing)})"
+    manifest = folder / _MANIFEST
+    if not manifest.is_file():
+        return None  # written before manifests: only the presence of its files can be checked
+    try:
+        entries = json.loads(manifest.read_text())
+    except ValueError:
+        return "unreadable (its manifest.json is not JSON)"
+    for name, entry in entries.items():
+        file = folder / name
+        if not file.is_file() or file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
+            return f"corrupted ({name} does not match its size and sha256 in manifest.json)"
+    return None
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Find and check a checkpoint (its files intact, its format known); loads no tensors."""
+    folder = find_checkpoint(path)
+    problem = verify_checkpoint(folder)
+    if problem is not None:
+        raise ValueError(f"the checkpoint {str(folder)!r} is {problem}")
     state = json.loads((folder / "trainer_state.json").read_text())
     if state.get("format") != FORMAT:
         raise ValueError(
@@ -186,4 +267,15 @@ def load_training_state(checkpoint: Checkpoint, optimizer: Optimizer, scheduler:
     folder = checkpoint.path
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    torch.set_rng_state(torch.load(folder / "rng.pt", weights_only=True)["torch"])
+    rng = torch.load(folder / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def load_primer_state(checkpoint: Checkpoint) -> dict:
+    """The Primer snapshot of a checkpoint taken during priming."""
+    path = checkpoint.path / _PRIMER
+    if not path.is_file():
+        raise ValueError(f"the checkpoint {str(checkpoint.path)!r} was taken during priming but has no {_PRIMER}")
+    return load_file(str(path))

@@ -105,6 +105,8 @@ def finetune(
     log_every: int = 1,
     spec: FFNSpec | None = None,
     progress: bool = True,
+    reset_frozen: bool = True,
+    freeze_layers: int | None = None,
     **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
@@ -168,6 +170,11 @@ def finetune(
         log_every: Steps between log lines (evaluations and the last step are always logged).
         spec: FFN layout for architectures far does not know (see `far.FFNSpec`).
         progress: Show a tqdm progress bar (steps/s, loss).
+        reset_frozen: At the switch, put every frozen node, head and embedding back to its
+            pre-priming value (see `far.reconfigure`), so that `far.save_learners` writes a file
+            for the stock model. False keeps the primed values (the file fits only the primed model).
+        freeze_layers: With config=None: freeze the embeddings and the bottom K layers whole
+            (`far.freeze_layers`), the practitioner's baseline; with a config, set its field instead.
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -198,6 +205,8 @@ def finetune(
         priming_lr=priming_lr,
         freeze_embeddings=freeze_embeddings if config is None else False,
         freeze_ffn=freeze_ffn,
+        freeze_layers=freeze_layers,
+        reset_frozen=reset_frozen,
         epochs=epochs,
         max_steps=max_steps,
         lr=lr,

@@ -15,10 +15,17 @@ from torch import Tensor, nn
 
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
+from far.freezing import freeze_layers
 from far.priming import Primer
 from far.seeds import derive_seed
 from far.surgery import freeze_ffns, reconfigure
-from far.training.checkpoint import Checkpoint, load_model_state, load_training_state, save_checkpoint
+from far.training.checkpoint import (
+    Checkpoint,
+    load_model_state,
+    load_primer_state,
+    load_training_state,
+    save_checkpoint,
+)
 from far.training.data import BatchStream, to_device
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.mezo import MeZO
@@ -115,7 +122,14 @@ class Loop:
         if self._checkpoint_due(done):
             state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
             self.checkpoint = save_checkpoint(
-                self.output_dir, done, self.model, self.optimizer, self.scheduler, state, keep=plan.keep_checkpoints
+                self.output_dir,
+                done,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                state,
+                keep=plan.keep_checkpoints,
+                primer=None if self.primer is None else self.primer.state(),  # during priming: its snapshot
             )
 
     def _tick(self) -> None:
@@ -130,17 +144,33 @@ class Loop:
                 for module in model.modules():
                     if isinstance(module, nn.Embedding):
                         module.weight.requires_grad_(False)
+            if plan.freeze_layers is not None:
+                freeze_layers(model, plan.freeze_layers, self.spec)
         elif plan.priming_steps:
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
-            self.primer = Primer(model, self.spec, heads=plan.far.attention_retention is not None)
+            self.primer = self._primer()
         else:  # random selection: no scores needed
             reconfigure(model, plan.far, spec=self.spec)
         self._build(0)
         self.seconds["priming"] += time.perf_counter() - t
         return 0
 
+    def _primer(self) -> Primer:
+        far = self.plan.far
+        return Primer(
+            self.model,
+            self.spec,
+            heads=far.attention_retention is not None,
+            # A copy only of what will be frozen: the embeddings, or with depth whole layers and all below.
+            embeddings=far.freeze_embeddings and self.plan.reset_frozen,
+            everything=far.freeze_layers is not None and self.plan.reset_frozen,
+        )
+
     def _resume(self, checkpoint: Checkpoint) -> int:
         load_model_state(self.model, checkpoint, self.spec)
+        if checkpoint.step < self.plan.priming_steps:  # killed during priming: the Primer's snapshot too
+            self.primer = self._primer()
+            self.primer.load_state(load_primer_state(checkpoint))
         self._build(checkpoint.step)
         load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
@@ -156,8 +186,10 @@ class Loop:
         t = time.perf_counter()
         scores = self.primer.scores()
         head_scores = self.primer.head_scores() if self.primer.watches_heads else None
-        self.primer = self.optimizer = self.scheduler = None  # free the priming state first
-        reconfigure(self.model, self.plan.far, scores=scores, head_scores=head_scores, spec=self.spec)
+        self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
+        # The Primer stays attached to the model until reconfigure has put the frozen values back from it.
+        far_config, reset = self.plan.far, self.plan.reset_frozen
+        reconfigure(self.model, far_config, scores=scores, head_scores=head_scores, spec=self.spec, reset_frozen=reset)
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))
@@ -240,8 +272,8 @@ class Loop:
 
     def _checkpoint_due(self, done: int) -> bool:
         plan = self.plan
-        if self.output_dir is None or plan.checkpoint_every is None or done < plan.priming_steps:
-            return False  # during priming there is nothing to resume from without the Primer's snapshot
+        if self.output_dir is None or plan.checkpoint_every is None:
+            return False
         return done == plan.total_steps or done % plan.checkpoint_every == 0
 
     def _result(self, log_path: Path | None) -> FinetuneResult:

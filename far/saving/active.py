@@ -1,0 +1,94 @@
+"""The learners file a model holds now, and the base values it overwrote: what makes users swappable.
+
+One stock base serves many users: `far.load_learners(model, user_b)` on a model that holds user
+A's file first puts back the base values of everything A overwrote, then applies B. To do so,
+`load_learners` keeps, on the model as `model.far_learners`, a copy of exactly the values the
+active file overwrote (its learner rows and whole tensors, in the model's current layout): the
+memory is the base plus one file, never a copy of the model per user. `unload_learners` gives the
+stock model back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from far.surgery import is_reconfigured, restore
+
+ACTIVE_ATTRIBUTE = "far_learners"
+
+
+@dataclass
+class ActiveLearners:
+    """The learners file applied to a model, kept on it as `model.far_learners`.
+
+    Attributes:
+        path: The file applied.
+        content_sha256: Its content hash (which user it is, whatever the path).
+        base: `{parameter name: value before the file was applied}`, in the model's current layout
+            (a split projection's `learner_weight` rows as stored), on the model's device.
+        relayout: The model was plain before this file split it, so another file may split it
+            with other learners (and `unload_learners` merges it back).
+    """
+
+    path: str
+    content_sha256: str
+    relayout: bool
+    base: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the bookkeeping holds: the base values of the overwritten tensors."""
+        return sum(t.numel() * t.element_size() for t in self.base.values())
+
+
+def active_learners(model: nn.Module) -> ActiveLearners | None:
+    """The file `load_learners` applied to `model`, or None (also when the model changed shape since)."""
+    active = getattr(model, ACTIVE_ATTRIBUTE, None)
+    if not isinstance(active, ActiveLearners):
+        return None
+    params = dict(model.named_parameters())
+    fits = all(name in params and params[name].shape == t.shape for name, t in active.base.items())
+    return active if fits and is_reconfigured(model) else None  # far.restore(model) since: A is merged in
+
+
+@torch.no_grad()
+def remember(model: nn.Module, names: Iterable[str], *, path: str, content_sha256: str, relayout: bool) -> None:
+    """Keep a copy of the current value of every parameter in `names`, before a file overwrites them."""
+    base = {name: model.get_parameter(name).detach().clone() for name in names}
+    setattr(model, ACTIVE_ATTRIBUTE, ActiveLearners(path, content_sha256, relayout, base))
+
+
+@torch.no_grad()
+def revert(model: nn.Module, active: ActiveLearners) -> None:
+    """Copy the base values back over what `active` overwrote, and forget it (the layout stays)."""
+    for name, value in active.base.items():
+        model.get_parameter(name).copy_(value)
+    delattr(model, ACTIVE_ATTRIBUTE)
+
+
+def unload_learners(model: nn.Module) -> nn.Module:
+    """Take the active learners file off `model`, in place: the base model again, bit for bit.
+
+    A model that `far.load_learners` split is merged back into a plain model; one that was
+    reconfigured before the file was loaded keeps its layout with its earlier values.
+
+    Returns:
+        The same model object.
+
+    Example:
+        >>> far.load_learners(base, "user-a.safetensors")
+        >>> far.saving.unload_learners(base)  # the stock model again
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    active = active_learners(model)
+    if active is None:
+        raise ValueError("no learners file is loaded on this model (far.load_learners(model, path) loads one)")
+    revert(model, active)
+    if active.relayout:
+        restore(model)
+    return model

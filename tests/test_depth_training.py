@@ -1,0 +1,60 @@
+"""Depth in whole runs: far.finetune freezes the bottom layers, with FAR's surgery or without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_batch, tiny_examples, tiny_model
+
+import far
+
+RUN = dict(optimizer="adamw", lr=1e-2, max_steps=5, batch_size=6, progress=False)
+
+
+def deep(seed: int = 0) -> torch.nn.Module:
+    return tiny_model("bert", seed=seed, num_hidden_layers=3)
+
+
+@torch.no_grad()
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    return model.eval()(**tiny_batch()).logits
+
+
+@pytest.mark.parametrize("freeze_layers", [1, "auto"])
+def test_a_depth_run_writes_a_file_for_the_stock_model(tmp_path, freeze_layers):
+    model = deep()
+    far.finetune(model, tiny_examples(), far.FARConfig(0.4, freeze_layers=freeze_layers), priming=2, **RUN)
+    stock = deep()
+    frozen, _, below = far.summary(model, verbose=False).frozen_layers
+    assert below and (frozen >= 1 if freeze_layers == 1 else frozen >= 0)
+    # Priming moved every weight; the frozen layers and the embeddings are the stock values again.
+    layer0 = {n: p for n, p in model.named_parameters() if ".layer.0." in n and "learner" not in n}
+    stock_params = dict(stock.named_parameters())
+    if frozen >= 1:
+        assert all(torch.equal(p, stock_params[n]) for n, p in layer0.items() if n in stock_params)
+    path = far.save_learners(model, tmp_path / "user.safetensors")
+    far.load_learners(stock, path)
+    assert torch.equal(logits(stock), logits(model))
+
+
+def test_plain_freezing_of_the_bottom_layers_without_surgery():
+    model, before = deep(), deep()
+    far.finetune(model, tiny_examples(), None, freeze_layers=2, **RUN)
+    assert not far.is_reconfigured(model)
+    after, stock = dict(model.named_parameters()), dict(before.named_parameters())
+    for name, p in after.items():
+        bottom = "embeddings" in name or ".layer.0." in name or ".layer.1." in name
+        assert torch.equal(p, stock[name]) == bottom, name
+
+
+def test_freeze_layers_is_said_once():
+    with pytest.raises(ValueError, match=r"set FARConfig\(freeze_layers=...\)"):
+        far.finetune(deep(), tiny_examples(), far.FARConfig(0.4), freeze_layers=1, **RUN)
+    with pytest.raises(ValueError, match="'auto' reads FAR's priming scores"):
+        far.finetune(deep(), tiny_examples(), None, freeze_layers="auto", **RUN)
+
+
+def test_auto_depth_with_random_selection_primes_for_the_scores():
+    model = deep()
+    result = far.finetune(model, tiny_examples(), far.FARConfig(0.4, "random", freeze_layers="auto"), priming=2, **RUN)
+    assert result.priming_steps == 2 and far.get_config(model).freeze_layers == "auto"
