@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-from harness import machine, print_case, run_case, write_report
+from harness import add_output_argument, command_line, machine, print_case, results_dir, run_case, write_report
 from torch import nn
 
-from far.tasks import RunSettings, glue_run, train_and_report
-
-RESULTS = Path(__file__).parent / "results" / "attention_dropout"
+from far.recipes import RunSettings, glue_run, train_and_report
 
 
 def one_run(task: str, method: str, seed: int, dropout: float | None, samples: int, output: Path) -> dict:
@@ -53,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--method", default="far")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-train-samples", type=int, default=3000)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    add_output_argument(parser, results_dir(__file__), "the folder: one run folder per case and attention_dropout.json")
     parser.add_argument("--case", nargs=2, metavar=("SEED", "DROPOUT"), help=argparse.SUPPRESS)  # child process
     args = parser.parse_args(argv)
 
@@ -83,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "train_seconds_mean": statistics.mean(seconds),
         }
-    command = " ".join(["python", "experiments/attention_dropout.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line(__file__, argv)
     write_report(
         args.output / "attention_dropout.json",
         {"command": command, "machine": machine(), "runs": runs, "summary": summary},

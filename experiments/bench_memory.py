@@ -15,8 +15,8 @@ from gradients (`far.llm.priming`), freezes the embeddings, and reports the prim
 training's peaks apart; with lean memory (default) glibc returns freed blocks and the frozen
 embedding keeps only the rows in use (`far.llm.memory`).
 
-    python experiments/bench_memory.py                          # -> experiments/results/memory_minilm.json
-    python experiments/bench_memory.py --model smollm2-135m     # -> experiments/results/llm_memory.json
+    python experiments/bench_memory.py                          # -> experiments/results/bench_memory/memory_minilm.json
+    python experiments/bench_memory.py --model smollm2-135m     # -> experiments/results/bench_memory/llm_memory.json
     python experiments/bench_memory.py --mmap-threshold 131072  # children with MALLOC_MMAP_THRESHOLD_ fixed
 """
 
@@ -32,19 +32,21 @@ from pathlib import Path
 
 import torch
 import transformers
-from harness import machine, peak_rss_bytes, print_case, reset_peak_rss, run_case, write_report
+from harness import (
+    add_output_argument,
+    machine,
+    peak_rss_bytes,
+    print_case,
+    repo_relative,
+    reset_peak_rss,
+    results_dir,
+    run_case,
+    write_report,
+)
 from transformers import AutoModelForSequenceClassification, default_data_collator
 
 import far
-from far.llm import (
-    ffn_parameter_names,
-    gradient_scores,
-    page_out_after_forward,
-    release_freed_memory,
-    to_private_memory,
-)
-from far.tasks import load_causal_lm, resolve_model
-from far.tasks.prompts import (
+from far.data.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     encode_prompts,
@@ -53,10 +55,17 @@ from far.tasks.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
+from far.llm import (
+    ffn_parameter_names,
+    gradient_scores,
+    page_out_after_forward,
+    release_freed_memory,
+    to_private_memory,
+)
+from far.models import load_causal_lm, resolve_model
 from far.training.data import BatchStream
 
 CASES = ("runtime", "inference", "mezo", "mezo_far", "adamw")
-RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 2**20
 
 
@@ -192,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         "--no-lean-memory", dest="lean_memory", action="store_false", help="SmolLM2: see far.llm.memory"
     )
     parser.add_argument("--mmap-threshold", type=int, help="run the cases with MALLOC_MMAP_THRESHOLD_ set to this")
-    parser.add_argument("--out", type=Path, default=None, help="JSON results (default: per model, under results/)")
+    add_output_argument(
+        parser,
+        None,
+        f"the JSON report (default: per model, {repo_relative(results_dir(__file__))}/memory_minilm.json or "
+        "llm_memory.json)",
+        aliases=("--out",),
+    )
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # internal: run one case here
     args = parser.parse_args(argv)
     llm = args.model != "minilm"
@@ -219,12 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case}: peaks {[round(p / MIB) for p in peaks]} MiB", file=sys.stderr, flush=True)
     for line in summarise(rows):
         print(line)
-    default = RESULTS / ("llm_memory.json" if llm else "memory_minilm.json")
+    default = results_dir(__file__) / ("llm_memory.json" if llm else "memory_minilm.json")
     if args.mmap_threshold:
         default = default.with_stem(f"{default.stem}_mmap{args.mmap_threshold}")
-    setup = {k: v for k, v in vars(args).items() if k not in ("case", "out")}
+    setup = {k: v for k, v in vars(args).items() if k not in ("case", "output")}
     setup.update(repeats=repeats, malloc_mmap_threshold=env.get("MALLOC_MMAP_THRESHOLD_"))
-    write_report(args.out or default, {"setup": setup, "machine": machine(), "cases": rows})
+    write_report(args.output or default, {"setup": setup, "machine": machine(), "cases": rows})
     return 0
 
 

@@ -23,9 +23,9 @@ same round trip on a bf16 copy, for comparison.
 
 Run it with `far` from a checkout of the code to measure (the old code: PYTHONPATH=<old checkout>):
 
-    python experiments/bench_mezo.py                                    # -> experiments/results/bench_mezo.json
+    python experiments/bench_mezo.py                          # -> experiments/results/bench_mezo/bench_mezo.json
     PYTHONPATH=/tmp/before python experiments/bench_mezo.py --label before --no-drift \\
-        --output experiments/results/bench_mezo_before.json
+        --output experiments/results/bench_mezo/bench_mezo_before.json
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 
 import torch
-from harness import machine, write_report
+from harness import add_output_argument, machine, results_dir, write_report
 
 import far
-from far.tasks import load_causal_lm
-from far.tasks.prompts import (
+from far.data.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     encode_prompts,
@@ -52,6 +51,7 @@ from far.tasks.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
+from far.models import load_causal_lm
 
 CONFIGS = ("plain", "plain+frozen-emb", "far-0.4", "far-0.4+learners-only")
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift-layers", type=int, default=1)
     parser.add_argument("--drift-g-samples", type=int, default=4)
     parser.add_argument("--label", default="after", help="which code this measures, for the report")
-    parser.add_argument("--output", default="experiments/results/bench_mezo.json")
+    add_output_argument(parser, results_dir(__file__) / "bench_mezo.json", "the JSON report")
     args = parser.parse_args(argv)
     if args.configs[0] != "plain":
         parser.error("the first configuration is the baseline of the ratios: start --configs with plain")

@@ -12,6 +12,8 @@ peak RSS comes from separate processes (one per configuration, `--memory`), sinc
 
 The optimizer is `torch.optim.AdamW` as a plain training loop builds it (`--optimizer adamw`), or its fused kernel.
 The CPU's flags are recorded with the numbers: bf16 products are native only with AVX-512 BF16 or AMX.
+`--output` is the reports' path without suffix (.json and .md are written), default
+experiments/results/bench_step/bench_step.
 
     python experiments/bench_step.py                     # MiniLM, 32x64 and 32x128, fp32 and bf16
     python experiments/bench_step.py --models minilm distilbert --steps 10 --memory
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import resource
 import statistics
 import subprocess
@@ -32,13 +33,14 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from harness import add_output_argument, command_line, cpu, machine, results_dir, write_report
 from step_memory import peak_live_bytes, saved_for_backward_bytes
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import far
 from far.flops import step_flops
 from far.layers import SplitLinear, native_bf16
-from far.tasks.lora import LoraSettings, add_lora
+from far.methods.lora import LoraSettings, add_lora
 
 CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}
 
@@ -357,12 +359,9 @@ def markdown(results: list[dict]) -> str:
 
 
 def cpu_flags() -> dict:
-    """What decides bf16 speed here: the CPU model and its vector and matrix extensions."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return {"cpu": model, "flags": [f for f in wanted if f in flags], "native_bf16": native_bf16()}
+    """What decides bf16 speed here: the CPU model, its vector and matrix extensions, and what torch makes of them."""
+    info = cpu()
+    return {"cpu": info["cpu"], "flags": info["cpu_flags"], "native_bf16": native_bf16()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -383,7 +382,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--attention-dropout", type=float, default=None, help="override the model's attention dropout (e.g. 0.0)"
     )
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "bench_step")
+    add_output_argument(
+        parser, results_dir(__file__) / "bench_step", "the reports' path without suffix (.json and .md are written)"
+    )
     args = parser.parse_args(argv)
     if "full" not in args.configs:
         args.configs.insert(0, "full")
@@ -413,21 +414,21 @@ def main(argv: list[str] | None = None) -> None:
                 results.append(cell)
                 print(markdown([cell]), flush=True)
     meta = {
-        "command": " ".join(["python", "experiments/bench_step.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command_line(__file__, argv),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "optimizer": args.optimizer,
         **cpu_flags(),
         "max_rss_of_this_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "machine": machine(),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    write_report(args.output.with_suffix(".json"), {"meta": meta, "results": results})
     args.output.with_suffix(".md").write_text(
         f"`{meta['command']}` (torch {meta['torch']}, {meta['threads']} threads, {meta['optimizer']}; "
         f"CPU: {meta['cpu']}, flags {' '.join(meta['flags'])}, native bf16: {meta['native_bf16']})\n\n"
         f"{markdown(results)}\n"
     )
-    print(f"\nwrote {args.output.with_suffix('.json')} and {args.output.with_suffix('.md')}")
+    print(f"wrote {args.output.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

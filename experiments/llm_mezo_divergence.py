@@ -31,7 +31,7 @@ train/eval mode.
 
     python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12 --threads 1  # SmolLM2-135M
     python experiments/llm_mezo_divergence.py --model gemma3-270m --directions 8 --replay-steps 12 --threads 1 \
-        --output experiments/results/llm_mezo_divergence_gemma3.json
+        --output experiments/results/llm_mezo_divergence/llm_mezo_divergence_gemma3.json
 """
 
 from __future__ import annotations
@@ -44,12 +44,10 @@ import time
 from pathlib import Path
 
 import torch
-from harness import machine, write_report
+from harness import add_output_argument, machine, results_dir, write_report
 
 import far
-from far.llm import prime_and_reconfigure
-from far.tasks import load_causal_lm
-from far.tasks.prompts import (
+from far.data.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     encode_prompts,
@@ -58,6 +56,8 @@ from far.tasks.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
+from far.llm import prime_and_reconfigure
+from far.models import load_causal_lm
 
 
 @torch.no_grad()
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default="experiments/results/llm_mezo_divergence.json")
+    add_output_argument(parser, results_dir(__file__) / "llm_mezo_divergence.json", "the JSON report")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()

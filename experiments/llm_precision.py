@@ -5,21 +5,21 @@
 2. An update `w += step * z` of MeZO's size stored in bf16: the fraction of values that do not move
    with round-to-nearest, and how much of the update survives on average, with stochastic rounding.
 
-    python experiments/llm_precision.py        # writes experiments/results/llm_precision.json
+    python experiments/llm_precision.py        # writes experiments/results/llm_precision/llm_precision.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from pathlib import Path
 
 import torch
+from harness import add_output_argument, results_dir, write_report
 
 from far.llm.compact import CompactWeight, Perturbation, stochastic_round_bf16
 from far.llm.gguf_file import _TensorReader, read_config, read_header
-from far.tasks.models import find_gguf
+from far.models import find_gguf
 
-ROOT = Path(__file__).resolve().parent.parent
 EPS = 1e-3
 
 
@@ -60,7 +60,10 @@ def update_survival(w: torch.Tensor, z: torch.Tensor, step: float) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_output_argument(parser, results_dir(__file__) / "llm_precision.json", "the JSON report")
+    args = parser.parse_args(argv)
     path = find_gguf("smollm2-135m")
     header = read_header(path)
     w32 = _TensorReader(path, header, read_config(header))("model.layers.0.mlp.up_proj.weight")
@@ -77,9 +80,8 @@ def main() -> None:
         # lr * projected gradient: MeZO's steps are ~1e-4 .. 1e-6 per unit of z.
         "bf16_updates": [update_survival(w16, z, step) for step in (1e-3, 1e-4, 1e-5, 1e-6)],
     }
-    out = ROOT / "experiments/results/llm_precision.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

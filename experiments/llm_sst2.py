@@ -11,8 +11,8 @@ evaluation: SST-2 dev (all 872 sentences, or its first --eval-samples). The prom
 `<sentence> It was` + ` great`/` terrible`. Training arms run side by side by default (--parallel),
 so that their seconds per step are measured under the same load.
 
-    python experiments/llm_sst2.py --steps 150 --lr 1e-5             # -> experiments/results/llm_sst2.json
-    python experiments/llm_sst2.py --arms mezo_far --steps 5 --eval-samples 64 --out /tmp/probe.json
+    python experiments/llm_sst2.py --steps 150 --lr 1e-5             # -> experiments/results/llm_sst2/llm_sst2.json
+    python experiments/llm_sst2.py --arms mezo_far --steps 5 --eval-samples 64 --output /tmp/probe.json
 """
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ import time
 from pathlib import Path
 
 import torch
-from harness import case_result, machine, peak_rss_bytes, print_case, start_case, write_report
+from harness import (
+    add_output_argument,
+    case_result,
+    machine,
+    peak_rss_bytes,
+    print_case,
+    results_dir,
+    start_case,
+    write_report,
+)
 
 import far
-from far.llm import page_out_after_forward, prime_and_reconfigure, release_freed_memory
-from far.tasks import load_causal_lm, resolve_model
-from far.tasks.prompts import (
+from far.data.prompts import (
     SST2_TEMPLATE,
     PromptCollator,
     accuracy,
@@ -40,6 +47,8 @@ from far.tasks.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
+from far.llm import page_out_after_forward, prime_and_reconfigure, release_freed_memory
+from far.models import load_causal_lm, resolve_model
 
 ARMS = ("zero_shot", "mezo_far", "mezo")
 
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per arm")
     parser.add_argument("--sequential", dest="parallel", action="store_false", help="run the arms one after another")
     parser.add_argument("--log-dir", default=None, help="where each training arm writes its log.jsonl")
-    parser.add_argument("--out", default="experiments/results/llm_sst2.json")
+    add_output_argument(parser, results_dir(__file__) / "llm_sst2.json", "the JSON report", aliases=("--out",))
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # internal: run one arm here
     args = parser.parse_args(argv)
     if args.arm:
@@ -169,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(line, flush=True)
     report = {
-        "config": {k: v for k, v in vars(args).items() if k not in ("arm", "out")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("arm", "output")},
         "machine": {**machine(), "load_average_at_end": os.getloadavg()},
         "wall_seconds": time.perf_counter() - started,
         "arms": results,
     }
-    write_report(args.out, report)
+    write_report(args.output, report)
     return 0
 
 

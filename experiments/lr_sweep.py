@@ -5,8 +5,9 @@ training sentences is held out and scored, a reduced share of the rest is traine
 2-core CPU: 4,000 sentences, 1 epoch, 125 steps), with the task's other defaults (batch 32, warm-up
 6%, linear decay). SST-2 is the default task because it ranks rates in so short a run; on CoLA every
 rate still predicted the majority class (held-out MCC 0), which ranks nothing. Runs are cached per
-task, method and rate under `<output>/runs/`; the summary (`lr_sweep_<task>.{json,md}`) gives each
-method's best rate, the one the replication then uses on every task.
+task, method and rate under `<output>/runs/` (default output: experiments/results/lr_sweep/); the
+summary (`lr_sweep_<task>.{json,md}`) gives each method's best rate, the one the replication then
+uses on every task.
 
     python experiments/lr_sweep.py                          # full, FAR and LoRA on SST-2 (~20 min on 2 cores)
     python experiments/lr_sweep.py --task cola --methods lora   # the earlier, non-ranking sweep
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from harness import add_output_argument, command_line, machine, results_dir, run_far_unless_done, write_report
 
 METRICS = {"sst2": "accuracy", "cola": "matthews_correlation"}
 
@@ -39,14 +40,9 @@ GRID: dict[str, dict] = {
 
 
 def run_one(task: str, method: str, lr: float, runs_dir: Path) -> dict:
-    out = runs_dir / f"{task}-{method}-lr{lr:g}"
-    metrics_file = out / "metrics.json"
-    if not metrics_file.exists():  # a finished run is not redone: the sweep can be resumed
-        command = [sys.executable, "-m", "far.cli.main", *setup(task), *GRID[method]["args"], "--lr", f"{lr:g}"]
-        command += ["--output-dir", str(out)]
-        print(f"$ {' '.join(command[1:])}", flush=True)
-        subprocess.run(command, check=True)
-    return json.loads(metrics_file.read_text())
+    """One rate's run; a finished one is not redone, so the sweep can be resumed."""
+    argv = [*setup(task), *GRID[method]["args"], "--lr", f"{lr:g}"]
+    return run_far_unless_done(argv, runs_dir / f"{task}-{method}-lr{lr:g}")
 
 
 def summarize(records: dict[tuple[str, float], dict], metric: str) -> dict:
@@ -85,9 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", default="sst2", choices=list(METRICS))
     parser.add_argument("--methods", nargs="+", default=list(GRID), choices=list(GRID))
     parser.add_argument("--lrs", nargs="+", type=float, default=None, help="rates for every method (default: GRID)")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "lr_sweep")
+    add_output_argument(parser, results_dir(__file__), "the sweep's folder: runs/ and lr_sweep_<task>.{json,md}")
     args = parser.parse_args(argv)
-    command = " ".join(["python", "experiments/lr_sweep.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line(__file__, argv)
     # Every finished run in the folder is summarized, so sweeps run piece by piece add up.
     records = {}
     for method in args.methods:
@@ -99,9 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     metric, task_setup = METRICS[args.task], setup(args.task)
     summary = summarize(dict(sorted(records.items())), metric)
     stem = args.output / f"lr_sweep_{args.task}"
-    stem.with_suffix(".json").write_text(
-        json.dumps({"command": command, "setup": task_setup, "metric": metric, "summary": summary}, indent=2) + "\n"
-    )
+    report = {"command": command, "setup": task_setup, "metric": metric, "summary": summary, "machine": machine()}
+    write_report(stem.with_suffix(".json"), report)
     table = markdown(summary, metric)
     stem.with_suffix(".md").write_text(f"`{command}`\n\nSetup: `far {' '.join(task_setup)}`\n\n{table}\n")
     print(table, flush=True)

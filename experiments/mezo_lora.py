@@ -1,9 +1,10 @@
 """Does MeZO train PEFT's LoRA parameters? Short SST-2 runs: MeZO on LoRA against MeZO on every weight.
 
 Each arm is one `far glue --task sst2 --optimizer mezo` process (2,000 training sentences, batch 16, the
-dev set of 872 sentences), cached under `<output>/runs/`. The summary gives the dev accuracy beside
-the majority class's, the mean loss of the first and the last 10% of the steps, and seconds per step
-(separate processes: the side-by-side step ratio is experiments/bench_step.py's).
+dev set of 872 sentences), cached under `<output>/runs/` (default output: experiments/results/mezo_lora/).
+The summary gives the dev accuracy beside the majority class's, the mean loss of the first and the last
+10% of the steps, and seconds per step (separate processes: the side-by-side step ratio is
+experiments/bench_step.py's).
 
     python experiments/mezo_lora.py --steps 300 --arms lora-mezo-lr1e-4 lora-mezo-lr1e-3   # committed (~4 min)
     python experiments/mezo_lora.py                      # with MeZO on every weight (~1.2 s a step here)
@@ -14,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
+
+from harness import add_output_argument, command_line, machine, results_dir, run_far_unless_done, write_report
 
 SETUP = "glue --task sst2 --optimizer mezo --max-train-samples 2000 --batch-size 16 --no-save-model --no-progress"
 ARMS: dict[str, list[str]] = {
@@ -31,12 +32,7 @@ ARMS: dict[str, list[str]] = {
 
 def run_arm(name: str, steps: int, runs_dir: Path) -> dict:
     out = runs_dir / name
-    if not (out / "metrics.json").exists():
-        command = [sys.executable, "-m", "far.cli.main", *SETUP.split(), *ARMS[name], "--max-steps", str(steps)]
-        command += ["--output-dir", str(out)]
-        print(f"$ {' '.join(command[1:])}", flush=True)
-        subprocess.run(command, check=True)
-    record = json.loads((out / "metrics.json").read_text())
+    record = run_far_unless_done([*SETUP.split(), *ARMS[name], "--max-steps", str(steps)], out)
     losses = [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
     tenth = max(1, len(losses) // 10)
     labels = [line.split("\t")[2] for line in (out / "predictions.tsv").read_text().splitlines()[1:]]
@@ -56,9 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "mezo_lora")
+    add_output_argument(parser, results_dir(__file__), "the folder: runs/ and mezo_lora.{json,md}")
     args = parser.parse_args(argv)
-    command = " ".join(["python", "experiments/mezo_lora.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line(__file__, argv)
     rows = {name: run_arm(name, args.steps, args.output / "runs") for name in args.arms}
     lines = [
         "| arm | lr | trainable params | dev accuracy | majority class | loss, first 10% | loss, last 10% | s/step |",
@@ -71,10 +67,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['seconds_per_step']:.3f} |"
         )
     table = "\n".join(lines)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "mezo_lora.json").write_text(
-        json.dumps({"command": command, "setup": SETUP, "arms": rows}, indent=2)
-    )
+    report = {"command": command, "setup": SETUP, "arms": rows, "machine": machine()}
+    write_report(args.output / "mezo_lora.json", report)
     (args.output / "mezo_lora.md").write_text(
         f"`{command}`\n\nSetup: `far {SETUP} --max-steps {args.steps}`\n\n{table}\n"
     )

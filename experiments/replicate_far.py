@@ -1,9 +1,10 @@
 """The FAR paper's comparison, on our hardware: full fine-tuning vs FAR vs random vs freeze-FFN.
 
-Every run is one `far glue` / `far squad` command in its own process (so one run's memory and
-threads cannot leak into the next), interleaved seed by seed so that slow drift of the machine hits
-all methods alike. Each run's metrics.json stays under `<output>/runs/`; the summary (mean ± std
-over seeds of the task metric and of the wall time) goes to `<output>/replication.{json,md}`, with each
+Every run is one `far glue` / `far squad` command in its own process (harness.run_far_unless_done: one
+run's memory and threads cannot leak into the next), interleaved seed by seed so that slow drift of the
+machine hits all methods alike. Each run's metrics.json stays under `<output>/runs/` (default output:
+experiments/results/replicate_far/); the summary (mean ± std over seeds of the task metric and of the
+wall time) goes to `<output>/replication.{json,md}` (`--name` changes the stem), with each
 method's whole-process peak RSS (the run's own `peak_rss_bytes`) and, with `--kept-files`, the size of the
 file a user keeps per task (measured once per task and method by a short run that saves: the LoRA
 adapter, FAR's learners file, or the whole model).
@@ -11,21 +12,20 @@ adapter, FAR's learners file, or the whole model).
     python experiments/replicate_far.py                              # the committed grid (~3 h on 2 cores)
     python experiments/replicate_far.py --tasks cola --seeds 0       # the headline task, one seed
     python experiments/replicate_far.py --quick                      # a smoke run: tiny subsets
-    python experiments/replicate_far.py --methods full far lora --earlier-runs experiments/results/replication
+    python experiments/replicate_far.py --methods full far lora --name replication_lora \
+        --output experiments/results/replicate_far/replication_lora --earlier-runs experiments/results/replicate_far
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from harness import add_output_argument, command_line, machine, results_dir, run_far, run_far_unless_done, write_report
 
 # The headline metric of each task and the command-line settings of its runs. Subsets are
 # documented here because they are what makes the grid fit a 2-core CPU.
@@ -90,35 +90,20 @@ QUICK_ARGS = ["--max-train-samples", "64", "--max-eval-samples", "64", "--max-st
 def run_one(
     task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool, earlier: Sequence[Path] = ()
 ) -> dict:
+    """One run of the grid: this grid's own if it finished, else an earlier grid's, else run now (with its
+    whole process's wall and CPU seconds, see harness.run_far)."""
     out = runs_dir / f"{task}-{method}-s{seed}"
-    metrics_file = out / "metrics.json"
-    if metrics_file.exists():  # a finished run is not redone: the grid can be resumed
-        return json.loads(metrics_file.read_text())
-    for folder in earlier:  # the first earlier grid that has the run
-        earlier_file = folder / "runs" / out.name / "metrics.json"
-        if earlier_file.exists():
-            # A run of an earlier session: its metric stands, its times were taken on another day's machine.
-            return {**json.loads(earlier_file.read_text()), "earlier_session": str(folder)}
-    command = [
-        sys.executable, "-m", "far.cli.main", *TASKS[task]["args"], *method_args(method),
-        "--seed", str(seed), "--output-dir", str(out), "--no-save-model", "--no-progress",
+    if not (out / "metrics.json").exists():  # this grid's own finished run comes first
+        for folder in earlier:  # the first earlier grid that has the run
+            earlier_file = folder / "runs" / out.name / "metrics.json"
+            if earlier_file.exists():
+                # A run of an earlier session: its metric stands, its times were taken on another day's machine.
+                return {**json.loads(earlier_file.read_text()), "earlier_session": str(folder)}
+    argv = [
+        *TASKS[task]["args"], *method_args(method), "--seed", str(seed), "--no-save-model", "--no-progress",
         *extra, *(QUICK_ARGS if quick else []),
     ]  # fmt: skip
-    print(f"$ {' '.join(command[1:])}", flush=True)
-    start, cpu_start = time.perf_counter(), _children_cpu_seconds()
-    subprocess.run(command, check=True)
-    record = json.loads(metrics_file.read_text())
-    record["process_seconds"] = time.perf_counter() - start
-    # CPU seconds (user + system) of the whole run: unlike wall time, barely moved by other
-    # processes competing for the cores, so runs made at different times still compare.
-    record["process_cpu_seconds"] = _children_cpu_seconds() - cpu_start
-    metrics_file.write_text(json.dumps(record, indent=2) + "\n")
-    return record
-
-
-def _children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return run_far_unless_done(argv, out)
 
 
 # What a run of each `--method` leaves for the user to keep per task; the others keep the whole model.
@@ -143,12 +128,8 @@ def kept_file_bytes(method: str, output: Path) -> dict:
     sizes = json.loads(cache.read_text()) if cache.exists() else {}
     if method not in sizes:
         with tempfile.TemporaryDirectory() as tmp:
-            command = [
-                sys.executable, "-m", "far.cli.main", *TASKS[KEPT_FILE_TASK]["args"], *method_args(method),
-                "--output-dir", tmp, "--no-progress", *QUICK_ARGS,
-            ]  # fmt: skip
-            print(f"$ {' '.join(command[1:])}", flush=True)
-            subprocess.run(command, check=True, capture_output=True)
+            argv = [*TASKS[KEPT_FILE_TASK]["args"], *method_args(method), "--no-progress", *QUICK_ARGS]
+            run_far(argv, tmp, quiet=True)
             args = method_args(method)
             kept = KEPT_FILES.get(args[args.index("--method") + 1], "model/model.safetensors")
             sizes[method] = {"file": kept, "bytes": (Path(tmp) / kept).stat().st_size, "task": KEPT_FILE_TASK}
@@ -263,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--summarize-only", action="store_true", help="summarize the runs there are; run none that is missing"
     )
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "replication")
+    add_output_argument(parser, results_dir(__file__), "the grid's folder: runs/ and the summary")
     parser.add_argument(
         "--name", default="replication", help="summary file stem: grids with other methods share <output>/runs"
     )
@@ -272,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         method_args(method)  # an unknown name fails now, not hours into the grid
 
     records = {}
-    command = " ".join(["python", "experiments/replicate_far.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line(__file__, argv)
     for task in args.tasks:
         seeds = args.seeds or TASKS[task]["seeds"]
         for seed in seeds:
@@ -301,9 +282,8 @@ TIMES_NOTE = (
 
 def write_summary(records: dict, output: Path, name: str, command: str, kept: dict | None = None) -> None:
     summary = summarize(records)
-    output.mkdir(parents=True, exist_ok=True)
-    body = {"command": command, "summary": summary, "kept_files": kept}
-    (output / f"{name}.json").write_text(json.dumps(body, indent=2) + "\n")
+    body = {"command": command, "summary": summary, "kept_files": kept, "machine": machine()}
+    write_report(output / f"{name}.json", body)
     table = markdown(summary, kept)
     note = f"\n\n{TIMES_NOTE}" if any(r.get("earlier_session") for r in records.values()) else ""
     (output / f"{name}.md").write_text(f"`{command}`\n\n{table}{note}\n")

@@ -1,5 +1,8 @@
 """experiments/lr_sweep.py's choice of a rate per method, on held-out training data."""
 
+import json
+import sys
+
 import pytest
 from conftest import load_experiment
 
@@ -41,3 +44,11 @@ def test_every_task_holds_out_training_data_not_the_dev_set(lr_sweep):
         args = lr_sweep.setup(task)
         assert args[args.index("--task") + 1] == task
         assert args[args.index("--validation-from-train") + 1] == "0.2"
+
+
+def test_a_finished_run_is_read_not_run_again(lr_sweep, tmp_path, monkeypatch):
+    done = tmp_path / "runs" / "sst2-far-lr0.0001" / "metrics.json"
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps(run(0.9, 0.2)))
+    monkeypatch.setattr(sys.modules["harness"], "run_far", lambda *a, **k: pytest.fail("a finished run was run again"))
+    assert lr_sweep.run_one("sst2", "far", 1e-4, tmp_path / "runs") == run(0.9, 0.2)

@@ -66,12 +66,13 @@ def test_missing_data_dir_says_which_variable(monkeypatch, tmp_path):
 def test_missing_result_names_the_script_that_writes_it(monkeypatch, tmp_path):
     monkeypatch.setenv(plotting.RESULTS_ENV, str(tmp_path))
     with pytest.raises(plotting.MissingResultError, match=r"experiments/replicate_far\.py --tasks sst2 .*far-r0\.1"):
-        plotting.load_result("sweep/replication.json")
+        plotting.load_result("replicate_far/sweep/replication.json")
     with pytest.raises(FileNotFoundError, match="bench_memory.py"):
-        plotting.load_result("memory_minilm.json")
-    assert plotting.load_result("llm_memory.json", required=False) is None
-    (tmp_path / "llm_memory.json").write_text(json.dumps({"cases": {}}))
-    assert plotting.load_result("llm_memory.json") == {"cases": {}}
+        plotting.load_result("bench_memory/memory_minilm.json")
+    assert plotting.load_result("bench_memory/llm_memory.json", required=False) is None
+    (tmp_path / "bench_memory").mkdir()
+    (tmp_path / "bench_memory" / "llm_memory.json").write_text(json.dumps({"cases": {}}))
+    assert plotting.load_result("bench_memory/llm_memory.json") == {"cases": {}}
 
 
 def test_result_sources_are_the_commands_that_wrote_the_committed_files():

@@ -1,6 +1,11 @@
-"""experiments/replicate_far.py's summary: mean ± std over seeds and the comparison with full fine-tuning."""
+"""experiments/replicate_far.py's summary: mean ± std over seeds and the comparison with full fine-tuning; and the
+harness it runs `far` with."""
 
+import argparse
 import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import load_experiment
@@ -82,3 +87,34 @@ def test_earlier_grids_stand_in_for_missing_runs_first_folder_first(replicate_fa
     assert (full["metrics"]["matthews_correlation"], full["earlier_session"]) == (0.25, str(tmp_path / "a"))
     assert (far["metrics"]["matthews_correlation"], far["earlier_session"]) == (0.26, str(tmp_path / "b"))
     assert not runs.exists()  # nothing was run
+
+
+def test_a_missing_run_runs_far_once_and_records_the_process_times(replicate_far, tmp_path, monkeypatch):
+    harness = sys.modules["harness"]  # the scripts' shared module, as replicate_far imported it
+    commands = []
+
+    def fake_run(command, check, capture_output):  # stands in for the `far` process: writes its metrics.json
+        commands.append(command)
+        out = Path(command[command.index("--output-dir") + 1])
+        out.mkdir(parents=True)
+        (out / "metrics.json").write_text(json.dumps(record(0.3, 0, 10, 5)))
+
+    monkeypatch.setattr(harness, "subprocess", SimpleNamespace(run=fake_run))
+    runs = tmp_path / "runs"
+    first = replicate_far.run_one("cola", "far", 0, runs, ["--bf16"], True)
+    again = replicate_far.run_one("cola", "far", 0, runs, [], False)  # done: not run again
+    assert len(commands) == 1 and commands[0][: len(harness.FAR)] == harness.FAR
+    assert {"--bf16", "--max-steps", "--no-save-model"} <= set(commands[0])
+    assert first["process_seconds"] >= 0 and "process_cpu_seconds" in first
+    assert again == first == json.loads((runs / "cola-far-s0" / "metrics.json").read_text())
+
+
+def test_scripts_write_under_their_own_results_folder_with_one_output_flag(replicate_far):
+    harness = sys.modules["harness"]
+    assert harness.results_dir(replicate_far.__file__) == harness.RESULTS / "replicate_far"
+    parser = argparse.ArgumentParser()
+    harness.add_output_argument(parser, harness.results_dir("x") / "x.json", "the report", aliases=("--out",))
+    assert parser.parse_args([]).output == harness.RESULTS / "x" / "x.json"
+    assert parser.parse_args(["--out", "a.json"]).output == Path("a.json")  # the earlier name still works
+    assert "--out" not in parser.format_help().replace("--output", "")  # hidden from --help
+    assert {"cpu", "cpu_flags"} <= set(harness.machine())

@@ -5,8 +5,8 @@ numbers are never computed here: they come from the experiments/ scripts' result
 missing file is an error that names the command that writes it.
 
     >>> from far import plotting
-    >>> summary = plotting.load_result("replication/replication.json")["summary"]
-    >>> setting = plotting.run_setting(plotting.result_path("replication"), "cola")
+    >>> summary = plotting.load_result("replicate_far/replication.json")["summary"]
+    >>> setting = plotting.run_setting(plotting.result_path("replicate_far"), "cola")
     >>> fig = plotting.plot_methods(summary["cola"], "cola", setting)
 """
 

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from far.metrics.glue import GLUE_METRICS
+from far.evaluation.metrics.glue import GLUE_METRICS
 
 QUICK_ENV = "FAR_NOTEBOOK_QUICK"  # "1": the notebooks shrink steps and samples (CI)
 RESULTS_ENV = "FAR_RESULTS_DIR"  # another results folder (default: <repo>/experiments/results)
@@ -18,48 +18,50 @@ DATA_ENV = "FAR_DATA_DIR"
 
 _RETENTIONS = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0"]  # the sweep (SST-2: 1 epoch on 3,000 sentences per point)
 # Result file (relative to the results folder) -> the command, run from the repository root, that writes it.
+# Each script writes under its own folder, experiments/results/<script>/.
 RESULT_SOURCES: dict[str, str] = {
-    "replication/replication.json": "python experiments/replicate_far.py",
-    "sweep/replication.json": (
+    "replicate_far/replication.json": "python experiments/replicate_far.py",
+    "replicate_far/sweep/replication.json": (
         # full first: the summary's deltas to full need it
         "python experiments/replicate_far.py --tasks sst2 --methods full "
         + " ".join(f"far-r{r}" for r in _RETENTIONS)
-        + " --output experiments/results/sweep --extra --max-train-samples 3000"
+        + " --output experiments/results/replicate_far/sweep --extra --max-train-samples 3000"
     ),
-    "bench_sweep.json": (
+    "bench_step/bench_sweep.json": (
         "python experiments/bench_step.py --configs full "
         + " ".join(f"far-{r}" for r in _RETENTIONS)
-        + " --shapes 32x64 --precisions fp32 --steps 10 --warmup 2 --output experiments/results/bench_sweep"
+        + " --shapes 32x64 --precisions fp32 --steps 10 --warmup 2 --output experiments/results/bench_step/bench_sweep"
     ),
-    "bench_step.json": "python experiments/bench_step.py",
-    "bench_step_target.json": (
+    "bench_step/bench_step.json": "python experiments/bench_step.py",
+    "bench_step/bench_step_target.json": (
         "python experiments/bench_step.py --configs full far-0.4 random-0.4 --shapes 32x64 --steps 40 --warmup 2 "
-        "--output experiments/results/bench_step_target"
+        "--output experiments/results/bench_step/bench_step_target"
     ),
-    "bench_step_cola_shape.json": (
+    "bench_step/bench_step_cola_shape.json": (
         "python experiments/bench_step.py --shapes 32x24 --configs full far-0.4 random-0.4 freeze-ffn "
         "far-0.4+frozen-emb far-0.2 far-0.2+frozen-emb --steps 10 --warmup 2 "
-        "--output experiments/results/bench_step_cola_shape"
+        "--output experiments/results/bench_step/bench_step_cola_shape"
     ),
-    "bench_step_distilbert.json": (
+    "bench_step/bench_step_distilbert.json": (
         "python experiments/bench_step.py --models distilbert --shapes 32x64 32x128 --steps 10 --warmup 1 "
-        "--output experiments/results/bench_step_distilbert"
+        "--output experiments/results/bench_step/bench_step_distilbert"
     ),
-    "memory_minilm.json": "python experiments/bench_memory.py",
-    "llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
-    "llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
+    "bench_memory/memory_minilm.json": "python experiments/bench_memory.py",
+    "bench_memory/llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
+    "llm_sst2/llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
     # after `python experiments/llm_mezo_divergence.py --directions 8 --replay-steps 12 --threads 1`
-    "llm_fewshot.json": (
+    "llm_fewshot/llm_fewshot.json": (
         "python experiments/llm_fewshot.py --phase zero grid final summary --k 16; "
         "python experiments/llm_fewshot.py --phase grid final summary --k 512; "
         "python experiments/llm_fewshot.py --phase grid final summary --k 16 --arms mezo_far_emb --lrs 4e-05 1e-4 2e-4"
     ),
     # after `python experiments/llm_mezo_divergence.py --model gemma3-270m --directions 8 --replay-steps 12
-    # --threads 1 --output experiments/results/llm_mezo_divergence_gemma3.json`
-    "llm_fewshot_gemma3.json": (
+    # --threads 1 --output experiments/results/llm_mezo_divergence/llm_mezo_divergence_gemma3.json`
+    "llm_fewshot/llm_fewshot_gemma3.json": (
         "python experiments/llm_fewshot.py --model gemma3-270m --phase zero grid final summary --k 16 "
-        "--lrs-from experiments/results/llm_mezo_divergence_gemma3.json "
-        "--cases-dir experiments/results/llm_fewshot_gemma3 --output experiments/results/llm_fewshot_gemma3.json"
+        "--lrs-from experiments/results/llm_mezo_divergence/llm_mezo_divergence_gemma3.json "
+        "--cases-dir experiments/results/llm_fewshot/cases_gemma3 "
+        "--output experiments/results/llm_fewshot/llm_fewshot_gemma3.json"
     ),
 }
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M", "gemma3-270m": "Gemma-3-270M"}
@@ -121,7 +123,7 @@ def result_path(name: str) -> Path:
 
 
 def load_result(name: str, *, required: bool = True) -> dict | None:
-    """Read a result file of the experiments, e.g. "replication/replication.json".
+    """Read a result file of the experiments, e.g. "replicate_far/replication.json".
 
     Args:
         name: Path relative to the results folder (keys of `RESULT_SOURCES` are the known ones).
