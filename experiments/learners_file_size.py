@@ -48,11 +48,10 @@ def measure(path: str, retention: float, freeze_embeddings: bool, folder: Path) 
     base = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2).eval()
     batches = _batches(5, model.config.vocab_size)
     model.train()
-    far.Primer(model)
+    far.Primer(model, embeddings=freeze_embeddings)
     _train(model, batches[:3])  # priming
-    # Priming changed every weight; a learners file belongs to the base it is applied to, so the
-    # base here is the primed model (as after far.finetune's priming phase).
-    base.load_state_dict(model.state_dict())
+    # Priming changed every weight; reconfigure puts what it freezes back to the stock values, so the
+    # learners file belongs to the stock base (as after far.finetune's priming phase).
     far.reconfigure(model, retention, freeze_embeddings=freeze_embeddings)
     _train(model, batches[3:])
     model.eval()

@@ -163,6 +163,20 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-save-model", action="store_true", help="do not save the fine-tuned model")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="write a checkpoint to <output-dir>/checkpoints every N steps (written whole or not at all; the last 2 "
+        "kept)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a killed run from the newest intact checkpoint in --output-dir, with the same options: it "
+        "ends as the uninterrupted run would",
+    )
 
 
 def describe_defaults(defaults: Mapping[str, Mapping]) -> str:

@@ -87,21 +87,12 @@ def run(args: argparse.Namespace) -> int:
     shown = f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch 32, seed {args.seed}"
 
     _step(f"full fine-tuning: every weight trains ({shown})")
-    full = far.finetune(full_model, train, retention=None, seed=args.seed, progress=True, **hyper)
+    full = far.finetune(full_model, train, None, seed=args.seed, progress=True, **hyper)
     print(f"dev accuracy {full.metrics['accuracy']:.4f}; training {full.priming_seconds + full.training_seconds:.0f} s")
 
     embeddings = "frozen" if far_config.freeze_embeddings else "trained"
     _step(f"FAR: prime 10% of the steps, keep {args.retention:.0%} of FFN nodes, embeddings {embeddings} ({shown})")
-    result = far.finetune(
-        model,
-        train,
-        retention=far_config.retention,
-        freeze_embeddings=far_config.freeze_embeddings,
-        seed=args.seed,
-        output_dir=out / "far",
-        progress=True,
-        **hyper,
-    )
+    result = far.finetune(model, train, far_config, seed=args.seed, output_dir=out / "far", progress=True, **hyper)
     print(
         f"dev accuracy {result.metrics['accuracy']:.4f}; training "
         f"{result.priming_seconds + result.training_seconds:.0f} s (priming included)"
@@ -142,6 +133,20 @@ def run(args: argparse.Namespace) -> int:
     predictor = Predictor(merged, tokenizer, model_card(out / "merged"))
     for row in predictor(["A gorgeous, funny and moving film.", "A tedious mess that goes nowhere."]):
         print(f"{row['label']:>8} {row['score']:.3f}  {row['sentence']}")
+
+    _step("one base model, many users: the learners file on a freshly loaded stock model")
+    stock, _ = load_model_and_tokenizer(
+        args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
+    )
+    far.load_learners(stock, learners_file)  # priming's changes to frozen weights were undone: it fits the stock model
+    with torch.no_grad():
+        same = torch.equal(stock.eval()(**probe).logits, model(**probe).logits)
+    print(
+        f"stock {args.model} + {learners_file.name} gives the trained model's logits "
+        f"{'bit for bit' if same else 'NOT bit for bit'} (far predict --model {args.model} --learners {learners_file})"
+    )
+    if not same:
+        raise RuntimeError("the learners file did not reproduce the trained model on the stock base")
 
     full_params = far.summary(full_model, verbose=False).trainable_parameters
     far_params = far.summary(model, verbose=False).trainable_parameters

@@ -151,6 +151,8 @@ def train_and_report(run: TrainingRun) -> dict:
             loss_fn=run.loss_fn,
             eval_fn=run.evaluator,
             output_dir=out,
+            # A killed run goes on from its newest intact checkpoint, to the same end as an uninterrupted one.
+            resume_from=out if settings.resume else None,
             **options,
         )
         metrics = dict(result.metrics or {}) or run.evaluator(model)  # no evaluation ran yet: do it here

@@ -101,6 +101,8 @@ class RunSettings:
     model_dir: str | None = None
     save_model: bool = True
     progress: bool = True
+    checkpoint_every: int | None = None
+    resume: bool = False
     # Derived, built once from the fields above: the run's surgery (None: the method makes none).
     far: FARConfig | None = field(init=False, repr=False, compare=False)
 
@@ -128,7 +130,8 @@ class RunSettings:
                 f"got {self.validation_from_train}"
             )
         check_length("priming", self.priming)
-        for name in ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples"):
+        counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
+        for name in (*counts, "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -176,6 +179,7 @@ class RunSettings:
             # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
             freeze_embeddings=self.freeze_embeddings and self.far is None,
             freeze_layers=self.freeze_layers if self.far is None else None,
+            checkpoint_every=self.checkpoint_every,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],

@@ -247,7 +247,7 @@ def finetune(
         if output_dir is not None and has_run(output_dir):
             raise ValueError(
                 f"output_dir {str(output_dir)!r} already holds a run's checkpoints; continue it with "
-                "resume_from=output_dir, or choose another output_dir"
+                "resume_from=output_dir (the far command: --resume), or choose another output_dir"
             )
     if plan.checkpoint_every is not None and output_dir is None:
         raise ValueError("checkpoint_every needs an output_dir to write the checkpoints to")
