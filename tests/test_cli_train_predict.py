@@ -123,7 +123,7 @@ def test_train_pairs_and_regression(tiny_model_dir, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory):
-    """A run of the random method (no priming: its learners file applies to the untouched base)."""
+    """A run of the random method (its learners file applies to the stock base, as every method's does)."""
     root = tmp_path_factory.mktemp("trained")
     train, dev = write(root / "t.csv", _rows(32, 0)), write(root / "d.csv", _rows(8, 1))
     assert _train(tiny_model_dir, train, dev, root / "run", "--method", "random", "--max-steps", "8") == 0
@@ -254,3 +254,36 @@ def test_learners_file_keeps_the_model_config(tmp_path):
     path = far.save_learners(model, tmp_path / "l.safetensors")
     assert len(far.saving.learners_model_config(path)["id2label"]) == 3
     far.load_learners(tiny_model("bert", num_labels=3, seed=0), path)  # the extra metadata changes nothing else
+
+
+def test_predict_serves_several_users_from_one_process(tiny_model_dir, tmp_path, capsys):
+    train, dev = write(tmp_path / "t.csv", _rows(24, 0)), write(tmp_path / "d.csv", _rows(8, 1))
+    users = tmp_path / "users"
+    users.mkdir()
+    for seed in range(3):  # three users: other data order and learners
+        out = tmp_path / f"run{seed}"
+        assert _train(tiny_model_dir, train, dev, out, "--seed", str(seed), "--retention", "0.3") == 0
+        (out / "learners.safetensors").rename(users / f"user{seed}.safetensors")
+    inputs = write(tmp_path / "in.csv", [{"text": "Good great lovely."}, {"text": "Bad awful dull."}])
+    argv = ["predict", "--model", str(tiny_model_dir), "--learners", str(users), "--input", str(inputs)]
+    assert main([*argv, "--output-dir", str(tmp_path / "out"), "--format", "csv"]) == 0
+    assert "swapped in" in capsys.readouterr().err
+    for seed in range(3):
+        alone = predict(tiny_model_dir, inputs, learners=users / f"user{seed}.safetensors")
+        served = (tmp_path / "out" / f"user{seed}.csv").read_text().splitlines()[1:]
+        assert [line.split(",")[1] for line in served] == [r["label"] for r in alone]
+        assert [float(line.split(",")[2]) for line in served] == pytest.approx([r["score"] for r in alone], abs=1e-6)
+
+
+def test_several_users_with_a_bad_file_write_nothing(trained, tiny_model_dir, tmp_path, capsys):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "a.safetensors").write_bytes((trained / "learners.safetensors").read_bytes())
+    (users / "b.safetensors").write_bytes(b"not a learners file")
+    inputs = write(tmp_path / "in.csv", [{"text": "Good."}])
+    argv = ["predict", "--model", str(tiny_model_dir), "--learners", str(users), "--input", str(inputs)]
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
+    assert "b.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main([*argv, "--output", str(tmp_path / "one.jsonl")]) == 2
+    assert "--output-dir" in capsys.readouterr().err

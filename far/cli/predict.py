@@ -3,6 +3,7 @@
 far predict --model runs/reviews-far/model --input new.csv --output predictions.csv
 echo "What a lovely film." | far predict --model runs/reviews-far/model
 far predict --model minilm --learners runs/reviews-random/learners.safetensors --input new.jsonl --output out.jsonl
+far predict --model minilm --learners users/ --input new.csv --output-dir predictions/   # one file per user
 """
 
 from __future__ import annotations
@@ -10,7 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from far.recipes.predict import Predictor, check_output, format_rows, model_card, read_inputs, write_predictions
+from far.recipes.predict import (
+    OUTPUT_FORMATS,
+    Predictor,
+    check_output,
+    format_rows,
+    learners_files,
+    model_card,
+    predict_users,
+    read_inputs,
+    write_predictions,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,9 +36,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", required=True, metavar="DIR", help="a saved model folder; with --learners, its base")
-    parser.add_argument("--learners", default=None, metavar="FILE", help="a learners file to apply to --model")
+    parser.add_argument(
+        "--learners",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="learners files to apply to --model, or folders of them: several users are served from one process, "
+        "each file swapped in place (needs --output-dir)",
+    )
     parser.add_argument("--input", default="-", metavar="F", help="a .csv/.tsv/.json/.jsonl file, or - for stdin")
     parser.add_argument("--output", default=None, metavar="F", help="a .csv or .jsonl file (default: stdout, JSONL)")
+    parser.add_argument(
+        "--output-dir", default=None, metavar="DIR", help="with several learners files: <DIR>/<file name>.<format>"
+    )
+    parser.add_argument(
+        "--format", choices=[s.lstrip(".") for s in OUTPUT_FORMATS], default="jsonl", help="with --output-dir"
+    )
     parser.add_argument("--max-length", type=int, default=128, help="tokens per text (default: 128)")
     parser.add_argument("--batch-size", type=int, default=64, help="(default: 64)")
     parser.set_defaults(func=run)
@@ -37,15 +61,37 @@ def run(args: argparse.Namespace) -> int:
     # Everything that can be wrong with the request fails before the weights load and before any output.
     if args.output is not None:
         check_output(args.output)
-    card = model_card(args.model, args.learners)
+    files = learners_files(args.learners) if args.learners else []
+    if len(files) > 1 or args.output_dir is not None:
+        return _run_users(args, files)
+    learners = files[0] if files else None
+    card = model_card(args.model, learners)
     rows = read_inputs(sys.stdin if args.input == "-" else args.input, card.text_columns)
-    predictor = Predictor.load(
-        args.model, learners=args.learners, max_length=args.max_length, batch_size=args.batch_size
-    )
+    predictor = Predictor.load(args.model, learners=learners, max_length=args.max_length, batch_size=args.batch_size)
     results = predictor(rows)
     if args.output is None:
         sys.stdout.write(format_rows(results, ".jsonl"))
     else:
         path = write_predictions(results, args.output)
         print(f"wrote {len(results)} predictions to {path}", file=sys.stderr)
+    return 0
+
+
+def _run_users(args: argparse.Namespace, files: list) -> int:
+    if args.output_dir is None or args.output is not None or not files:
+        raise ValueError("several users' predictions go to --output-dir DIR (one file each), with --learners FILES")
+    card = model_card(args.model, files[0])
+    rows = read_inputs(sys.stdin if args.input == "-" else args.input, card.text_columns)
+    written = predict_users(
+        args.model,
+        files,
+        rows,
+        output_dir=args.output_dir,
+        suffix=f".{args.format}",
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+    )
+    for path, info in written.items():
+        swap = "" if info["swap_seconds"] is None else f" (swapped in {info['swap_seconds'] * 1e3:.0f} ms)"
+        print(f"wrote {info['rows']} predictions to {path}{swap}", file=sys.stderr)
     return 0

@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +223,71 @@ def write_predictions(rows: Sequence[Mapping], path: str | os.PathLike) -> Path:
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
+
+
+def learners_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The learners files named: files, and folders of `*.safetensors` files (sorted); each user once.
+
+    Raises:
+        ValueError: a path that does not exist, an empty folder, or two files of the same name
+            (their predictions would go to the same output file).
+    """
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(path.glob("*.safetensors"))
+            if not found:
+                raise ValueError(f"--learners {str(path)!r} is a folder with no .safetensors file in it")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"--learners {str(path)!r}: no such file or folder")
+    stems = [f.stem for f in files]
+    twice = sorted({s for s in stems if stems.count(s) > 1})
+    if twice:
+        raise ValueError(f"learners files share the name(s) {twice}: each user's predictions go to <name>.<format>")
+    return files
+
+
+def predict_users(
+    model: str | os.PathLike,
+    learners: Sequence[str | os.PathLike],
+    inputs: datasets.Dataset | Sequence[str | Sequence[str] | Mapping[str, str]],
+    *,
+    output_dir: str | os.PathLike,
+    suffix: str = ".jsonl",
+    max_length: int = 128,
+    batch_size: int = 64,
+) -> dict[Path, dict]:
+    """Each user's predictions from one process: the base loads once and every learners file is swapped in place.
+
+    `far.load_learners` replaces the active user's tensors with the next user's (memory stays at the
+    base plus one file). Every user is predicted before anything is written, so a bad file (another
+    base, damaged) leaves no output; then one file per user, `<output_dir>/<learners file stem><suffix>`.
+
+    Returns:
+        `{output file: {"rows": n, "swap_seconds": time to put this user's file in place}}`.
+    """
+    if suffix not in OUTPUT_FORMATS:
+        raise ValueError(f"the output format is one of {', '.join(OUTPUT_FORMATS)}, got {suffix!r}")
+    files = learners_files(learners)
+    cards = [model_card(model, f) for f in files]  # every file's metadata is readable, before any weights load
+    predictor = Predictor.load(model, learners=files[0], max_length=max_length, batch_size=batch_size)
+    results, seconds = [predictor(inputs)], [None]
+    for path, card in zip(files[1:], cards[1:], strict=True):
+        started = time.perf_counter()
+        load_learners(predictor.model, path)
+        seconds.append(time.perf_counter() - started)
+        predictor.card = card
+        results.append(predictor(inputs))
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for path, rows, swap in zip(files, results, seconds, strict=True):
+        out = write_predictions(rows, folder / f"{path.stem}{suffix}")
+        written[out] = {"rows": len(rows), "swap_seconds": swap}
+    return written
 
 
 def predict(
