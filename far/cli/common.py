@@ -143,6 +143,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="freeze the embeddings and the bottom K layers whole, so that backward stops at layer K (every "
         "method); auto: K from FAR's priming scores (far/random)",
     )
+    parser.add_argument(
+        "--keep-primed-frozen",
+        dest="reset_frozen",
+        action="store_false",
+        help="far/random: keep the primed values of what FAR freezes (by default they go back to the stock model's, "
+        "so that the learners file applies to the stock model; with this flag it fits only this run's model)",
+    )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument(
         "--trainable-dtype",

@@ -74,8 +74,20 @@ class SquadSettings:
         )
 
 
-def _with_method(model: nn.Module, settings: RunSettings) -> tuple[nn.Module, dict]:
-    return settings.method_spec.apply(model, base_model=settings.model, lora=settings.lora_settings())
+def _task_model(
+    settings: RunSettings, max_length: int, *head: object, config: dict | None = None, **options: object
+) -> tuple[nn.Module, object, dict]:
+    """The run's model with its task head, the method applied (e.g. LoRA's wrapper), its tokenizer, and the
+    method's record; `config` entries are written into the model's config before the method wraps it.
+
+    Everything a user can get wrong with the model (a name, a head, a length) fails here, before training.
+    """
+    model, tokenizer = load_model_and_tokenizer(settings.model, *head, seed=settings.seed, **options)
+    check_max_length(model, max_length)
+    for key, value in (config or {}).items():
+        setattr(model.config, key, value)
+    model, record = settings.method_spec.apply(model, base_model=settings.model, lora=settings.lora_settings())
+    return model, tokenizer, record
 
 
 def _held_out(settings: RunSettings) -> dict:
@@ -124,16 +136,14 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
     hparams = settings.hyperparameters(GLUE_DEFAULTS)
     splits = load_glue(task.name, settings.data_dir)
     train_raw, dev_raw = train_and_eval_splits(settings, splits["train"], splits["validation"])
-    model, tokenizer = load_model_and_tokenizer(
-        settings.model,
+    model, tokenizer, method_record = _task_model(
+        settings,
+        hparams["max_length"],
         task.kind,
         task.num_labels,
         label_names=task.label_names or None,
         finetuning_task=task.name,
-        seed=settings.seed,
     )
-    check_max_length(model, hparams["max_length"])
-    model, method_record = _with_method(model, settings)
     evaluator = glue_evaluator(
         task, dev_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
     )
@@ -166,11 +176,9 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
     splits = squad.splits(settings.data_dir)
     train_raw = first(splits["train"], settings.max_train_samples)
     eval_raw = first(splits["validation"], settings.max_eval_samples)
-    model, tokenizer = load_model_and_tokenizer(
-        settings.model, "question-answering", finetuning_task=squad.task, seed=settings.seed
+    model, tokenizer, method_record = _task_model(
+        settings, hparams["max_length"], "question-answering", finetuning_task=squad.task
     )
-    check_max_length(model, hparams["max_length"])
-    model, method_record = _with_method(model, settings)
     train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], squad.doc_stride)
     evaluator = squad_evaluator(
         squad, eval_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
@@ -212,12 +220,15 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
     hparams = settings.hyperparameters(FILE_DEFAULTS)
     train_raw, dev_raw = train_and_eval_splits(settings, files.train, files.validation)
     labels = files.labels
-    model, tokenizer = load_model_and_tokenizer(
-        settings.model, labels.kind, labels.num_labels, label_names=labels.names or None, seed=settings.seed
+    columns = {COLUMNS_KEY: {"text": list(files.text_columns), "label": files.label_column}}
+    model, tokenizer, method_record = _task_model(
+        settings,
+        hparams["max_length"],
+        labels.kind,
+        labels.num_labels,
+        label_names=labels.names or None,
+        config=columns,
     )
-    check_max_length(model, hparams["max_length"])
-    setattr(model.config, COLUMNS_KEY, {"text": list(files.text_columns), "label": files.label_column})
-    model, method_record = _with_method(model, settings)
     collate = DataCollatorWithPadding(tokenizer)
     evaluator = LabelEvaluator(
         tokenize_texts(dev_raw, tokenizer, files.text_columns, hparams["max_length"]),

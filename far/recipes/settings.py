@@ -32,6 +32,7 @@ RECORDED_OPTIONS = (
     "weight_decay",
     "grad_accum",
     "bf16",
+    "reset_frozen",
     "seed",
     "mezo_eps",
     "mezo_directions",
@@ -88,6 +89,7 @@ class RunSettings:
     lora_target_modules: tuple[str, ...] | None = None
     freeze_embeddings: bool = False
     freeze_layers: int | str | None = None
+    reset_frozen: bool = True
     bf16: bool = False
     trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
@@ -180,6 +182,7 @@ class RunSettings:
             freeze_embeddings=self.freeze_embeddings and self.far is None,
             freeze_layers=self.freeze_layers if self.far is None else None,
             checkpoint_every=self.checkpoint_every,
+            reset_frozen=self.reset_frozen,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],
