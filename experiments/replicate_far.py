@@ -66,6 +66,28 @@ METHODS: dict[str, list[str]] = {
         "0.2",
         "--freeze-embeddings",
     ],  # fmt: skip
+    # The baselines a practitioner tries first, and FAR with depth: backward stops at the lowest trainable layer.
+    "full+frozen-emb": ["--method", "full", "--freeze-embeddings"],
+    "full+frozen-bottom-3": ["--method", "full", "--freeze-layers", "3"],
+    "far-0.2+frozen-emb+bottom-3": [
+        "--method",
+        "far",
+        "--retention",
+        "0.2",
+        "--freeze-embeddings",
+        "--freeze-layers",
+        "3",
+    ],
+    "far-0.2+depth-auto": ["--method", "far", "--retention", "0.2", "--freeze-embeddings", "--freeze-layers", "auto"],
+    # What portable files cost: the frozen nodes and embeddings keep their primed values instead.
+    "far-0.2+frozen-emb+keep-primed": [
+        "--method",
+        "far",
+        "--retention",
+        "0.2",
+        "--freeze-embeddings",
+        "--keep-primed-frozen",
+    ],
     # PEFT's LoRA defaults (r=8, alpha 8, query and value); its learning rate is experiments/lr_sweep.py's choice.
     "lora": ["--method", "lora", "--lr", "0.008"],
     # CoLA's 3 epochs at 8e-3 collapsed to the majority class (MCC 0); CoLA's own short sweep ranked no rate, and
