@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -14,11 +16,14 @@ from transformers import default_data_collator
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
 from far.surgery import is_reconfigured
+from far.training.budget import ModelShape, peak_rss_mib, plan_memory
 from far.training.checkpoint import has_run, read_checkpoint
 from far.training.data import BatchStream
 from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.plan import plan_training
 from far.training.result import FinetuneResult
+
+logger = logging.getLogger(__name__)
 
 
 def _check_data(train_data: object) -> int:
@@ -82,6 +87,7 @@ def finetune(
     priming_lr: float | None = None,
     freeze_embeddings: bool = False,
     freeze_ffn: bool = False,
+    freeze_layers: int | str | None = None,
     epochs: float = 1.0,
     max_steps: int | None = None,
     lr: float | None = None,
@@ -105,6 +111,8 @@ def finetune(
     log_every: int = 1,
     spec: FFNSpec | None = None,
     progress: bool = True,
+    memory_budget: float | None = None,
+    max_length: int = 128,
     **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
@@ -168,6 +176,13 @@ def finetune(
         log_every: Steps between log lines (evaluations and the last step are always logged).
         spec: FFN layout for architectures far does not know (see `far.FFNSpec`).
         progress: Show a tqdm progress bar (steps/s, loss).
+        memory_budget: Whole-process peak RSS to stay under, in MiB (`far.training.budget.plan_memory`):
+            each batch is split into equal micro-batches with gradient accumulation (the same examples
+            per optimizer step), and FAR's cheap levers are turned on as needed; a budget that cannot
+            fit raises `MemoryBudgetError` (a ValueError) naming the smallest that does. `eval_fn`
+            should evaluate in batches of at most the plan's `eval_batch_size` (the log says it).
+        max_length: With `memory_budget`: the longest sequence a batch may hold (the plan assumes
+            every batch is padded to it).
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -189,6 +204,9 @@ def finetune(
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
     config = _resolve_config(config, deprecated, seed=seed, freeze_embeddings=freeze_embeddings)
+    if freeze_layers is not None:
+        # Taken here so that the recipes' options pass; plain freezing without surgery comes with its own change.
+        raise ValueError("freeze_layers without a FARConfig is not supported by this far.finetune yet")
     plan = plan_training(
         n_examples,
         optimizer=optimizer,
@@ -215,6 +233,31 @@ def finetune(
         keep_checkpoints=keep_checkpoints,
         log_every=log_every,
     )
+    memory = None
+    if memory_budget is not None:
+        shape = ModelShape.from_config(getattr(model, "config", None))
+        memory = plan_memory(
+            memory_budget,
+            shape,
+            batch_size=plan.batch_size,
+            seq_len=max_length,
+            far=plan.far,
+            freeze_embeddings=plan.freeze_embeddings,
+            optimizer=plan.optimizer,
+            priming_optimizer=plan.priming_optimizer,
+        )
+        logger.info("%s", memory.describe())
+        # Equal micro-batches, accumulated: the mean of their mean losses is the batch's mean loss.
+        far_config = plan.far
+        if far_config is not None and memory.recompute_activations:
+            far_config = dataclasses.replace(far_config, recompute_activations=True)
+        plan = dataclasses.replace(
+            plan,
+            far=far_config,
+            batch_size=memory.micro_batch,
+            grad_accum=plan.grad_accum * memory.accumulation,
+            early_frozen_embeddings=memory.early_frozen_embeddings,
+        )
     if plan.eval_every is not None and eval_fn is None:
         raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
     if plan.far is not None or plan.freeze_ffn:
@@ -258,4 +301,7 @@ def finetune(
         spec=spec,
         progress=progress,
     )
-    return loop.run(checkpoint)
+    result = loop.run(checkpoint)
+    if memory is not None:
+        logger.info("peak RSS %d MiB (budget %d MiB)", peak_rss_mib(), memory.budget_mib)
+    return result
