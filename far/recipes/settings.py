@@ -101,6 +101,7 @@ class RunSettings:
     model_dir: str | None = None
     save_model: bool = True
     progress: bool = True
+    memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     # Derived, built once from the fields above: the run's surgery (None: the method makes none).
     far: FARConfig | None = field(init=False, repr=False, compare=False)
 
@@ -189,6 +190,11 @@ class RunSettings:
             mezo_eps=self.mezo_eps,
             mezo_directions=self.mezo_directions,
             progress=self.progress,
+            **(
+                {}
+                if self.memory_budget is None
+                else {"memory_budget": self.memory_budget, "max_length": hyperparameters["max_length"]}
+            ),
             **self.method_spec.train_options(),
         )
 
