@@ -69,7 +69,7 @@ def run_far(name: str, argv: list[str], out_dir: Path) -> dict:
     }
     refused = REFUSED.search(done.stderr)
     if refused:
-        record["refused"] = done.stderr.strip().splitlines()[-1]
+        record["refused"] = next(line for line in done.stderr.splitlines() if "error:" in line)
         record["smallest_budget"] = int(refused.group(1))
     elif done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
