@@ -10,16 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TypeVar
 
 from far.config import AUTO
 from far.data.locate import DATA_DIR_ENV
 from far.methods import METHODS
-from far.models import DEFAULT_MODEL, MODEL_ALIASES
+from far.models import DEFAULT_MODEL, MODEL_ALIASES, is_causal_lm, resolve_model
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
+from far.training.budget import MemoryBudgetError, ModelShape, peak_rss_mib, plan_memory
 from far.training.plan import check_length
 
 T = TypeVar("T")
@@ -158,6 +159,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="a GGUF causal LM: storage of the weights MeZO trains (bf16: stochastically rounded updates; "
         "computed in fp32 either way) (default: bfloat16)",
     )
+    parser.add_argument(
+        "--memory-budget",
+        type=float,
+        default=None,
+        metavar="MIB",
+        help="keep the whole process's peak memory (RSS) under MIB MiB: micro-batches with gradient accumulation "
+        "and FAR's cheap levers as needed; refused up front when it cannot fit",
+    )
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (always at the end)")
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the new head, data order, dropout, selection and MeZO (default: 0)"
@@ -220,7 +229,7 @@ def register_training_command(
         add_arguments(parser)
     add_training_arguments(parser)
     add_data_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, task_defaults=defaults)
     return parser
 
 
@@ -232,7 +241,38 @@ def from_args(cls: type[T], args: argparse.Namespace, **given: object) -> T:
 
 def settings_from(args: argparse.Namespace) -> RunSettings:
     """The `RunSettings` of a training command's arguments (checked: a bad value raises ValueError)."""
-    return from_args(RunSettings, args, save_model=not args.no_save_model, progress=not args.no_progress)
+    settings = from_args(RunSettings, args, save_model=not args.no_save_model, progress=not args.no_progress)
+    if settings.memory_budget is not None:
+        settings = _within_budget(settings, args.task_defaults)
+    return settings
+
+
+def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping]) -> RunSettings:
+    """Refuse a budget that cannot fit before anything loads (from the model's config.json alone), and
+    shrink the evaluation batch to the plan's; far.finetune plans the training side again with the model."""
+    if is_causal_lm(settings.model):
+        raise UsageError("--memory-budget plans encoder runs; the lean causal-LM runtime has its own memory use")
+    hparams = settings.hyperparameters(defaults)
+    try:
+        shape = ModelShape.from_folder(resolve_model(settings.model))
+    except (OSError, ValueError):
+        return settings  # a hub name not yet downloaded: far.finetune plans it once the model is there
+    try:
+        plan = plan_memory(
+            settings.memory_budget,
+            shape,
+            batch_size=hparams["batch_size"],
+            seq_len=hparams["max_length"],
+            far=settings.far,
+            freeze_embeddings=settings.freeze_embeddings,
+            optimizer=settings.optimizer,
+            priming_optimizer=None if settings.far is None else "adamw",
+            eval_batch_size=settings.eval_batch_size,
+        )
+    except MemoryBudgetError as e:
+        raise UsageError(str(e)) from None
+    print(plan.describe(), flush=True)
+    return replace(settings, eval_batch_size=plan.eval_batch_size)
 
 
 def print_metrics(label: str, metrics: Mapping[str, float]) -> None:
@@ -249,4 +289,6 @@ def report(run: TrainingRun) -> int:
     print_metrics(run.title, record["metrics"])
     out: Path = run.output_dir
     print(f"wrote {out / METRICS_FILE}, predictions and the training log to {out}")
+    budget = run.settings.memory_budget
+    print(f"peak RSS {peak_rss_mib()} MiB" + ("" if budget is None else f" (budget {budget:g} MiB)"), flush=True)
     return 0

@@ -105,6 +105,7 @@ class RunSettings:
     progress: bool = True
     checkpoint_every: int | None = None
     resume: bool = False
+    memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     # Derived, built once from the fields above: the run's surgery (None: the method makes none).
     far: FARConfig | None = field(init=False, repr=False, compare=False)
 
@@ -196,6 +197,11 @@ class RunSettings:
             mezo_eps=self.mezo_eps,
             mezo_directions=self.mezo_directions,
             progress=self.progress,
+            **(
+                {}
+                if self.memory_budget is None
+                else {"memory_budget": self.memory_budget, "max_length": hyperparameters["max_length"]}
+            ),
             **self.method_spec.train_options(),
         )
 

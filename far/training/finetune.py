@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -14,11 +16,14 @@ from transformers import default_data_collator
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
 from far.surgery import is_reconfigured
+from far.training.budget import ModelShape, peak_rss_mib, plan_memory
 from far.training.checkpoint import has_run, read_checkpoint
 from far.training.data import BatchStream
 from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.plan import plan_training
 from far.training.result import FinetuneResult
+
+logger = logging.getLogger(__name__)
 
 
 def _check_data(train_data: object) -> int:
@@ -107,6 +112,8 @@ def finetune(
     progress: bool = True,
     reset_frozen: bool = True,
     freeze_layers: int | None = None,
+    memory_budget: float | None = None,
+    max_length: int = 128,
     **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
@@ -175,6 +182,13 @@ def finetune(
             for the stock model. False keeps the primed values (the file fits only the primed model).
         freeze_layers: With config=None: freeze the embeddings and the bottom K layers whole
             (`far.freeze_layers`), the practitioner's baseline; with a config, set its field instead.
+        memory_budget: Whole-process peak RSS to stay under, in MiB (`far.training.budget.plan_memory`):
+            each batch is split into equal micro-batches with gradient accumulation (the same examples
+            per optimizer step), and FAR's cheap levers are turned on as needed; a budget that cannot
+            fit raises `MemoryBudgetError` (a ValueError) naming the smallest that does. `eval_fn`
+            should evaluate in batches of at most the plan's `eval_batch_size` (the log says it).
+        max_length: With `memory_budget`: the longest sequence a batch may hold (the plan assumes
+            every batch is padded to it).
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -224,6 +238,31 @@ def finetune(
         keep_checkpoints=keep_checkpoints,
         log_every=log_every,
     )
+    memory = None
+    if memory_budget is not None:
+        shape = ModelShape.from_config(getattr(model, "config", None))
+        memory = plan_memory(
+            memory_budget,
+            shape,
+            batch_size=plan.batch_size,
+            seq_len=max_length,
+            far=plan.far,
+            freeze_embeddings=plan.freeze_embeddings,
+            optimizer=plan.optimizer,
+            priming_optimizer=plan.priming_optimizer,
+        )
+        logger.info("%s", memory.describe())
+        # Equal micro-batches, accumulated: the mean of their mean losses is the batch's mean loss.
+        far_config = plan.far
+        if far_config is not None and memory.recompute_activations:
+            far_config = dataclasses.replace(far_config, recompute_activations=True)
+        plan = dataclasses.replace(
+            plan,
+            far=far_config,
+            batch_size=memory.micro_batch,
+            grad_accum=plan.grad_accum * memory.accumulation,
+            early_frozen_embeddings=memory.early_frozen_embeddings,
+        )
     if plan.eval_every is not None and eval_fn is None:
         raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
     if plan.far is not None or plan.freeze_ffn:
@@ -267,4 +306,7 @@ def finetune(
         spec=spec,
         progress=progress,
     )
-    return loop.run(checkpoint)
+    result = loop.run(checkpoint)
+    if memory is not None:
+        logger.info("peak RSS %d MiB (budget %d MiB)", peak_rss_mib(), memory.budget_mib)
+    return result

@@ -47,6 +47,12 @@ def default_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     return loss
 
 
+def _freeze_embeddings(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            module.weight.requires_grad_(False)
+
+
 class Loop:
     """One run of `far.finetune`. Use `Loop(...).run(checkpoint_or_None)`.
 
@@ -141,12 +147,12 @@ class Loop:
             if plan.freeze_ffn:
                 freeze_ffns(model, self.spec)
             if plan.freeze_embeddings:
-                for module in model.modules():
-                    if isinstance(module, nn.Embedding):
-                        module.weight.requires_grad_(False)
+                _freeze_embeddings(model)
             if plan.freeze_layers is not None:
                 freeze_layers(model, plan.freeze_layers, self.spec)
         elif plan.priming_steps:
+            if plan.early_frozen_embeddings:
+                _freeze_embeddings(model)
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
             self.primer = self._primer()
         else:  # random selection: no scores needed

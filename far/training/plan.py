@@ -108,6 +108,8 @@ class TrainingPlan:
     checkpoint_every: int | None
     keep_checkpoints: int | None
     log_every: int
+    # Set by a memory budget: a FARConfig's frozen embeddings are frozen from the first step, not at the surgery.
+    early_frozen_embeddings: bool = False
 
     def optimizer_at(self, step: int) -> str:
         """The optimizer that takes step `step` (0-based)."""
