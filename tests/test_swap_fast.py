@@ -251,3 +251,22 @@ def test_a_file_damaged_in_place_after_it_was_verified_is_refused(tmp_path, monk
         far.load_learners(model, b)
     assert hashed == [1]
     assert_state(model, state_a)
+
+
+def test_swaps_with_frozen_layers_are_bit_for_bit(tmp_path):
+    """Files that freeze the bottom layer (empty learner blocks there) swap with each other in place,
+    and with files that freeze no layer the long way round."""
+    kinds = {
+        "a": dict(seed=3, freeze_layers=1),
+        "b": dict(seed=4, retention=0.25, freeze_layers=1),
+        "c": dict(seed=5),
+    }
+    files = {name: saved(tmp_path / f"{name}.safetensors", **kw) for name, kw in kinds.items()}
+    model = tiny_model("bert")
+    for name in ["a", "b", "a", "c", "b", "c"]:
+        path, expected_logits, expected_state = files[name]
+        far.load_learners(model, path)
+        assert torch.equal(logits(model), expected_logits), name
+        assert_state(model, expected_state)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert any(n.startswith("bert.encoder.layer.0.") for n in trainable) == (name == "c")
