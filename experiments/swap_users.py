@@ -3,9 +3,13 @@
 Ten users' files are made first, in a child process (so that their making does not count in this
 process's peak memory): random learners at retention r (a seed per user), embeddings frozen, and
 every trainable tensor perturbed as a short fine-tune would. Then this process loads the stock
-model once and swaps users with `far.load_learners` (each swap verifies the file's sha256 and the
-base fingerprint, puts back the base values the previous user overwrote, and applies the next),
-and reports the median time of a swap and the whole-process peak RSS.
+model once and swaps users with `far.load_learners`: each swap checks the file's sha256 (once per
+unchanged file: a file this model verified before is not hashed again) and the base fingerprint
+(from the base's digests, which the model keeps), puts back the base values the previous user
+overwrote, moves the rows to the next user's learners and applies them. It reports the median
+time of a swap (wall clock, and this process's CPU time, which other processes on the cores do not
+inflate; all swaps, first visits of a file, revisits), a breakdown by phase from a profiled second
+pass (cProfile inflates the Python parts), and the whole-process peak RSS.
 
     OMP_NUM_THREADS=1 python experiments/swap_users.py --retention 0.2 --swaps 40
 """
@@ -13,8 +17,10 @@ and reports the median time of a swap and the whole-process peak RSS.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import statistics
 import subprocess
@@ -59,6 +65,33 @@ def cpu_description() -> str:
     return "\n".join(line for line in lines if line.startswith(keep))
 
 
+PHASES = {  # a function of far.saving's swap path -> what it does
+    "_read": "read the file, check its sha256",
+    "_content_hash": "  hashing (a file not verified before)",
+    "_check_against_model": "check it against the model",
+    "base_fingerprint": "  the base fingerprint",
+    "revert": "put back the base values of the last user",
+    "resplit": "move the rows to the new learners",
+    "remember": "copy the base values this user overwrites",
+    "load_learners": "the whole swap",
+}
+
+
+def breakdown(model: torch.nn.Module, files: list[Path], swaps: int) -> dict[str, float]:
+    """Milliseconds per swap in each phase of `PHASES`, from cProfile's cumulative times."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for i in range(swaps):
+        far.load_learners(model, files[(i + 1) % len(files)])
+    profile.disable()
+    totals = dict.fromkeys(PHASES, 0.0)
+    for (file, _, function), (_, _, _, cumulative, _) in pstats.Stats(profile).stats.items():
+        where = file.replace(os.sep, "/")
+        if function in totals and ("/far/saving/" in where or where.endswith("/far/surgery.py")):
+            totals[function] += cumulative
+    return {f"{name}: {PHASES[name].strip()}": round(t / swaps * 1e3, 1) for name, t in totals.items()}
+
+
 def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
@@ -79,6 +112,10 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--make", tmp, "--users", str(args.users), "--retention", str(args.retention)]
         subprocess.run(cmd, check=True)
         files = sorted(folder.glob("user-*.safetensors"))
+        # Users' files are not written a moment before they are loaded: wait until far would remember
+        # them as verified (a file written in the last 2 s is hashed on every load, see _read).
+        newest = max(f.stat().st_ctime for f in files)
+        time.sleep(max(0.0, newest + 2.5 - time.time()))
         rss_before_model = peak_rss_mb()  # torch + transformers imported, no model yet
         t = time.perf_counter()
         model = AutoModel.from_pretrained(minilm_path()).eval()
@@ -87,12 +124,18 @@ def main() -> None:
         t = time.perf_counter()
         far.load_learners(model, files[0])  # the first load also splits the stock model
         first_ms = (time.perf_counter() - t) * 1e3
-        times = []
+        times, cpu_times, first_visits, seen = [], [], [], {files[0]}
         for i in range(args.swaps):
             path = files[(i + 1) % len(files)]
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             far.load_learners(model, path)
             times.append((time.perf_counter() - t) * 1e3)
+            cpu_times.append((time.process_time() - cpu) * 1e3)  # robust to other processes on the cores
+            first_visits.append(path not in seen)
+            seen.add(path)
+        phases = breakdown(model, files, args.swaps)
+        revisits = [t for t, first in zip(times, first_visits, strict=True) if not first]
+        firsts = [t for t, first in zip(times, first_visits, strict=True) if first]
         # A -> B -> A gives A's outputs bit for bit.
         ids = torch.tensor([[101, 7592, 2088, 102]])
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -116,6 +159,10 @@ def main() -> None:
             "swap_ms_min": round(min(times), 1),
             "swap_ms_max": round(max(times), 1),
             "swaps": len(times),
+            "swap_cpu_ms_median": round(statistics.median(cpu_times), 1),
+            "swap_ms_median_first_visit": round(statistics.median(firsts), 1) if firsts else None,
+            "swap_ms_median_revisit": round(statistics.median(revisits), 1) if revisits else None,
+            "profiled_ms_per_swap": phases,
             "a_b_a_bitwise": bool(torch.equal(a, again)),
             "peak_rss_before_model_mb": rss_before_model,
             "peak_rss_mb": peak_rss_mb(),

@@ -213,6 +213,33 @@ class SplitLinear(nn.Module):
                     a.data, b.data = _parts(torch.cat([a.detach(), b.detach()]), a.shape[0])
         self._cache.clear()
 
+    @torch.no_grad()
+    def relayout_(self, learners: Tensor) -> None:
+        """Re-split with other learners, in place: the layout `from_linear(linear, learners)` gives,
+        in this module's own storage (rows permuted, the two views resized). No value changes.
+
+        Args:
+            learners: Sorted, unique original node (row) indices, as `from_linear` takes them.
+        """
+        order = _node_order(learners, self.n_nodes, self.node_order.device)
+        position = self.node_order.argsort()  # original node -> stored position now
+        source = position[order]  # new stored position -> stored position now
+        k = learners.numel()
+        for first, second in (("learner_weight", "frozen_weight"), ("learner_bias", "frozen_bias")):
+            a, b = getattr(self, first), getattr(self, second)
+            if a is None:
+                continue
+            whole = self._whole(a, b)  # (n, f) or (n,), a view of the one storage
+            moved = whole.index_select(0, source)  # a copy, in the new order
+            if k != a.shape[0]:
+                a.data, b.data = _parts(whole, k)  # the same storage, split after k rows
+            # Written through both parameters, so that each one's version counter records the write
+            # (the frozen part's is what cached casts and digests of frozen values are keyed on).
+            a.copy_(moved[:k])
+            b.copy_(moved[k:])
+        self.node_order.copy_(order)
+        self._cache.clear()
+
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
         self._rejoin()

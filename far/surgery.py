@@ -315,6 +315,50 @@ def reconfigure_with_learners(
     return _split(model, groups, checked, config, layers, depth)
 
 
+_SELECTION_FIELDS = ("retention", "selection", "seed", "attention_retention")  # what only picks the learners
+
+
+def resplit(
+    model: nn.Module, learners: Mapping[str, Tensor], config: FARConfig, *, spec: FFNSpec | None = None
+) -> bool:
+    """Re-split a reconfigured model with other learners, in place, where moving rows is all it takes.
+
+    That is when `config` differs from the model's only in which nodes are learners (retention,
+    selection, seed, the attention retention) and the same groups are left without learners (the
+    same frozen layers): each projection then permutes its rows within its own storage
+    (`SplitLinear.relayout_`), which is what `restore` and `reconfigure_with_learners` would give,
+    without building the model twice.
+
+    Returns:
+        True if the model now has `learners` and `config`; False if it needs the full way round
+        (it is then unchanged).
+
+    Raises:
+        ValueError: `learners` do not fit the model (checked before anything changes).
+    """
+    _check_model(model)
+    state = getattr(model, STATE_ATTRIBUTE, None)
+    if not isinstance(config, FARConfig) or not isinstance(state, FARState) or not is_reconfigured(model):
+        return False
+    if (state.config.attention_retention is None) != (config.attention_retention is None):
+        return False
+    fields = (f.name for f in dataclasses.fields(FARConfig))
+    if any(getattr(config, f) != getattr(state.config, f) for f in fields if f not in _SELECTION_FIELDS):
+        return False
+    groups = node_groups(model, spec)
+    checked = _check_learners(learners, groups, empty_ok=config.freeze_layers is not None)
+    modules = {name: model.get_submodule(name) for group in groups.values() for name in group.projections}
+    if not all(isinstance(m, SplitLinear) for m in modules.values()):
+        return False
+    if any((checked[g.name].numel() == 0) != (modules[g.output].n_learners == 0) for g in groups.values()):
+        return False  # other layers frozen whole: other parameters change their requires_grad
+    for group in groups.values():
+        for name in group.projections:
+            modules[name].relayout_(projection_learners(model, group, name, checked[group.name]))
+    setattr(model, STATE_ATTRIBUTE, dataclasses.replace(state, config=config))
+    return True
+
+
 def _recorded_depth(
     learners: Mapping[str, Tensor], layer_of: Mapping[str, int], config: FARConfig, n_layers: int
 ) -> int:

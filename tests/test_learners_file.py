@@ -104,7 +104,7 @@ def test_file_holds_exactly_the_trainable_tensors_and_little_else(tmp_path):
     assert path.stat().st_size <= 1.01 * data + 8 * 1024
     meta = entries["__metadata__"]
     assert meta["model_type"] == "bert" and meta["selection"] == "random" and float(meta["retention"]) == 0.4
-    assert meta["format_version"] == "1" and len(meta["base_fingerprint"]) == 64
+    assert meta["format_version"] == "2" and len(meta["base_fingerprint"]) == 64
     full_checkpoint = sum(p.numel() for p in tiny_model().parameters()) * 4
     assert path.stat().st_size < full_checkpoint
 
@@ -199,8 +199,8 @@ def test_missing_or_unknown_metadata_is_refused(tmp_path):
     save_file(load_file(path), tmp_path / "bare.safetensors")
     refused(tiny_model(), tmp_path / "bare.safetensors", "has no FAR learners metadata")
 
-    rewrite(path, lambda m: {**m, "format_version": "2"})
-    refused(tiny_model(), path, "format version '2', this version of far reads version 1")
+    rewrite(path, lambda m: {**m, "format_version": "3"})
+    refused(tiny_model(), path, "format version .3., this version of far reads versions 1 and 2")
 
     path = far.save_learners(trained(), tmp_path / "l.safetensors")
 

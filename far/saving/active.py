@@ -6,6 +6,9 @@ A's file first puts back the base values of everything A overwrote, then applies
 active file overwrote (its learner rows and whole tensors, in the model's current layout): the
 memory is the base plus one file, never a copy of the model per user. `unload_learners` gives the
 stock model back.
+
+It also keeps the digests of the base values (`far.saving.digests`), so that checking the next
+user's file against the base hashes only what changed since; they go with it on each swap.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from far.saving.digests import DigestCache
 from far.surgery import is_reconfigured, restore
 
 ACTIVE_ATTRIBUTE = "far_learners"
@@ -32,12 +36,18 @@ class ActiveLearners:
             (a split projection's `learner_weight` rows as stored), on the model's device.
         relayout: The model was plain before this file split it, so another file may split it
             with other learners (and `unload_learners` merges it back).
+        digests: Digests of the base values (the model's tensors, and `base` for what the file
+            overwrote), valid until a tensor is written; reused by the next swap's check.
+        verified: `{file identity: content sha256}` of the learners files this model has verified
+            (see `far.saving.learners_file`): an unchanged file is not hashed again.
     """
 
     path: str
     content_sha256: str
     relayout: bool
     base: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    digests: DigestCache = field(default_factory=DigestCache, repr=False, compare=False)
+    verified: dict[tuple, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -56,17 +66,37 @@ def active_learners(model: nn.Module) -> ActiveLearners | None:
 
 
 @torch.no_grad()
-def remember(model: nn.Module, names: Iterable[str], *, path: str, content_sha256: str, relayout: bool) -> None:
+def remember(
+    model: nn.Module,
+    names: Iterable[str],
+    *,
+    path: str,
+    content_sha256: str,
+    relayout: bool,
+    digests: DigestCache | None = None,
+    verified: dict[tuple, str] | None = None,
+) -> ActiveLearners:
     """Keep a copy of the current value of every parameter in `names`, before a file overwrites them."""
-    base = {name: model.get_parameter(name).detach().clone() for name in names}
-    setattr(model, ACTIVE_ATTRIBUTE, ActiveLearners(path, content_sha256, relayout, base))
+    digests = DigestCache() if digests is None else digests
+    params = dict(model.named_parameters(remove_duplicate=False))
+    base = {}
+    for name in names:
+        param = params[name].detach()
+        base[name] = param.clone()
+        digests.carry(param, base[name])  # the same bytes: the same digests
+    active = ActiveLearners(path, content_sha256, relayout, base, digests, {} if verified is None else verified)
+    setattr(model, ACTIVE_ATTRIBUTE, active)
+    return active
 
 
 @torch.no_grad()
 def revert(model: nn.Module, active: ActiveLearners) -> None:
     """Copy the base values back over what `active` overwrote, and forget it (the layout stays)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
     for name, value in active.base.items():
-        model.get_parameter(name).copy_(value)
+        param = params[name]
+        param.copy_(value)
+        active.digests.carry(value, param.detach())
     delattr(model, ACTIVE_ATTRIBUTE)
 
 

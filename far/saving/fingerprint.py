@@ -5,6 +5,16 @@ it is applied to. The *base fingerprint* hashes exactly that everything-else: ev
 model except the ones the file overwrites, with the FFN projections reduced to their frozen nodes.
 It is computed in the original (plain-model) names and layout, so a plain base and a model
 reconfigured with the same learners give the same hash.
+
+Two definitions, both sha256 over the items (a tensor, or a projection's frozen part) in name
+order, each item preceded by a JSON header `[name, dtype, shape]`:
+
+- version 1 (files of format version 1): the item's bytes follow its header. Every check reads
+  every frozen byte again.
+- version 2: the sha256 of the item's bytes follows its header instead; for a projection's frozen
+  part (its frozen node rows, node-major: (rows, features), a node bias as (rows,)), the sha256 of
+  the concatenated per-row sha256 digests, rows in ascending original order. Per-tensor and
+  per-row digests are what a `DigestCache` keeps, so swapping users hashes only what changed.
 """
 
 from __future__ import annotations
@@ -13,11 +23,16 @@ import hashlib
 import json
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from far.architectures import FFN, expand_nodes, projection_rows
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
+from far.saving.digests import DigestCache, as_rows
+
+FINGERPRINT_VERSION = 2
+_V2_PREFIX = b"far.base_fingerprint/2\n"
 
 _Value = Callable[[Tensor], Tensor]  # a model tensor -> the value to hash for it
 
@@ -104,6 +119,88 @@ def _base_tensors(
                 yield f"{name}.bias", value(module.bias)  # belongs to no node
 
 
+def base_reader(model: nn.Module, base_values: Mapping[str, Tensor] | None) -> _Value:
+    """A model tensor -> its base value: from `base_values` (by parameter name) where a loaded file
+    overwrote it, else the tensor itself (detached)."""
+    base_values = base_values or {}
+    named = model.named_parameters(remove_duplicate=False)  # every name, tied ones too
+    by_id = {id(p): base_values[name] for name, p in named if name in base_values}
+
+    def value(tensor: Tensor) -> Tensor:
+        return by_id.get(id(tensor), tensor).detach()
+
+    return value
+
+
+def node_digests(module: nn.Module, role: str, part: str, value: _Value, digests: DigestCache) -> np.ndarray | None:
+    """(n_rows, 32): the digest of each node row of a projection's weight (`part="weight"`) or node
+    bias (`"bias"`; None where it has none), in ORIGINAL row order, read through `value`."""
+    if isinstance(module, SplitLinear):
+        learn, frozen = (
+            (module.learner_weight, module.frozen_weight)
+            if part == "weight"
+            else (module.learner_bias, module.frozen_bias)
+        )
+        if learn is None:
+            return None
+        stored = np.concatenate([digests.rows(as_rows(value(learn))), digests.rows(as_rows(value(frozen)))])
+        table = np.empty_like(stored)
+        table[module.node_order.cpu().numpy()] = stored  # stored position -> original row
+        return table
+    if part == "weight":
+        return digests.rows(node_rows(module, role, value(module.weight)))
+    if role != INPUT or module.bias is None:
+        return None
+    return digests.rows(as_rows(value(module.bias)))
+
+
+def _features(module: nn.Module, role: str) -> int:
+    return module.learner_weight.shape[1] if isinstance(module, SplitLinear) else node_rows(module, role).shape[1]
+
+
+def _digest_items(
+    model: nn.Module,
+    ffns: Mapping[str, FFN],
+    learners: Mapping[str, Tensor],
+    stored: Collection[str],
+    value: _Value,
+    digests: DigestCache,
+) -> Iterator[tuple[str, torch.dtype, tuple[int, ...], bytes]]:
+    """(name, dtype, shape, sha256) of every item of the version-2 fingerprint, as `_base_tensors` for version 1."""
+    projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    overwritten = {id(params[name]) for name in stored}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if key.rpartition(".")[0] not in projections and id(tensor) not in overwritten:
+            t = value(tensor)
+            yield key, t.dtype, tuple(t.shape), digests.tensor(t)
+    for ffn in ffns.values():
+        frozen = complement(learners[ffn.name], ffn.n_nodes)
+        for name in (*ffn.inputs, ffn.output):
+            module = model.get_submodule(name)
+            role = INPUT if name in ffn.inputs else OUTPUT
+            rows = expand_nodes(frozen, projection_rows(module, role) // ffn.n_nodes).numpy()
+            weight = module.learner_weight if isinstance(module, SplitLinear) else module.weight
+            table = node_digests(module, role, "weight", value, digests)
+            combined = hashlib.sha256(table[rows].tobytes()).digest()
+            yield f"{name}.weight[frozen]", weight.dtype, (len(rows), _features(module, role)), combined
+            bias_table = node_digests(module, role, "bias", value, digests)
+            if bias_table is not None:
+                combined = hashlib.sha256(bias_table[rows].tobytes()).digest()
+                yield f"{name}.bias[frozen]", weight.dtype, (len(rows),), combined
+            if role == OUTPUT and module.bias is not None and f"{name}.bias" not in stored:
+                bias = value(module.bias)  # belongs to no node
+                yield f"{name}.bias", bias.dtype, tuple(bias.shape), digests.tensor(bias)
+
+
+def _fingerprint_v2(items: Iterable[tuple[str, torch.dtype, tuple[int, ...], bytes]]) -> str:
+    digest = hashlib.sha256(_V2_PREFIX)
+    for name, dtype, shape, item in sorted(items, key=lambda item: item[0]):
+        header = json.dumps([name, str(dtype).removeprefix("torch."), list(shape)])
+        digest.update(header.encode() + b"\n" + item)  # a digest is 32 bytes: unambiguous
+    return digest.hexdigest()
+
+
 @torch.no_grad()
 def base_fingerprint(
     model: nn.Module,
@@ -112,6 +209,8 @@ def base_fingerprint(
     stored: Collection[str],
     *,
     base_values: Mapping[str, Tensor] | None = None,
+    version: int = FINGERPRINT_VERSION,
+    digests: DigestCache | None = None,
 ) -> str:
     """sha256 of every value of `model` that a learners file with these contents does not overwrite.
 
@@ -124,13 +223,17 @@ def base_fingerprint(
         base_values: `{parameter name: value}` read in place of the model's own tensors: the base
             values of what a loaded learners file overwrote, so that another file is checked
             against the base without touching the model.
+        version: The definition (see the module docstring): 2 for new files, 1 to check old ones.
+        digests: Version 2 only: the cache to read digests from and keep them in (a user swap
+            passes the one it keeps on the model); None hashes everything afresh.
 
     Returns:
         A hex digest, equal for a plain base and the same base reconfigured with `learners`.
     """
-    by_id = {id(model.get_parameter(name)): t for name, t in (base_values or {}).items()}
-
-    def value(tensor: Tensor) -> Tensor:
-        return by_id.get(id(tensor), tensor).detach()
-
-    return hash_tensors(_base_tensors(model, ffns, learners, stored, value))
+    value = base_reader(model, base_values)
+    if version == 1:
+        return hash_tensors(_base_tensors(model, ffns, learners, stored, value))
+    if version != 2:
+        raise ValueError(f"unknown base fingerprint version {version!r}; this version of far knows 1 and 2")
+    digests = DigestCache() if digests is None else digests
+    return _fingerprint_v2(_digest_items(model, ffns, learners, stored, value, digests))

@@ -1,6 +1,6 @@
 """Learner-only files: what FAR training changed, as one safetensors file, applied back onto a base.
 
-Layout of a file (format version 1):
+Layout of a file (format version 2; version 1 differs only in its base fingerprint, and is read too):
 
 - `<ffn>.learner_indices` (k,) int64: sorted original indices of the FFN's learner nodes (for a
   split attention block, keyed by its output projection: its learner heads);
@@ -11,8 +11,9 @@ Layout of a file (format version 1):
   output projection's bias).
 
 The metadata records the format, the `FARConfig`, the model type, the FFN layout, a fingerprint
-of the base weights the file was trained from (see `far.saving.fingerprint`) and a sha256 of the
-file's own contents, so a flipped byte or a file for another base is refused before anything is
+of the base weights the file was trained from (see `far.saving.fingerprint`: version 2, built from
+per-tensor and per-row digests, which a model that swaps users keeps) and a sha256 of the file's own
+contents, so a flipped byte or a file for another base is refused before anything is
 loaded. It also keeps what the model's Hugging Face config says beyond its defaults (`model_config`:
 class names, problem type, ...), so that the head a file trained can be rebuilt on a bare base
 (`learners_model_config`).
@@ -22,32 +23,39 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec, model_type, projection_rows
+from far.architectures import FFNSpec, NodeGroup, model_type, projection_rows
 from far.atomic import atomic_file
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners, active_learners, remember, revert
-from far.saving.fingerprint import base_fingerprint, hash_tensors
+from far.saving.digests import DigestCache, as_rows
+from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
 from far.surgery import (
     get_config,
     is_reconfigured,
     learners,
     node_groups,
     reconfigure_with_learners,
+    resplit,
     restore,
 )
 
 FORMAT = "far.learners"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
+_READABLE = {"1": 1, "2": 2}  # format version -> its base fingerprint version
 _CONTENT_KEY = "content_sha256"
+_MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a few hundred bytes each)
+_SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
 _MODEL_CONFIG_KEY = "model_config"
 
 
@@ -131,7 +139,7 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         "selection": config.selection,
         "model_type": str(model_type(model)),
         "ffns": json.dumps({ffn.name: list(ffn.inputs) for ffn in ffns.values()}),
-        "base_fingerprint": base_fingerprint(model, ffns, chosen, others),
+        "base_fingerprint": base_fingerprint(model, ffns, chosen, others, version=_READABLE[FORMAT_VERSION]),
     }
     hf_config = getattr(model, "config", None)
     if hasattr(hf_config, "to_diff_dict"):  # the head's labels and problem type travel with the file
@@ -142,14 +150,29 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     return Path(path)
 
 
-def _read(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
-    """Metadata and tensors of a verified learners file; raises before anything is used."""
+def _file_identity(path: Path) -> tuple[int, ...]:
+    """What changes whenever a file's bytes do: any write moves its ctime, a new file is a new inode."""
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _read(path: Path, verified: dict[tuple, str] | None = None) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """Metadata and tensors of a verified learners file; raises before anything is used.
+
+    `verified` ({file identity: content sha256}, kept on a model that swaps users) skips hashing a
+    file this process has verified before and that has not changed since (same inode, size, mtime
+    and ctime, before and after this read); a file not in it is verified and added, once its last
+    write is `_SETTLED_NS` old: a write in the same timestamp tick as the one verified would leave
+    its ctime as it was (git's "racily clean" files), so a recent file is hashed every time.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"no learners file at {str(path)!r}; write one with far.save_learners(model, path)")
     try:
+        identity = _file_identity(path)
         with safe_open(path, framework="pt") as f:  # safetensors only: nothing is ever unpickled
             metadata = f.metadata() or {}
             tensors = {key: f.get_tensor(key) for key in f.keys()}
+        unchanged = _file_identity(path) == identity  # no write while it was read
     except Exception as error:  # SafetensorError and OSError alike: the file is unreadable
         raise LearnersFileError(
             f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): {error}. "
@@ -160,15 +183,22 @@ def _read(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
             f"{str(path)!r} has no FAR learners metadata (format={metadata.get('format')!r}); "
             "only files written by far.save_learners can be loaded"
         )
-    if metadata.get("format_version") != FORMAT_VERSION:
+    if metadata.get("format_version") not in _READABLE:
         raise LearnersFileError(
             f"{str(path)!r} is a learners file of format version {metadata.get('format_version')!r}, "
-            f"this version of far reads version {FORMAT_VERSION}; upgrade far or re-export the file"
+            f"this version of far reads versions {' and '.join(_READABLE)}; upgrade far or re-export the file"
         )
-    if metadata.get(_CONTENT_KEY) != _content_hash(metadata, tensors):
+    recorded = metadata.get(_CONTENT_KEY)
+    if unchanged and verified is not None and recorded is not None and verified.get(identity) == recorded:
+        return metadata, tensors  # these very bytes matched their sha256 before
+    if recorded != _content_hash(metadata, tensors):
         raise LearnersFileError(
             f"{str(path)!r} is corrupted: its contents do not match the sha256 recorded when it was written"
         )
+    if unchanged and verified is not None and identity[-1] < time.time_ns() - _SETTLED_NS:
+        if len(verified) >= _MAX_VERIFIED:
+            verified.clear()
+        verified[identity] = recorded
     return metadata, tensors
 
 
@@ -244,7 +274,8 @@ def _check_against_model(
     tensors: Mapping[str, Tensor],
     spec: FFNSpec | None,
     active: ActiveLearners | None,
-) -> tuple[FARConfig, dict[str, Tensor], list[str]]:
+    digests: DigestCache,
+) -> tuple[FARConfig, dict[str, Tensor], list[str], dict[str, NodeGroup]]:
     config, layout = _parse(path, metadata)
     relayout = active is not None and active.relayout  # another user's file split it: it may be re-split
     loaded = get_config(model) if relayout else None
@@ -305,14 +336,47 @@ def _check_against_model(
             )
     # With a file loaded, the base is the model with that file's overwritten values put back.
     base_values = None if active is None else active.base
-    if base_fingerprint(model, ffns, chosen, others, base_values=base_values) != metadata["base_fingerprint"]:
+    version = _READABLE[metadata["format_version"]]
+    fingerprint = base_fingerprint(
+        model, ffns, chosen, others, base_values=base_values, version=version, digests=digests
+    )
+    if fingerprint != metadata["base_fingerprint"]:
         raise LearnersFileError(
             f"{str(path)!r} was trained from a different base model: the model's frozen weights do not match the "
             "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from: "
             "the stock pretrained model for a file saved after far.finetune (frozen values reset), the primed "
             "model itself for one saved with reset_frozen=False"
         )
-    return config, chosen, others
+    return config, chosen, others, ffns
+
+
+def _node_tables(
+    model: nn.Module, groups: Mapping[str, NodeGroup], active: ActiveLearners | None, digests: DigestCache
+) -> dict[str, dict[str, np.ndarray]]:
+    """{projection: {"weight"|"bias": (n_rows, 32) base digests, original order}}, from the cache."""
+    value = base_reader(model, None if active is None else active.base)
+    tables = {}
+    for ffn in groups.values():
+        for name in (*ffn.inputs, ffn.output):
+            role = INPUT if name in ffn.inputs else OUTPUT
+            module = model.get_submodule(name)
+            parts = {part: node_digests(module, role, part, value, digests) for part in ("weight", "bias")}
+            tables[name] = {part: table for part, table in parts.items() if table is not None}
+    return tables
+
+
+def _move_node_digests(
+    modules: Mapping[str, nn.Module], tables: Mapping[str, Mapping[str, np.ndarray]], active: ActiveLearners
+) -> None:
+    """Record the node-row digests of the base values where the swap moved them: the frozen rows in
+    the new layout, and the copies of the learner rows' base values. The swap only moved base rows
+    (and kept copies), so these are exactly their digests; nothing is hashed again."""
+    for name, module in modules.items():
+        order, k = module.node_order.cpu().numpy(), module.n_learners  # stored position -> original row
+        for part, table in tables.get(name, {}).items():
+            learners, frozen = f"{name}.learner_{part}", getattr(module, f"frozen_{part}")
+            active.digests.put_rows(as_rows(active.base[learners]), table[order[:k]])
+            active.digests.put_rows(as_rows(frozen.detach()), table[order[k:]])
 
 
 def _same_layout(model: nn.Module, config: FARConfig, chosen: Mapping[str, Tensor], spec: FFNSpec | None) -> bool:
@@ -335,6 +399,11 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     the model type, the FFN layout, every shape and dtype, and the fingerprint of the base weights.
     A file that fails any check raises and leaves the model (and the file it holds) as it was.
 
+    Swapping users is made cheap without skipping a check: the model keeps the digests of its base
+    values (rehashed only where a tensor was written since, see `far.saving.digests`) and the
+    identity of the files it verified (an unchanged file is not hashed again), and when only the
+    learners differ, each projection's rows move within its own storage (`far.surgery.resplit`).
+
     Args:
         model: The base model the file was trained from (plain, reconfigured the same way, or
             holding another file for the same base).
@@ -355,34 +424,57 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     path = Path(path)
-    metadata, tensors = _read(path)
     active = active_learners(model)
-    config, chosen, others = _check_against_model(path, model, metadata, tensors, spec, active)
+    # What a swapping model keeps across swaps: the base's digests and the files already verified.
+    digests = DigestCache() if active is None else active.digests
+    verified = {} if active is None else active.verified
+    metadata, tensors = _read(path, verified)
+    config, chosen, others, groups = _check_against_model(path, model, metadata, tensors, spec, active, digests)
+    # The base's node-row digests, original order: the check just read them (a version-2 file).
+    tables = _node_tables(model, groups, active, digests) if metadata["format_version"] != "1" else {}
     # Everything is verified; from here on nothing raises on bad input.
     relayout = not is_reconfigured(model)
     if active is not None:
         revert(model, active)  # the base values again, in the active file's layout
         relayout = active.relayout
-        if not _same_layout(model, config, chosen, spec):
+        if not _same_layout(model, config, chosen, spec) and not resplit(model, chosen, config, spec=spec):
             restore(model)
     if not is_reconfigured(model):
         reconfigure_with_learners(model, chosen, config, spec=spec)
-    projections = [name for ffn in node_groups(model, spec).values() for name in (*ffn.inputs, ffn.output)]
+    # The same groups as checked: the model is now split as `config` says.
+    modules = {name: model.get_submodule(name) for group in groups.values() for name in group.projections}
     overwritten = [
         f"{name}.{part}"
-        for name in projections
+        for name, module in modules.items()
         for part in ("learner_weight", "learner_bias")
-        if getattr(model.get_submodule(name), part, None) is not None
+        if getattr(module, part, None) is not None
     ]
-    remember(model, [*overwritten, *others], path=str(path), content_sha256=metadata[_CONTENT_KEY], relayout=relayout)
-    for name in projections:
-        module = model.get_submodule(name)
-        perm = module.node_order[: module.n_learners].argsort()  # file row -> stored position
+    active = remember(
+        model,
+        [*overwritten, *others],
+        path=str(path),
+        content_sha256=metadata[_CONTENT_KEY],
+        relayout=relayout,
+        digests=digests,
+        verified=verified,
+    )
+    _move_node_digests(modules, tables, active)
+    for name, module in modules.items():
+        k = module.n_learners
+        perm = module.node_order[:k].argsort()  # file row -> stored position (FAR stores them in order)
+        in_order = bool((perm == torch.arange(k, device=perm.device)).all())
         device = module.learner_weight.device
-        rows = tensors[f"{name}.learner_weight"].to(device)
-        module.learner_weight.index_copy_(0, perm, rows if module.role == INPUT else rows.t())
-        if module.role == INPUT and module.learner_bias is not None:
-            module.learner_bias.index_copy_(0, perm, tensors[f"{name}.learner_bias"].to(device))
+        for part in ("weight", "bias"):
+            target = getattr(module, f"learner_{part}")
+            if target is None:  # no node bias (an output projection's bias is no node's)
+                continue
+            rows = tensors[f"{name}.learner_{part}"].to(device)
+            rows = rows.t() if part == "weight" and module.role == OUTPUT else rows  # the file keeps (out, k)
+            if in_order:
+                target.copy_(rows)
+            else:
+                target.index_copy_(0, perm, rows)
+    params = dict(model.named_parameters(remove_duplicate=False))
     for name in others:
-        model.get_parameter(name).copy_(tensors[name])
+        params[name].copy_(tensors[name])
     return model

@@ -1,0 +1,134 @@
+"""sha256 digests of tensors, whole or one per row, kept until the tensor is written.
+
+Checking a learners file against its base hashes the base's frozen values, ~70 MB for a MiniLM
+whose embeddings are frozen; swapping users would hash them again on every load although they
+never change. A `DigestCache` keeps each digest with what identifies the bytes it was taken of:
+the storage (held by a weak reference, so that memory freed and reused by another tensor never
+matches), the view's offset, shape, stride and dtype, and the tensor's version counter, which
+PyTorch bumps on every in-place write through the tensor or any view of it. A digest is reused
+only while all of these are unchanged; anything else is hashed again.
+
+Writes that bypass the version counter are not seen: through `tensor.data` (a new counter),
+through a NumPy view, or through a tensor built with `set_` over the same storage. Code that
+writes a model's frozen values that way must drop the cache (`far.saving.unload_learners`, or
+`DigestCache.clear`). FAR itself writes frozen values through their parameters only.
+
+Row digests (one per row of a 2-D view, in C order) let the fingerprint of any subset of a
+projection's nodes be combined from 32-byte digests without reading the weights again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+
+import numpy as np
+import torch
+from torch import Tensor
+
+DIGEST_BYTES = 32  # sha256
+
+
+def tensor_bytes(tensor: Tensor) -> np.ndarray:
+    """A tensor's values as C-order bytes, (n, row bytes) for 2-D and (bytes,) otherwise, on the CPU."""
+    data = tensor.detach().to("cpu").contiguous()
+    flat = data if data.dim() == 2 else data.reshape(-1)  # 2-D: (n, f), empty or not
+    return flat.view(torch.uint8).numpy()  # any dtype, bf16 too
+
+
+def sha256_rows(rows: Tensor) -> np.ndarray:
+    """(n, 32) uint8: the sha256 of each row of a 2-D tensor's bytes."""
+    if rows.dim() != 2:
+        raise ValueError(f"expected a 2-D tensor of rows, got shape {tuple(rows.shape)}")
+    data = tensor_bytes(rows)
+    sha = hashlib.sha256
+    joined = b"".join([sha(row).digest() for row in data])
+    return np.frombuffer(joined, dtype=np.uint8).reshape(rows.shape[0], DIGEST_BYTES).copy()
+
+
+def as_rows(tensor: Tensor) -> Tensor:
+    """A 1-D tensor (a node bias) as (n, 1) rows, so that it is hashed like a weight; 2-D as it is."""
+    return tensor.unsqueeze(1) if tensor.dim() == 1 else tensor
+
+
+class DigestCache:
+    """Digests of tensors' bytes (whole, or one per row), reused until the tensor is written.
+
+    Example:
+        >>> cache = DigestCache()
+        >>> cache.rows(weight)  # (n, 32): hashed once
+        >>> cache.rows(weight)  # the same, not hashed again
+        >>> weight.add_(1.0)    # an in-place write moves the version counter
+        >>> cache.rows(weight)  # hashed again
+    """
+
+    def __init__(self) -> None:
+        # (kind, id(storage), offset, shape, stride, dtype, device) -> (storage ref, version, value)
+        self._entries: dict[tuple, tuple[weakref.ref, int, object]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def tensor(self, tensor: Tensor) -> bytes:
+        """sha256 of a tensor's bytes in C order (32 bytes)."""
+        return self._get("tensor", tensor, lambda t: hashlib.sha256(tensor_bytes(t)).digest())
+
+    def rows(self, rows: Tensor) -> np.ndarray:
+        """(n, 32) uint8: the sha256 of each row of a 2-D tensor (read only; do not modify it)."""
+        return self._get("rows", rows, sha256_rows)
+
+    def put_rows(self, rows: Tensor, digests: np.ndarray) -> None:
+        """Record the row digests of `rows`, whose bytes the caller has just written and knows.
+
+        For code that moves rows it had hashed (a user swap permutes a projection's frozen rows):
+        what it records must be exactly the digests of what `rows` now holds.
+        """
+        if digests.shape != (rows.shape[0], DIGEST_BYTES):
+            raise ValueError(f"expected ({rows.shape[0]}, {DIGEST_BYTES}) row digests, got {digests.shape}")
+        self._put("rows", rows, digests)
+
+    def carry(self, source: Tensor, target: Tensor) -> None:
+        """`target` now holds exactly `source`'s values (a copy): reuse its digests, if any are valid."""
+        if source.shape != target.shape or source.dtype != target.dtype:
+            return
+        for kind in ("tensor", "rows"):
+            value = self._valid(kind, source)
+            if value is not None:
+                self._put(kind, target, value)
+
+    def _key(self, kind: str, tensor: Tensor) -> tuple[tuple, torch.UntypedStorage]:
+        storage = tensor.untyped_storage()
+        geometry = (tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device)
+        return (kind, id(storage), *geometry), storage
+
+    def _valid(self, kind: str, tensor: Tensor) -> object | None:
+        if tensor.is_inference():  # no version counter: never cached
+            return None
+        key, storage = self._key(kind, tensor)
+        entry = self._entries.get(key)
+        # The same storage object (not just the same address) and no write since.
+        if entry is not None and entry[0]() is storage and entry[1] == tensor._version:
+            return entry[2]
+        return None
+
+    def _put(self, kind: str, tensor: Tensor, value: object) -> None:
+        if tensor.is_inference():
+            return
+        key, storage = self._key(kind, tensor)
+        self._entries[key] = (weakref.ref(storage), tensor._version, value)
+
+    def _get(self, kind: str, tensor: Tensor, compute) -> object:
+        value = self._valid(kind, tensor)
+        if value is None:
+            self._prune()
+            value = compute(tensor)
+            self._put(kind, tensor, value)
+        return value
+
+    def _prune(self) -> None:
+        dead = [key for key, (ref, _, _) in self._entries.items() if ref() is None]
+        for key in dead:
+            del self._entries[key]
