@@ -11,7 +11,7 @@ time of a swap (wall clock, and this process's CPU time, which other processes o
 inflate; all swaps, first visits of a file, revisits), a breakdown by phase from a profiled second
 pass (cProfile inflates the Python parts), and the whole-process peak RSS.
 
-    OMP_NUM_THREADS=1 python experiments/swap_users.py --retention 0.2 --swaps 40
+    OMP_NUM_THREADS=1 python experiments/swap_users.py --retention 0.2 --swaps 40   # -> experiments/results/swap_users/
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness import add_output_argument, command_line, machine, results_dir, write_report
 from transformers import AutoModel
 
 import far
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--retention", type=float, default=0.2)
     parser.add_argument("--swaps", type=int, default=40)
     parser.add_argument("--make", type=Path, help=argparse.SUPPRESS)  # the child: write the files there
+    add_output_argument(parser, results_dir(__file__) / "swap_users.json", "the JSON report")
     args = parser.parse_args()
     if args.make is not None:
         make_users(args.make, args.users, args.retention)
@@ -168,8 +170,10 @@ def main() -> None:
             "peak_rss_mb": peak_rss_mb(),
         }
     print(cpu_description())
-    print(f"command: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')} python {' '.join(sys.argv)}")
+    threads = os.environ.get("OMP_NUM_THREADS", "(unset)")
+    report = {"command": f"OMP_NUM_THREADS={threads} {command_line(__file__, None)}", "machine": machine(), **report}
     print(json.dumps(report, indent=1))
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":
