@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 EVAL_ONLY = (
     "import sys; from far.cli.common import settings_from; from far.cli.main import build_parser; "
-    "from far.llm.run import lean_prompted_run; "
+    "from far.recipes.causal_lm import lean_prompted_run; "
     "args = build_parser('glue').parse_args(sys.argv[1:]); "
     "lean_prompted_run(settings_from(args), args.task, train=False)"
 )

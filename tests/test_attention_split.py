@@ -281,6 +281,7 @@ def test_attention_retention_without_far_is_refused():
         far.finetune(tiny_model("gpt2"), tiny_examples(20), config, max_steps=10, batch_size=4, progress=False)
 
 
+@pytest.mark.slow
 def test_the_trainer_callback_splits_heads_after_priming_and_resumes(tmp_path):
     from test_trainer_callback import arguments
 

@@ -28,6 +28,7 @@ def run(kind: str, **kwargs) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["adamw", "mezo"])
 def test_resume_reaches_the_same_weights(tmp_path, kind):
     whole = run(kind, output_dir=tmp_path / "a", checkpoint_every=4, keep_checkpoints=None)
@@ -94,6 +95,7 @@ def test_load_model_state_rebuilds_the_layout_on_a_plain_model(tmp_path):
     assert [p.requires_grad for p in plain.parameters()] == [p.requires_grad for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_does_not_fit_is_refused_and_the_model_left_alone(tmp_path):
     run("adamw", output_dir=tmp_path, checkpoint_every=8)
     other = tiny_model("bert", num_labels=5)  # another classifier head

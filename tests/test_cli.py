@@ -219,6 +219,7 @@ def test_squad_v2_eval_file(tiny_model_dir, data, tmp_path, capsys):
     assert set(odds) == set(json.loads((out / "predictions.json").read_text())) and len(odds) == 18
 
 
+@pytest.mark.slow
 def test_default_model_on_shared_data(data_dir, minilm_path, tmp_path, capsys):
     """`far glue --task cola` with the embedded MiniLM on the real CoLA files."""
     code = main(

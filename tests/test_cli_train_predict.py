@@ -256,6 +256,7 @@ def test_learners_file_keeps_the_model_config(tmp_path):
     far.load_learners(tiny_model("bert", num_labels=3, seed=0), path)  # the extra metadata changes nothing else
 
 
+@pytest.mark.slow
 def test_predict_serves_several_users_from_one_process(tiny_model_dir, tmp_path, capsys):
     train, dev = write(tmp_path / "t.csv", _rows(24, 0)), write(tmp_path / "d.csv", _rows(8, 1))
     users = tmp_path / "users"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # whole processes, real models or notebooks
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 

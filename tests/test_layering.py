@@ -29,8 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("far.data",)),
     ("evaluation", ("far.evaluation",)),
     ("models and methods", ("far.methods", "far.models")),
-    # The lean causal-LM run (far.llm.run) is a recipe: it reads the data and the run settings.
-    ("recipes", ("far.recipes", "far.llm.run", "far.plotting", "far.tasks")),
+    ("recipes", ("far.recipes", "far.plotting", "far.tasks")),
     ("command line", ("far.cli",)),
 ]
 

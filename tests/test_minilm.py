@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import far
+
+pytestmark = pytest.mark.slow  # whole processes, real models or notebooks
 
 
 def test_real_minilm_logits_unchanged_by_surgery_and_restore(minilm_path):

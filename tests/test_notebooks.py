@@ -16,6 +16,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from far import plotting
 
+pytestmark = pytest.mark.slow  # whole processes, real models or notebooks
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 NAMES = ("01_quickstart.ipynb", "02_far_vs_random.ipynb", "03_mezo_memory.ipynb")

@@ -156,6 +156,7 @@ far.save_pretrained(far.reconfigure(tiny_model(seed=5), 0.4, selection="random")
 """
 
 
+@pytest.mark.slow
 def test_killed_mid_write_leaves_the_previous_checkpoint_intact(tmp_path):
     model = trained()
     far.save_pretrained(model, tmp_path / "ckpt")

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if is_causal_lm(settings.model):
         # The lean runtime is loaded by name so that an encoder's run does not import it, nor it
         # the encoders' `datasets` and transformers model code (far.lazy says why).
-        lean = importlib.import_module("far.llm.run")
+        lean = importlib.import_module("far.recipes.causal_lm")
         record = lean.lean_prompted_run(settings, args.task)
         print_metrics(f"{args.task} ({settings.method}, prompts)", record["metrics"])
         print(f"wrote {settings.output_path(f'{args.task}-{settings.method}') / 'metrics.json'} and predictions")

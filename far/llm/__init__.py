@@ -2,7 +2,7 @@
 
 GGUF files as cached Hugging Face folders (`far.llm.gguf`), resident-memory control
 (`far.llm.memory`) and priming from gradient magnitudes instead of a weight snapshot
-(`far.llm.priming`). The one causal-LM run of a GLUE task is `far.llm.run`;
+(`far.llm.priming`). The one causal-LM run of a GLUE task is `far.recipes.causal_lm`;
 prompts are in `far.data.prompts`, model aliases in `far.models`.
 
     >>> from far.llm import prime_and_reconfigure
