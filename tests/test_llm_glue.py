@@ -36,6 +36,13 @@ def test_a_task_without_a_prompt_is_a_usage_error(capsys, data_dir):
     assert "there is a prompt for sst2 only, not cola" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--freeze-layers", "2"], ["--checkpoint-every", "5"], ["--resume"]])
+def test_the_lean_runtime_refuses_what_it_cannot_do(capsys, data_dir, flags):
+    argv = ["glue", "--task", "sst2", "--model", "smollm2-135m", "--optimizer", "mezo", "--data-dir", str(data_dir)]
+    assert main([*argv, *flags]) == 2
+    assert f"{flags[0]} is not available for a GGUF causal LM" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @needs_smollm2
 def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):

@@ -164,6 +164,20 @@ def lean_prompted_run(
         )
     if settings.bf16:
         raise ValueError("--bf16 is autocast; a GGUF causal LM already stores bf16 and computes in fp32 (drop --bf16)")
+    unsupported = [
+        flag
+        for flag, given in (
+            ("--freeze-layers", settings.freeze_layers is not None),
+            ("--checkpoint-every", settings.checkpoint_every is not None),
+            ("--resume", settings.resume),
+        )
+        if given
+    ]
+    if unsupported:
+        raise ValueError(
+            f"{', '.join(unsupported)} is not available for a GGUF causal LM on the lean runtime (its runs are short "
+            "MeZO runs that keep no optimizer state); drop it, or use an encoder model"
+        )
     if settings.attention_retention is not None:
         raise ValueError(
             "--attention-retention is not available for a GGUF causal LM: the lean runtime splits FFNs only "
