@@ -249,3 +249,22 @@ def test_fewshot_figure():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["MeZO (all weights)", "MeZO + FAR (r = 0.4)"]
     with pytest.raises(ValueError, match="no few-shot rows"):
         plotting.plot_fewshot([], "x")
+
+
+def test_pareto_figure_places_each_method_at_its_time_memory_and_metric():
+    summary = {
+        method: {
+            "metric": _stats(m, 0.01, [m]),
+            "train_seconds": _stats(t, 2.0, [t]),
+            "peak_rss_bytes": None if rss is None else rss * 2**20,
+        }
+        for method, m, t, rss in (("full", 0.40, 100, 1400), ("far", 0.39, 80, 1300), ("lora", 0.30, 70, None))
+    }
+    fig = plotting.plot_pareto(summary, "cola", "setting P")
+    assert_labelled(fig, "setting P")
+    time_ax, memory_ax = fig.axes
+    assert [t.get_text() for t in time_ax.texts] == ["full", "far", "lora"]
+    assert [t.xy for t in time_ax.texts] == pytest.approx([(100, 40.0), (80, 39.0), (70, 30.0)])
+    assert [t.xy for t in memory_ax.texts] == pytest.approx([(1400, 40.0), (1300, 39.0)])  # no peak: no point
+    with pytest.raises(ValueError, match="no methods for cola"):
+        plotting.plot_pareto({}, "cola", "x")

@@ -161,6 +161,46 @@ def plot_methods(task_summary: Mapping[str, Mapping], task: str, setting: str):
     return fig
 
 
+def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str):
+    """Metric against end-to-end time and against whole-process peak memory, one point per method.
+
+    What a practitioner weighs: a method up and to the left of another beats it on both axes. Error bars
+    are the std over seeds where there are several; time is priming + training, as `plot_methods`.
+
+    Args:
+        task_summary: `<replication>.json["summary"][task]`: method -> {"metric", "train_seconds",
+            "peak_rss_bytes", ...}.
+        task: The task (names the metric).
+        setting: The runs' setting for the title.
+    """
+    plt = _pyplot()
+    methods = _ordered([m for m in task_summary if task_summary[m].get("metric")])
+    if not methods:
+        raise ValueError(f"no methods for {task}; is the summary's [{task!r}] empty?")
+    scale, metric_label = _metric_axis(task)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, method in enumerate(methods):
+        row = task_summary[method]
+        y, y_err = scale * _num(row["metric"]["mean"]), scale * _num(row["metric"]["std"])
+        seconds = row["train_seconds"]
+        rss = row.get("peak_rss_bytes")
+        points = (
+            (axes[0], _num(seconds["mean"]), _num(seconds["std"])),
+            (axes[1], _num(rss) / 2**20 if rss else None, 0),
+        )
+        for ax, x, x_err in points:
+            if x is None or not np.isfinite(x):
+                continue
+            ax.errorbar(x, y, xerr=x_err, yerr=y_err, fmt="o", color=f"C{i % 10}", capsize=3, label=method)
+            ax.annotate(method, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    axes[0].set(xlabel="end-to-end training time (s, priming included)", ylabel=metric_label, title="metric vs time")
+    axes[1].set(xlabel="whole-process peak RSS (MiB)", ylabel=metric_label, title="metric vs peak memory")
+    axes[1].legend(loc="lower right", fontsize=7)
+    fig.suptitle(setting)
+    fig.tight_layout()
+    return fig
+
+
 def _retention(name: str, prefix: str) -> float | None:
     try:
         return float(name.removeprefix(prefix)) if name.startswith(prefix) else None
