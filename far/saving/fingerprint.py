@@ -92,6 +92,32 @@ def _frozen_part(module: nn.Module, role: str, frozen: Tensor, value: _Value) ->
     return (rows if role == INPUT else rows.t()), bias  # hashed as (out, in), whatever the storage
 
 
+def _covered(
+    model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Tensor], stored: Collection[str], value: _Value
+) -> Iterator[tuple[str, Tensor | nn.Module, tuple[str, Tensor] | None]]:
+    """What a base fingerprint covers, in the plain model's names, for either version to hash its way.
+
+    Yields `(name, tensor, None)` for a whole tensor the file does not overwrite (read through `value`), and
+    `(projection name, module, (role, frozen rows))` for a split projection's frozen node rows.
+    """
+    projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
+    # A stored parameter is overwritten under every name it is tied to (e.g. lm_head.weight).
+    params = dict(model.named_parameters(remove_duplicate=False))
+    overwritten = {id(params[name]) for name in stored}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if key.rpartition(".")[0] not in projections and id(tensor) not in overwritten:
+            yield key, value(tensor), None
+    for ffn in ffns.values():
+        frozen = complement(learners[ffn.name], ffn.n_nodes)
+        for name in (*ffn.inputs, ffn.output):
+            module = model.get_submodule(name)
+            role = INPUT if name in ffn.inputs else OUTPUT
+            rows = expand_nodes(frozen, projection_rows(module, role) // ffn.n_nodes)  # a head is several rows
+            yield name, module, (role, rows)
+            if role == OUTPUT and module.bias is not None and f"{name}.bias" not in stored:
+                yield f"{name}.bias", value(module.bias), None  # belongs to no node
+
+
 def _base_tensors(
     model: nn.Module,
     ffns: Mapping[str, FFN],
@@ -99,24 +125,15 @@ def _base_tensors(
     stored: Collection[str],
     value: _Value,
 ) -> Iterator[tuple[str, Tensor]]:
-    projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
-    # A stored parameter is overwritten under every name it is tied to (e.g. lm_head.weight).
-    overwritten = {id(model.get_parameter(name)) for name in stored}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        if key.rpartition(".")[0] not in projections and id(tensor) not in overwritten:
-            yield key, value(tensor)
-    for ffn in ffns.values():
-        frozen = complement(learners[ffn.name], ffn.n_nodes)
-        for name in (*ffn.inputs, ffn.output):
-            module = model.get_submodule(name)
-            role = INPUT if name in ffn.inputs else OUTPUT
-            rows = expand_nodes(frozen, projection_rows(module, role) // ffn.n_nodes)  # a head is several rows
-            weight, bias = _frozen_part(module, role, rows, value)
-            yield f"{name}.weight[frozen]", weight
-            if bias is not None:
-                yield f"{name}.bias[frozen]", bias
-            if role == OUTPUT and module.bias is not None and f"{name}.bias" not in stored:
-                yield f"{name}.bias", value(module.bias)  # belongs to no node
+    """(name, value) of every item of the version-1 fingerprint: the bytes themselves."""
+    for name, item, frozen in _covered(model, ffns, learners, stored, value):
+        if frozen is None:
+            yield name, item
+            continue
+        weight, bias = _frozen_part(item, frozen[0], frozen[1], value)
+        yield f"{name}.weight[frozen]", weight
+        if bias is not None:
+            yield f"{name}.bias[frozen]", bias
 
 
 def base_reader(model: nn.Module, base_values: Mapping[str, Tensor] | None) -> _Value:
@@ -167,30 +184,22 @@ def _digest_items(
     digests: DigestCache,
 ) -> Iterator[tuple[str, torch.dtype, tuple[int, ...], bytes]]:
     """(name, dtype, shape, sha256) of every item of the version-2 fingerprint, as `_base_tensors` for version 1."""
-    projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
-    params = dict(model.named_parameters(remove_duplicate=False))
-    overwritten = {id(params[name]) for name in stored}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        if key.rpartition(".")[0] not in projections and id(tensor) not in overwritten:
-            t = value(tensor)
-            yield key, t.dtype, tuple(t.shape), digests.tensor(t)
-    for ffn in ffns.values():
-        frozen = complement(learners[ffn.name], ffn.n_nodes)
-        for name in (*ffn.inputs, ffn.output):
-            module = model.get_submodule(name)
-            role = INPUT if name in ffn.inputs else OUTPUT
-            rows = expand_nodes(frozen, projection_rows(module, role) // ffn.n_nodes).numpy()
-            weight = module.learner_weight if isinstance(module, SplitLinear) else module.weight
-            table = node_digests(module, role, "weight", value, digests)
-            combined = hashlib.sha256(table[rows].tobytes()).digest()
-            yield f"{name}.weight[frozen]", weight.dtype, (len(rows), _features(module, role)), combined
-            bias_table = node_digests(module, role, "bias", value, digests)
-            if bias_table is not None:
-                combined = hashlib.sha256(bias_table[rows].tobytes()).digest()
-                yield f"{name}.bias[frozen]", weight.dtype, (len(rows),), combined
-            if role == OUTPUT and module.bias is not None and f"{name}.bias" not in stored:
-                bias = value(module.bias)  # belongs to no node
-                yield f"{name}.bias", bias.dtype, tuple(bias.shape), digests.tensor(bias)
+    for name, item, frozen in _covered(model, ffns, learners, stored, value):
+        if frozen is None:
+            yield name, item.dtype, tuple(item.shape), digests.tensor(item)
+            continue
+        role, rows = frozen[0], frozen[1].numpy()
+        weight = item.learner_weight if isinstance(item, SplitLinear) else item.weight
+        table = node_digests(item, role, "weight", value, digests)
+        yield f"{name}.weight[frozen]", weight.dtype, (len(rows), _features(item, role)), _combined(table, rows)
+        bias_table = node_digests(item, role, "bias", value, digests)
+        if bias_table is not None:
+            yield f"{name}.bias[frozen]", weight.dtype, (len(rows),), _combined(bias_table, rows)
+
+
+def _combined(table: np.ndarray, rows: np.ndarray) -> bytes:
+    """One digest of the chosen rows' digests, in row order."""
+    return hashlib.sha256(table[rows].tobytes()).digest()
 
 
 def _fingerprint_v2(items: Iterable[tuple[str, torch.dtype, tuple[int, ...], bytes]]) -> str:
