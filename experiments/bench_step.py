@@ -1,14 +1,17 @@
 """Step benchmark: time and memory of one training step, FAR against full fine-tuning.
 
-All configurations of one (model, shape, precision) cell are built once and timed interleaved,
-round after round (each round in a rotated order), in this one process, so machine noise hits them
-alike; each reports the median of its timed steps after warm-up, its ratio to full's median, and the
-median and quartiles of its per-round ratios to full's step of the same round. Beside each measured ratio to full
-fine-tuning stands the FLOP-bound ratio (matrix products only, see far.flops). After the timing, each configuration's
-step is measured once more for memory (experiments/step_memory.py): bytes autograd keeps for backward, and the peak of
-live tensors (what is resident at the step's start, plus the most the step allocates on top). MeZO steps (far.MeZO,
-one direction) and no-grad forward passes are timed the same way, FAR r=0.4 against the plain model. Whole-process
-peak RSS comes from separate processes (one per configuration, `--memory`), since it cannot be attributed within one.
+All configurations of one (model, shape, precision) cell are built once and timed interleaved, round after round
+(each round in a rotated order), in this one process, so machine noise hits them alike; each reports the median of
+its timed steps after warm-up, its ratio to full's median, and the median and quartiles of its per-round ratios to
+full's step of the same round. Beside each measured ratio to full fine-tuning stand two bounds: the FLOP-bound ratio
+(matrix products only, see far.flops; with backward's depth, and without it as it was first counted) and the
+roofline ratio (far.roofline: FLOPs and bytes at rates calibrated in this process, one calibration round after each
+round of steps, experiments/calibrate.py). `--clock cpu` times in CPU seconds, for a machine that other jobs share.
+After the timing, each configuration's step is measured once more for memory (experiments/step_memory.py): bytes
+autograd keeps for backward, and the peak of live tensors (what is resident at the step's start, plus the most the
+step allocates on top). MeZO steps (far.MeZO, one direction) and no-grad forward passes are timed the same way, FAR
+r=0.4 against the plain model. Whole-process peak RSS comes from separate processes (one per configuration,
+`--memory`), since it cannot be attributed within one.
 
 The optimizer is `torch.optim.AdamW` as a plain training loop builds it (`--optimizer adamw`), or its fused kernel.
 The CPU's flags are recorded with the numbers: bf16 products are native only with AVX-512 BF16 or AMX.
@@ -30,9 +33,11 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from calibrate import Calibration
 from harness import add_output_argument, command_line, cpu, machine, results_dir, write_report
 from step_memory import peak_live_bytes, saved_for_backward_bytes
 from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -41,6 +46,7 @@ import far
 from far.flops import step_flops
 from far.layers import SplitLinear, native_bf16
 from far.methods.lora import LoraSettings, add_lora
+from far.roofline import step_seconds
 
 CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}
 
@@ -66,8 +72,13 @@ CONFIGS.update(
         "far-0.4": _far(0.4),
         "far-0.6": _far(0.6),
         "random-0.4": lambda m: far.reconfigure(m, 0.4, selection="random"),
+        "random-0.4+recompute": lambda m: far.reconfigure(m, 0.4, selection="random", recompute_activations=True),
         "freeze-ffn": far.freeze_ffns,
         "far-0.4+frozen-emb": _far(0.4, freeze_embeddings=True),
+        # Plain freezing by depth, the baselines for FAR's freeze_layers: backward stops at layer K.
+        "full+frozen-emb": lambda m: far.freeze_layers(m, 0),
+        "full+frozen-emb+bottom-3": lambda m: far.freeze_layers(m, 3),
+        "far-0.2+frozen-emb+bottom-3": _far(0.2, freeze_embeddings=True, freeze_layers=3),
         "far-0.4+recompute": _far(0.4, recompute_activations=True),
         # Attention heads split too, at three head retentions (1.0: every head a learner, the split's own cost).
         "far-0.4+heads-1.0": _far(0.4, attention_retention=1.0),
@@ -121,6 +132,8 @@ def load_model(name: str, attention_dropout: float | None = None) -> torch.nn.Mo
 
 
 OPTIMIZERS = ("adamw", "adamw-fused")
+# `cpu`: the process's CPU seconds (both threads), which other jobs on the cores barely move; `wall`: elapsed time.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def make_optimizer(model: torch.nn.Module, kind: str = "adamw") -> torch.optim.Optimizer:
@@ -156,7 +169,10 @@ def time_cell(
     steps: int,
     warmup: int,
     optimizer: str = "adamw",
+    memory: bool = True,
+    clock: str = "wall",
 ) -> dict:
+    """Time `configs` interleaved; returns {"configs": per-configuration rows, "rates": the roofline's rates}."""
     prepared = {}
     for name in configs:
         model = build_config(name, copy.deepcopy(base)).train()
@@ -164,25 +180,42 @@ def time_cell(
     data = make_batch(base, batch, length)
     times: dict[str, list[float]] = {name: [] for name in configs}
     names = list(prepared)
+    now = CLOCKS[clock]
+    calibration = Calibration(base, batch, length, bf16, now)
     for round_ in range(warmup + steps):
         # Each round starts one configuration later, so that no configuration always runs first or last in a round.
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             model, optimizer = prepared[name]
-            start = time.perf_counter()
+            start = now()
             train_step(model, optimizer, data, bf16)
             if round_ >= warmup:
-                times[name].append(time.perf_counter() - start)
-    full_flops = step_flops(prepared["full"][0], batch, length).total
+                times[name].append(now() - start)
+        if round_ >= warmup:
+            calibration.round()  # the rates are sampled on the machine as the steps found it
+    rates = calibration.rates()
+    full_model = prepared["full"][0]
+    full_flops = step_flops(full_model, batch, length).total
+    full_flops_no_depth = step_flops(full_model, batch, length, depth=False).total
+    full_seconds, _ = step_seconds(full_model, batch, length, rates, bf16=bf16)
     rows = summarize_times(times)
     for name, (model, optimizer_) in prepared.items():
         rows[name]["flop_bound_ratio"] = step_flops(model, batch, length).total / full_flops
+        rows[name]["flop_bound_ratio_no_depth"] = (
+            step_flops(model, batch, length, depth=False).total / full_flops_no_depth
+        )
+        seconds, terms = step_seconds(model, batch, length, rates, bf16=bf16)
+        rows[name]["roofline_step_s"] = seconds
+        rows[name]["roofline_terms_s"] = terms
+        rows[name]["roofline_ratio"] = seconds / full_seconds
         rows[name]["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        rows[name].update(step_memory(model, optimizer_, data, bf16))
+        rows[name]["step_times_s"] = times[name]  # round by round, for ratios of any two configurations
+        if memory:
+            rows[name].update(step_memory(model, optimizer_, data, bf16))
     for name in rows:
-        for key in ("saved_for_backward_bytes", "peak_live_bytes"):
+        for key in ("saved_for_backward_bytes", "peak_live_bytes") if memory else ():
             rows[name][key.replace("_bytes", "_ratio")] = rows[name][key] / rows["full"][key]
-    return rows
+    return {"configs": rows, "rates": asdict(rates)}
 
 
 def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -311,38 +344,46 @@ def _label(cell: dict) -> str:
     return cell["model"] + ("" if dropout is None else f", attention dropout {dropout:g}")
 
 
+def _ratio_of(row: dict, key: str) -> str:
+    return f"{_mib(row[key])} ({row[key.replace('_bytes', '_ratio')]:.3f})" if key in row else ""
+
+
 def markdown(results: list[dict]) -> str:
     lines = [
         "| model | batch x len | precision | config | step (s) | ratio to full | paired ratio, median (IQR) "
-        "| FLOP-bound ratio | gap | kept for backward, MiB (ratio) | peak live, MiB (ratio) | trainable params "
-        "| peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| FLOP bound, no depth | FLOP bound | roofline | paired − roofline | roofline step (s) "
+        "| kept for backward, MiB (ratio) | peak live, MiB (ratio) | trainable params | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         for name, row in cell["configs"].items():
             paired = f"{row['paired_ratio_median']:.3f} ({row['paired_ratio_q1']:.3f}–{row['paired_ratio_q3']:.3f})"
-            saved = f"{_mib(row['saved_for_backward_bytes'])} ({row['saved_for_backward_ratio']:.3f})"
-            live = f"{_mib(row['peak_live_bytes'])} ({row['peak_live_ratio']:.3f})"
             lines.append(
                 f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | "
-                f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {paired} | {row['flop_bound_ratio']:.3f} | "
-                f"{row['ratio_to_full'] - row['flop_bound_ratio']:+.3f} | {saved} | {live} | "
+                f"{row['median_step_s']:.3f} | {row['ratio_to_full']:.3f} | {paired} | "
+                f"{row['flop_bound_ratio_no_depth']:.3f} | {row['flop_bound_ratio']:.3f} | "
+                f"{row['roofline_ratio']:.3f} | "
+                f"{row['paired_ratio_median'] - row['roofline_ratio']:+.3f} | {row['roofline_step_s']:.3f} | "
+                f"{_ratio_of(row, 'saved_for_backward_bytes')} | {_ratio_of(row, 'peak_live_bytes')} | "
                 f"{row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} |"
             )
-    lines += [
-        "",
-        "| model | batch x len | precision | no-grad forward: plain (s) | FAR r=0.4 (s) | ratio "
-        "| MeZO step: plain (s) | FAR r=0.4 (s) | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for cell in results:
+    lines += ["", roofline_markdown(results)]
+    with_forward = [cell for cell in results if "forward" in cell]
+    if with_forward:
+        lines += [
+            "",
+            "| model | batch x len | precision | no-grad forward: plain (s) | FAR r=0.4 (s) | ratio "
+            "| MeZO step: plain (s) | FAR r=0.4 (s) | ratio |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+    for cell in with_forward:
         f, z = cell["forward"], cell["mezo"]
         lines.append(
             f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
             f"{f['plain_s']:.3f} | {f['far_0.4_s']:.3f} | {f['ratio']:.3f} | "
             f"{z['plain_s']:.3f} | {z['far_0.4_s']:.3f} | {z['ratio']:.3f} |"
         )
-    with_lora = [cell for cell in results if "lora_s" in cell["mezo"]]
+    with_lora = [cell for cell in with_forward if "lora_s" in cell["mezo"]]
     if with_lora:
         lines += [
             "",
@@ -354,6 +395,53 @@ def markdown(results: list[dict]) -> str:
             lines.append(
                 f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
                 f"{z['plain_s']:.3f} | {z['lora_s']:.3f} | {z['lora_ratio']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+TERMS = {
+    "forward_products": "fwd",
+    "input_grad_products": "dX",
+    "weight_grad_products": "dW",
+    "attention_products": "attn",
+    "streamed_bytes": "bytes",
+    "mapped_bytes": "mapped",
+    "dropout": "dropout",
+    "optimizer_tensors": "tensors",
+}
+
+
+def roofline_markdown(results: list[dict]) -> str:
+    """The calibrated rates of each cell, and each configuration's roofline terms in milliseconds."""
+    lines = [
+        "Roofline rates (medians of the calibration rounds): F in GFLOP/s (forward, dX, dW, attention), "
+        "B and P in GB/s, R in M dropout elements/s, t_tensor in µs per AdamW tensor.",
+        "",
+        "| model | batch x len | precision | F fwd | F dX | F dW | F attn | B | P | R | t_tensor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in results:
+        r = cell["rates"]
+        lines.append(
+            f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
+            f"{r['forward_flops_per_s'] / 1e9:.1f} | {r['input_grad_flops_per_s'] / 1e9:.1f} | "
+            f"{r['weight_grad_flops_per_s'] / 1e9:.1f} | {r['attention_flops_per_s'] / 1e9:.1f} | "
+            f"{r['bytes_per_s'] / 1e9:.2f} | {r['mapped_bytes_per_s'] / 1e9:.2f} | "
+            f"{r['dropout_elements_per_s'] / 1e6:.1f} | {r['seconds_per_tensor'] * 1e6:.0f} |"
+        )
+    lines += [
+        "",
+        "Roofline terms (ms): " + ", ".join(f"{short} = {long}" for long, short in TERMS.items()) + ".",
+        "",
+        "| model | batch x len | precision | config | " + " | ".join(TERMS.values()) + " | total | measured |",
+        "|---|---|---|---|" + "---|" * (len(TERMS) + 2),
+    ]
+    for cell in results:
+        for name, row in cell["configs"].items():
+            terms = " | ".join(f"{row['roofline_terms_s'][key] * 1e3:.0f}" for key in TERMS)
+            lines.append(
+                f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | {terms} | "
+                f"{row['roofline_step_s'] * 1e3:.0f} | {row['median_step_s'] * 1e3:.0f} |"
             )
     return "\n".join(lines)
 
@@ -377,8 +465,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after warm-up)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="time the training steps only: no no-grad forward, no MeZO, no per-step memory",
+    )
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS, one process per configuration")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    parser.add_argument(
+        "--clock", choices=list(CLOCKS), default="wall", help="time steps in wall seconds or in CPU seconds (cpu)"
+    )
     parser.add_argument(
         "--attention-dropout", type=float, default=None, help="override the model's attention dropout (e.g. 0.0)"
     )
@@ -401,11 +497,22 @@ def main(argv: list[str] | None = None) -> None:
                 if args.attention_dropout is not None:
                     cell["attention_dropout"] = args.attention_dropout
                 print(f"[{model_name} {shape} {precision}] timing {len(args.configs)} configurations...", flush=True)
-                cell["configs"] = time_cell(
-                    base, args.configs, batch, length, bf16, args.steps, args.warmup, args.optimizer
+                timed = time_cell(
+                    base,
+                    args.configs,
+                    batch,
+                    length,
+                    bf16,
+                    args.steps,
+                    args.warmup,
+                    args.optimizer,
+                    not args.steps_only,
+                    args.clock,
                 )
-                cell["forward"] = time_forward(base, batch, length, bf16, args.steps, args.warmup)
-                cell["mezo"] = time_mezo(base, batch, length, bf16, args.steps, args.warmup, "lora" in args.configs)
+                cell.update(timed)
+                if not args.steps_only:
+                    cell["forward"] = time_forward(base, batch, length, bf16, args.steps, args.warmup)
+                    cell["mezo"] = time_mezo(base, batch, length, bf16, args.steps, args.warmup, "lora" in args.configs)
                 if args.memory:
                     for name in args.configs:
                         cell["configs"][name]["peak_rss_bytes"] = peak_rss_of(
@@ -418,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "optimizer": args.optimizer,
+        "clock": args.clock,
         **cpu_flags(),
         "max_rss_of_this_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "machine": machine(),

@@ -20,7 +20,7 @@ PACKAGE = ROOT / "far"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("far.atomic", "far.config", "far.lazy", "far.seeds")),
     ("split layers", ("far.split_ops", "far.layers")),
-    ("FFN discovery", ("far.architectures", "far.flops", "far.freezing", "far.summary")),
+    ("FFN discovery", ("far.architectures", "far.flops", "far.freezing", "far.roofline", "far.summary")),
     ("priming and selection", ("far.priming", "far.selection", "far.portable")),
     ("surgery", ("far.surgery",)),
     ("saving", ("far.saving",)),
