@@ -62,7 +62,7 @@ def test_refusal_names_the_smallest_budget_that_fits():
 
 
 def test_levers_are_turned_on_cheapest_first():
-    far_config = FARConfig(0.2, freeze_embeddings=True)
+    far_config = FARConfig(0.2, freeze_embeddings=True, recompute_activations=False)  # every lever off to begin with
     roomy = plan_memory(10_000, MINILM, batch_size=32, seq_len=128, far=far_config)
     assert (roomy.micro_batch, roomy.early_frozen_embeddings, roomy.recompute_activations) == (32, False, False)
     tight = plan_memory(900, MINILM, batch_size=32, seq_len=128, far=far_config)
