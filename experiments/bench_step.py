@@ -58,6 +58,10 @@ def _scores(groups: dict) -> dict[str, torch.Tensor]:
 
 
 def _far(retention: float, **kwargs) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    # A name says whether activations are recomputed ("+recompute"), whatever FARConfig's default is, so that
+    # committed results keep their meaning: without the suffix, the learners' activation is kept.
+    kwargs.setdefault("recompute_activations", False)
+
     def apply(m: torch.nn.Module) -> torch.nn.Module:
         heads = _scores(far.find_attention(m)) if kwargs.get("attention_retention") is not None else None
         return far.reconfigure(m, retention, scores=_scores(far.find_ffns(m)), head_scores=heads, **kwargs)
@@ -71,7 +75,7 @@ CONFIGS.update(
         "far-0.2": _far(0.2),
         "far-0.4": _far(0.4),
         "far-0.6": _far(0.6),
-        "random-0.4": lambda m: far.reconfigure(m, 0.4, selection="random"),
+        "random-0.4": lambda m: far.reconfigure(m, 0.4, selection="random", recompute_activations=False),
         "random-0.4+recompute": lambda m: far.reconfigure(m, 0.4, selection="random", recompute_activations=True),
         "freeze-ffn": far.freeze_ffns,
         "far-0.4+frozen-emb": _far(0.4, freeze_embeddings=True),
