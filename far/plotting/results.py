@@ -46,6 +46,12 @@ RESULT_SOURCES: dict[str, str] = {
         "python experiments/bench_step.py --models distilbert --shapes 32x64 32x128 --steps 10 --warmup 1 "
         "--output experiments/results/bench_step/bench_step_distilbert"
     ),
+    # One seed per task; the CoLA rows that finished (the summary skips runs that did not).
+    "replicate_far/depth/depth.json": (
+        "python experiments/replicate_far.py --tasks sst2 cola --seeds 0 --methods full full+frozen-emb "
+        "full+frozen-bottom-3 far-0.2+frozen-emb far-0.2+frozen-emb+keep-primed far-0.2+depth-auto "
+        "far-0.2+frozen-emb+bottom-3 --output experiments/results/replicate_far/depth --name depth --summarize-only"
+    ),
     "bench_memory/memory_minilm.json": "python experiments/bench_memory.py",
     "bench_memory/llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
     "llm_sst2/llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
