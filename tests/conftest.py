@@ -73,6 +73,19 @@ def tiny_causal_lm(model_type: str = "llama", seed: int = 0, **overrides) -> tor
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+def state(model: torch.nn.Module) -> dict:
+    """A copy of every tensor of `model`'s state, to compare with later."""
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_state(model: torch.nn.Module, expected: dict) -> None:
+    """`model`'s state is `expected` (see `state`), bit for bit, key by key."""
+    got = model.state_dict()
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+
+
 def tiny_examples(n: int = 24, length: int = 6, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """`n` seeded training examples for the tiny models: token ids, a full attention mask, labels cycling 0-2."""
     generator = torch.Generator().manual_seed(seed)

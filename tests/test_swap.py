@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_batch, tiny_model
+from conftest import assert_state, state, tiny_batch, tiny_model
 from safetensors.torch import load_file
 
 import far
@@ -29,17 +29,6 @@ def user(path, *, seed: int, base_seed: int = 0, steps: int = 2, **config) -> tu
         optimizer.zero_grad()
     far.save_learners(model, path)
     return logits(model), {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def state(model: torch.nn.Module) -> dict:
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def assert_state(model: torch.nn.Module, expected: dict) -> None:
-    got = model.state_dict()
-    assert got.keys() == expected.keys()
-    for key, value in expected.items():
-        assert torch.equal(got[key], value), key
 
 
 USERS = {  # different learners, retentions, frozen embeddings or not

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import tiny_batch, tiny_model
+from conftest import assert_state, state, tiny_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 import far
@@ -38,17 +38,6 @@ def trained(*, seed: int, base_seed: int = 0, **config) -> torch.nn.Module:
         optimizer.step()
         optimizer.zero_grad()
     return model
-
-
-def state(model: torch.nn.Module) -> dict:
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def assert_state(model: torch.nn.Module, expected: dict) -> None:
-    got = model.state_dict()
-    assert got.keys() == expected.keys()
-    for key, value in expected.items():
-        assert torch.equal(got[key], value), key
 
 
 def saved(path, **kw) -> tuple:
