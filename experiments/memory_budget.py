@@ -5,7 +5,7 @@ peak, priming and evaluation included). Data: STS-B sentence pairs (regression, 
 CSVs into a temporary folder; every case trains on the same examples for the same steps. A budget
 that cannot fit is recorded with the smallest budget `far` names, and that budget is then run.
 
-    python experiments/memory_budget.py [--data-dir /work/shared/data] [--steps 40]
+    python experiments/memory_budget.py [--data-dir ../shared/data] [--steps 40]
 
 Writes experiments/results/memory_budget/{memory_budget.json,README.md}.
 """
@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import machine, write_report
+from harness import add_output_argument, machine, results_dir, write_report
 
+from far.data.locate import resolve_data_dir
 from far.training import budget
 
-OUT = Path(__file__).parent / "results" / "memory_budget"
 REFUSED = re.compile(r"smallest that fits is (\d+) MiB")
 
 
@@ -82,14 +82,19 @@ def run_far(name: str, argv: list[str], out_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default="/work/shared/data")
+    parser.add_argument(
+        "--data-dir", default=None, help="GLUE/SQuAD root (default: $FAR_DATA_DIR, else ../shared/data)"
+    )
+    add_output_argument(parser, results_dir(__file__), "the report's folder (memory_budget.json, README.md)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--squad-steps", type=int, default=10)
     args = parser.parse_args()
+    # The data folder as far finds it, else ../shared/data beside the repository (where the project keeps it).
+    data_root = resolve_data_dir(args.data_dir) or Path(__file__).resolve().parents[2] / "shared" / "data"
     cases: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        glue = Path(args.data_dir) / "glue" / "STS-B"
+        glue = data_root / "glue" / "STS-B"
         _pairs(glue / "train.tsv", tmp / "train.csv", None)
         _pairs(glue / "dev.tsv", tmp / "dev.csv", 500)
         # 32 x steps examples: every batch full, so micro-batches hold exactly the batch's examples.
@@ -105,7 +110,7 @@ def main() -> None:
             least = refused.get("smallest_budget")
             if least is not None:
                 cases.append(run_far(f"{name} @ {least}", [*common, *method, "--memory-budget", str(least)], tmp))
-        squad = ["squad", "--data-dir", args.data_dir, "--method", "far", "--retention", "0.2", "--freeze-embeddings"]
+        squad = ["squad", "--data-dir", str(data_root), "--method", "far", "--retention", "0.2", "--freeze-embeddings"]
         squad += ["--max-steps", str(args.squad_steps), "--max-train-samples", "160", "--max-eval-samples", "100"]
         cases.append(run_far("squad far @ 1024", [*squad, "--memory-budget", "1024"], tmp))
         least = cases[-1].get("smallest_budget")
@@ -122,12 +127,12 @@ def main() -> None:
         "command": "python experiments/memory_budget.py " + " ".join(sys.argv[1:]),
         "cases": cases,
     }
-    write_report(OUT / "memory_budget.json", report)
+    write_report(args.output / "memory_budget.json", report)
     lines = ["| case | plan | peak MiB | wall s | metric |", "|---|---|---|---|---|"]
     for c in cases:
         shown = c.get("refused") or c.get("plan") or "no budget"
         lines.append(f"| {c['case']} | {shown} | {c['peak_mib']} | {c['wall_s']} | {c.get('metric', '')} |")
-    (OUT / "README.md").write_text(
+    (args.output / "README.md").write_text(
         "# Memory budget\n\n`" + report["command"] + "`\n\n" + "\n".join(lines) + "\n\nCalibration: "
         f"{json.dumps(report['calibration'])}; CPU flags {report['machine']['cpu_flags']}.\n"
     )
