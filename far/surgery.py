@@ -443,12 +443,9 @@ def _split(
         recompute = config.recompute_activations and group.kind == "ffn"
         output = SplitLinear.from_linear(model.get_submodule(group.output), rows, OUTPUT, recompute=recompute)
         _set_module(model, group.output, output)
-    frozen = []
-    if config.freeze_embeddings:
-        for module_name, module in model.named_modules():
-            if isinstance(module, nn.Embedding) and module.weight.requires_grad:
-                module.weight.requires_grad_(False)
-                frozen.append(f"{module_name}.weight")
+    frozen = trainable_embeddings(model) if config.freeze_embeddings else []
+    for name in frozen:
+        model.get_parameter(name).requires_grad_(False)
     layer_params = []
     if layers is not None:
         below = set(below_layers(model, layers))

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
 from far.freezing import freeze_layers
-from far.priming import Primer
+from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
 from far.surgery import freeze_ffns, reconfigure
 from far.training.checkpoint import (
@@ -48,9 +48,8 @@ def default_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
 
 
 def _freeze_embeddings(model: nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            module.weight.requires_grad_(False)
+    for name in trainable_embeddings(model):
+        model.get_parameter(name).requires_grad_(False)
 
 
 class Loop:
