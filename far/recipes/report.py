@@ -1,6 +1,6 @@
 """The one train-and-report path: fine-tune a task's model, evaluate it, write what the run did.
 
-Every training command (GLUE, SQuAD, GLUE by prompts, and any later one) builds a `TrainingRun`
+Every encoder training command (GLUE, SQuAD, the user's files) builds a `TrainingRun`
 and hands it to `train_and_report`, which writes into the run's output folder:
 
     metrics.json      the metric, method, retention, seconds per phase, peak RSS, parameters, files
