@@ -32,18 +32,25 @@ Q8_BLOCK, Q8_BYTES = 32, 34  # GGUF Q8_0: an fp16 scale and 32 int8 values per b
 class Perturbation:
     """The random direction the trainable weights are read at: `stored + scale * z(seed, index)`.
 
-    One instance is shared by every `CompactWeight` of a model; `scale` 0 means none.
+    One instance is shared by every `CompactWeight` of a model; `scale` 0 means none. `active`, when
+    set, limits the direction to the weights of those indices (layer-sparse MeZO draws a new set each
+    step); the others are read as stored.
     """
 
     def __init__(self) -> None:
         self.seed = 0
         self.scale = 0.0
+        self.active: frozenset[int] | None = None
 
-    def set(self, seed: int, scale: float) -> None:
-        self.seed, self.scale = int(seed), float(scale)
+    def set(self, seed: int, scale: float, active: frozenset[int] | None = None) -> None:
+        self.seed, self.scale, self.active = int(seed), float(scale), active
 
     def clear(self) -> None:
         self.scale = 0.0
+        self.active = None
+
+    def covers(self, index: int) -> bool:
+        return self.active is None or index in self.active
 
     def generator(self, seed: int, index: int, salt: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(derive_seed(seed, index, salt))
@@ -84,7 +91,7 @@ class CompactWeight(nn.Module):
     def value(self) -> Tensor:
         """The weight in fp32, `+ scale * z` while perturbed; never a view of the storage."""
         p = self.perturbation
-        if self.trainable and p.scale:
+        if self.trainable and p.scale and p.covers(self.index):
             z = p.direction(p.seed, self.index, self.stored.shape)
             return z.mul_(p.scale).add_(self.stored)
         return self.stored.float() if self.stored.dtype != torch.float32 else self.stored.clone()

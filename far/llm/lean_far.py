@@ -66,6 +66,31 @@ def gradient_scores(
     return scores
 
 
+def magnitude_scores(model: LeanCausalLM) -> dict[str, Tensor]:
+    """Each FFN node scored for zeroth-order training: minus the mean |weight| of its rows and column.
+
+    Sparse-MeZO (Liu et al., 2024) perturbs only small-magnitude weights: the large ones are where
+    a zeroth-order step's noise does the most damage, and the small ones carry most of what
+    fine-tuning changes. Here the rule picks whole nodes, so that FAR's split keeps them in one
+    contiguous block: the highest score is the node whose weights are smallest. It needs no data
+    and no backward pass, so it costs nothing on the clock.
+    """
+    scores = {}
+    for name, layer in zip(ffn_names(model), model.layers, strict=True):
+        total = torch.zeros(model.config.intermediate_size)
+        for proj in (*INPUTS, OUTPUT):
+            linear = getattr(layer.mlp, proj)
+            if len(linear.parts) != 1:
+                raise ValueError(f"{name} is already split; score the model before split_ffns")
+            node_dim = 1 if proj == OUTPUT else 0
+            total += linear.parts[0].stored.float().abs().mean(dim=1 - node_dim)
+        scores[name] = -total
+    return scores
+
+
+SCORINGS = ("gradient", "magnitude")
+
+
 def _block(weight: Tensor, nodes: Tensor, node_dim: int, dtype: torch.dtype, trainable: bool, model) -> CompactWeight:
     return CompactWeight(weight.index_select(node_dim, nodes), dtype, trainable, model.perturbation)
 
@@ -111,31 +136,44 @@ def split_ffns(
     return model
 
 
-def set_trainable(model: LeanCausalLM, method: str, dtype: torch.dtype = torch.float32) -> int:
+def set_trainable(model: LeanCausalLM, method: str, dtype: torch.dtype = torch.float32, frozen_layers: int = 0) -> int:
     """Mark what MeZO trains, and store it in `dtype`; the embedding (and tied head) stays frozen.
 
     Args:
         method: "full" (every weight but the embedding), "far" (the learners of split FFNs and
             everything outside the FFNs) or "freeze-ffn" (everything outside the FFNs).
         dtype: Storage of trainable weights (fp32, or bf16 with stochastically rounded updates).
+        frozen_layers: The bottom layers frozen whole (attention and norms too), so that their output
+            can be computed once per prompt (`far.llm.prefix.PrefixCache`).
 
     Returns:
         The number of trainable values.
     """
     if method not in TRAINABLE:
         raise ValueError(f"method must be one of {', '.join(TRAINABLE)}, got {method!r}")
+    n_layers = len(model.layers)
+    if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) or not 0 <= frozen_layers < n_layers:
+        raise ValueError(
+            f"frozen_layers must be an int in [0, {n_layers - 1}] (one layer left to train), got {frozen_layers!r}"
+        )
     split = any(len(layer.mlp.down_proj.parts) == 2 for layer in model.layers)
     if method == "far" and not split:
         raise ValueError("method 'far' needs split FFNs: run split_ffns (after gradient_scores) first")
     ffn_weights = {id(w) for layer in model.layers for w in layer.mlp.modules() if isinstance(w, CompactWeight)}
     learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in (*INPUTS, OUTPUT)}
+    below = {id(w) for layer in model.layers[:frozen_layers] for w in layer.modules() if isinstance(w, CompactWeight)}
     for weight in model.compact_weights():
         in_ffn = id(weight) in ffn_weights
         trainable = not in_ffn or method == "full" or (method == "far" and id(weight) in learner_blocks and split)
-        weight.trainable = trainable
-        if trainable and weight.stored.dim() >= 2 and weight.stored.dtype != dtype:
+        weight.trainable = trainable and id(weight) not in below
+        if weight.trainable and weight.stored.dim() >= 2 and weight.stored.dtype != dtype:
             weight.stored = torch.nn.Parameter(weight.stored.detach().to(dtype), requires_grad=False)
     return model.num_parameters(trainable_only=True)
+
+
+def frozen_bottom(learners: Mapping[str, Tensor], names: list[str]) -> int:
+    """How many bottom FFNs (in `names`' order, one a layer) `learners` leaves without a learner."""
+    return next((i for i, name in enumerate(names) if learners[name].numel()), len(names))
 
 
 def prime_and_split(
@@ -144,15 +182,29 @@ def prime_and_split(
     loss_fn: Callable[[LeanCausalLM, dict[str, Tensor]], Tensor],
     config: FARConfig,
     learner_dtype: torch.dtype = torch.float32,
+    scoring: str = "gradient",
 ) -> dict[str, Tensor] | None:
-    """FAR on a lean model: gradient priming (unless selection is random), selection, split, in place.
+    """FAR on a lean model: node scores (unless selection is random), selection, split, in place.
+
+    Args:
+        scoring: "gradient" (priming: the L1 norm of each node's weight gradients over `batches`)
+            or "magnitude" (`magnitude_scores`: the smallest nodes learn; `batches` is not read).
 
     Returns:
-        The priming scores (None for random selection).
+        The scores (None for random selection).
     """
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
     n_nodes = {name: model.config.intermediate_size for name in ffn_names(model)}
-    scores = None if config.selection == "random" else gradient_scores(model, batches, loss_fn)
+    if config.selection == "random":
+        scores = None
+    elif scoring == "magnitude":
+        scores = magnitude_scores(model)
+    else:
+        scores = gradient_scores(model, batches, loss_fn)
     chosen = select_learners(config, scores=scores, n_nodes=n_nodes)
     split_ffns(model, chosen, learner_dtype)
-    set_trainable(model, "far", learner_dtype)
+    # With `config.freeze_layers`, the bottom layers have no learners: freeze them whole.
+    frozen = frozen_bottom(chosen, ffn_names(model)) if config.freeze_layers is not None else 0
+    set_trainable(model, "far", learner_dtype, frozen_layers=frozen)
     return scores

@@ -144,7 +144,9 @@ class _Recompute(torch.autograd.Function):
         h = h.detach().requires_grad_(True)
         with torch.enable_grad():
             out = ctx.layer(h)
-        torch.autograd.backward(out, grad)
+            # (out * grad).sum() gives the same gradients as torch.autograd.backward(out, grad), which on
+            # its first call imports torch's symbolic shapes and sympy (+35 MB resident) in torch 2.13.
+            (out * grad).sum().backward()
         return None, h.grad
 
 
@@ -221,28 +223,49 @@ class LeanCausalLM(nn.Module):
         finally:
             self._input_grad = False
 
-    def hidden_states(self, input_ids: Tensor) -> Tensor:
-        """The last layer's output before the final norm: (B, T, hidden)."""
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """The token embeddings the first layer reads: (B, T, hidden)."""
         h = self.embed_tokens.rows(input_ids)
-        if self.embed_scale != 1.0:
-            h = h * self.embed_scale
+        return h * self.embed_scale if self.embed_scale != 1.0 else h
+
+    def run_layers(self, h: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
+        """Layers `start` to `stop` (exclusive; default: the last) applied to `h`, the input of layer `start`."""
+        layers = self.layers[start:stop]
         if self._input_grad and torch.is_grad_enabled():
             h.requires_grad_(True)
             # Keep only each layer's input for backward and recompute the layer there: the graph
             # of all layers at once would hold ~20 activations per layer (+200 MB on SmolLM2).
-            for layer in self.layers:
+            for layer in layers:
                 h = _Recompute.apply(layer, h)
             return h
-        for layer in self.layers:
+        for layer in layers:
             h = layer(h)
         return h
 
-    def label_logits(self, input_ids: Tensor, attention_mask: Tensor, label_ids: Tensor) -> Tensor:
-        """The label words' logits at each right-padded row's last token: (B, n_labels)."""
-        h = self.hidden_states(input_ids)
+    def hidden_states(self, input_ids: Tensor) -> Tensor:
+        """The last layer's output before the final norm: (B, T, hidden)."""
+        return self.run_layers(self.embed(input_ids))
+
+    def answer_logits(self, h: Tensor, attention_mask: Tensor, label_ids: Tensor) -> Tensor:
+        """The label words' logits from the last layer's output `h` at each right-padded row's last token."""
         last = attention_mask.sum(dim=1) - 1
         answer = self.norm(h[torch.arange(h.shape[0]), last])  # (B, hidden): the norm is per position
         return answer @ self.embed_tokens.rows(label_ids).t()
+
+    def label_logits(self, input_ids: Tensor, attention_mask: Tensor, label_ids: Tensor) -> Tensor:
+        """The label words' logits at each right-padded row's last token: (B, n_labels)."""
+        return self.answer_logits(self.hidden_states(input_ids), attention_mask, label_ids)
+
+    def lowest_trainable_layer(self) -> int:
+        """The index of the lowest layer holding a trainable weight (the number of layers if none does).
+
+        Everything below it is frozen, the embedding always is: its output for a prompt never changes
+        while MeZO trains (`far.llm.prefix`).
+        """
+        for i, layer in enumerate(self.layers):
+            if any(isinstance(w, CompactWeight) and w.trainable for w in layer.modules()):
+                return i
+        return len(self.layers)
 
     def logits(self, input_ids: Tensor) -> Tensor:
         """Full (B, T, vocab) logits, for tests and checks only (the vocabulary is large)."""

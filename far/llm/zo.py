@@ -9,6 +9,12 @@ trainable weight as `stored + scale * z` into the fp32 temporary it computes wit
 no restore pass, no record of inexact elements, no drift, and nothing the size of the model kept.
 Only trainable tensors draw noise: after FAR's split, the learners and the tensors outside the FFNs.
 
+Layer-sparse steps (LeZO, Wang et al. 2024). With `layer_fraction` below 1, each step perturbs and
+updates the trainable weights of a random subset of the decoder layers only (a new subset every
+step, drawn from the step's seed, so a step can be replayed), plus the few trainable weights outside
+the layers. The estimate then has the variance of a model that many times smaller, and a step draws
+that much less noise; over many steps every layer is trained.
+
     >>> optimizer = CompactMeZO(model, lr=1e-4, eps=1e-3, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))
 """
@@ -22,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from far.llm.compact import CompactWeight
 from far.llm.lean_model import LeanCausalLM
 from far.seeds import derive_seed
 
@@ -35,29 +42,56 @@ class CompactMeZO:
         eps: Perturbation scale.
         seed: Base seed; with the step counter it fixes every direction.
         weight_decay: Decoupled L2 factor, on matrices only.
+        layer_fraction: Fraction of the decoder layers perturbed each step (1: all; LeZO uses 0.25
+            or less). At least one layer is always drawn.
     """
 
     def __init__(
-        self, model: LeanCausalLM, lr: float, eps: float = 1e-3, seed: int = 0, weight_decay: float = 0.0
+        self,
+        model: LeanCausalLM,
+        lr: float,
+        eps: float = 1e-3,
+        seed: int = 0,
+        weight_decay: float = 0.0,
+        layer_fraction: float = 1.0,
     ) -> None:
         for name, value in (("lr", lr), ("eps", eps)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if not model.trainable_weights():
+        if not (isinstance(layer_fraction, (int, float)) and 0 < layer_fraction <= 1):
+            raise ValueError(f"layer_fraction must be in (0, 1], got {layer_fraction!r}; e.g. 0.25 (LeZO)")
+        trainable = model.trainable_weights()
+        if not trainable:
             raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
         self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
+        self.layer_fraction = float(layer_fraction)
+        in_layer = [{w.index for w in layer.modules() if isinstance(w, CompactWeight)} for layer in model.layers]
+        self._layer_weights = [frozenset(w.index for w in trainable if w.index in ids) for ids in in_layer]
+        everywhere = set().union(*in_layer) if in_layer else set()
+        self._outside_layers = frozenset(w.index for w in trainable if w.index not in everywhere)
         self.steps_taken = 0
         self.steps_skipped = 0
+
+    def active_weights(self, step: int) -> frozenset[int] | None:
+        """Indices of the weights step `step` perturbs; None: every trainable weight."""
+        n_layers = len(self._layer_weights)
+        if self.layer_fraction >= 1 or n_layers == 0:
+            return None
+        drawn = max(1, round(self.layer_fraction * n_layers))
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, step, 1))
+        layers = torch.randperm(n_layers, generator=generator)[:drawn].tolist()
+        return self._outside_layers.union(*(self._layer_weights[i] for i in layers))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor | float]) -> float:
         """One SPSA step on the closure's batch; returns the mean of the two losses."""
         seed = derive_seed(self.seed, self.steps_taken)
+        active = self.active_weights(self.steps_taken)
         perturbation = self.model.perturbation
         try:
-            perturbation.set(seed, self.eps)
+            perturbation.set(seed, self.eps, active)
             loss_plus = float(closure())
-            perturbation.set(seed, -self.eps)
+            perturbation.set(seed, -self.eps, active)
             loss_minus = float(closure())
         finally:
             perturbation.clear()
@@ -73,6 +107,8 @@ class CompactMeZO:
         grad = (loss_plus - loss_minus) / (2 * self.eps)
         self.last_projected_grad = grad
         for weight in self.model.trainable_weights():
+            if active is not None and weight.index not in active:
+                continue
             if self.weight_decay and weight.stored.dim() >= 2:
                 weight.stored.mul_(1.0 - self.lr * self.weight_decay)
             weight.update(seed, -self.lr * grad)
