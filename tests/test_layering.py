@@ -24,8 +24,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("priming and selection", ("far.priming", "far.selection", "far.portable")),
     ("surgery", ("far.surgery",)),
     ("saving", ("far.saving",)),
-    # `far` itself is the public API: core, saving and training. far.llm is the lean causal-LM runtime.
-    ("training", ("far.training", "far.llm", "far")),
+    # `far` itself is the public API: core, saving and training. far.llm is the lean causal-LM runtime,
+    # far.encoder the lean BERT runtime.
+    ("training", ("far.training", "far.llm", "far.encoder", "far")),
     ("data", ("far.data",)),
     ("evaluation", ("far.evaluation",)),
     ("models and methods", ("far.methods", "far.models")),

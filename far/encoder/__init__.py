@@ -1,0 +1,30 @@
+"""The lean encoder runtime: BERT in plain torch, for fine-tuning within a tight memory budget.
+
+transformers' model code costs ~136 MB of resident memory to import; these modules need only its
+config classes. Module and parameter names are transformers', so FAR's surgery, learners files and
+checkpoints work on them unchanged, and `save_pretrained` writes a folder transformers loads.
+
+    >>> from far.encoder import from_pretrained, save_pretrained
+    >>> model = from_pretrained(folder, "classification", num_labels=2)
+    >>> model.gradient_checkpointing_enable()
+"""
+
+from __future__ import annotations
+
+from far.lazy import lazy_names
+
+# On first use (PEP 562): `far.models` names this package for its lean runtime, and a process that never
+# loads a lean model (the causal-LM runtime's, say) must not import transformers for it.
+_LAZY = {
+    "LeanBertModel": "far.encoder.bert",
+    "LeanBertForQuestionAnswering": "far.encoder.heads",
+    "LeanBertForSequenceClassification": "far.encoder.heads",
+    "from_pretrained": "far.encoder.loading",
+    "save_pretrained": "far.encoder.loading",
+    "TASK_KINDS": "far.encoder.tasks",
+    "task_overrides": "far.encoder.tasks",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
