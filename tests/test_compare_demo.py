@@ -8,7 +8,7 @@ from conftest import tiny_batch, tiny_model
 
 import far
 from far.cli.main import main
-from far.evaluation.evaluators import TextMetric
+from far.evaluation.labels import TextMetric
 from far.recipes.compare import majority_baseline, paired_step_times
 
 

@@ -17,7 +17,7 @@ import argparse
 
 from far.cli.common import register_training_command, report, settings_from
 from far.data.files import DEFAULT_LABEL_COLUMN, load_text_files
-from far.recipes.runs import text_files_run
+from far.recipes.files_run import text_files_run
 from far.recipes.settings import FILE_DEFAULTS
 
 

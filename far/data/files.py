@@ -1,4 +1,4 @@
-"""Your own data: CSV, TSV, JSON and JSONL files read through `datasets`, checked, labels mapped to ids.
+"""Your own data: CSV, TSV, JSON and JSONL files read (`far.data.table`), checked, labels mapped to ids.
 
 The shape `transformers`' run_glue.py users know: a training and a validation file with one or two
 text columns and a label column. By default the label column is `label` and the text columns are
@@ -17,7 +17,6 @@ text and numbers) is a `DataFileError` that says what to do, raised before any m
 
 from __future__ import annotations
 
-import csv
 import difflib
 import logging
 import os
@@ -25,17 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
+from far.data.table import DataFileError, Table, read_table
 
 logger = logging.getLogger(__name__)
 
-FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"}
 DEFAULT_LABEL_COLUMN = "label"
 _ID_COLUMNS = ("idx", "id", "index")  # never taken for text by default
-
-
-class DataFileError(ValueError):
-    """A data file that cannot be used as it is; the message names the file and what to change."""
 
 
 @dataclass(frozen=True)
@@ -70,57 +64,11 @@ class TextFiles:
     """
 
     name: str
-    train: datasets.Dataset
-    validation: datasets.Dataset
+    train: Table
+    validation: Table
     text_columns: tuple[str, ...]
     label_column: str
     labels: LabelSpace
-
-
-def read_table(path: str | os.PathLike) -> datasets.Dataset:
-    """One CSV, TSV, JSON or JSONL file as a `datasets.Dataset`, or a `DataFileError` saying what is wrong.
-
-    TSV is read with quoting off (as GLUE's files need); CSV with the usual double quotes. Empty
-    cells stay empty strings (not NaN). JSON is a list of objects, or one object per line.
-    """
-    path = Path(path)
-    builder = FORMATS.get(path.suffix.lower())
-    if builder is None:
-        raise DataFileError(f"{path}: unknown format {path.suffix!r}; use a file ending in {', '.join(FORMATS)}")
-    if not path.is_file():
-        why = "is a folder" if path.is_dir() else "does not exist"
-        raise DataFileError(f"{path} {why}; pass the path of a {', '.join(FORMATS)} file")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DataFileError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
-    if not raw.strip():
-        raise DataFileError(f"{path} is empty; it needs a header row (for CSV/TSV) and at least one example")
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataFileError(
-            f"{path} is not UTF-8 text (byte {raw[e.start]:#04x} on line {line}); save it as UTF-8, "
-            f"e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"
-        ) from None
-    options: dict = {}
-    if builder == "csv":
-        options = dict(keep_default_na=False, na_filter=False)  # "NA" or "" are text, not missing values
-        if path.suffix.lower() == ".tsv":
-            options.update(sep="\t", quoting=csv.QUOTE_NONE)
-    try:
-        dataset = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
-    except Exception as e:  # datasets wraps the parser's error; show the parser's own words
-        cause = e.__cause__ or e
-        if "corresponds to no data" in str(e):
-            raise DataFileError(f"{path} has a header but no rows; add at least one example") from None
-        raise DataFileError(
-            f"{path} could not be read as {path.suffix.lstrip('.').upper()}: {type(cause).__name__}: {cause}"
-        ) from None
-    if len(dataset) == 0:
-        raise DataFileError(f"{path} has no rows; add at least one example")
-    return dataset
 
 
 def _missing_column(path: Path, column: str, columns: Sequence[str], fix: str) -> DataFileError:
@@ -233,7 +181,7 @@ def label_space(files: Sequence[tuple[Path, Sequence]], column: str) -> LabelSpa
     return LabelSpace(tuple(classes))
 
 
-def _examples(path: Path, table: datasets.Dataset, text_columns: Sequence[str], labels: LabelSpace | None, label: str):
+def _examples(path: Path, table: Table, text_columns: Sequence[str], labels: LabelSpace | None, label: str) -> Table:
     columns: dict[str, list] = {}
     for column in text_columns:
         values = table[column]
@@ -243,10 +191,19 @@ def _examples(path: Path, table: datasets.Dataset, text_columns: Sequence[str], 
         columns[column] = [v if isinstance(v, str) else str(v) for v in values]
     if labels is not None:
         columns["label"] = [labels.encode(v) for v in table[label]]
-        feature = datasets.ClassLabel(names=list(labels.names)) if labels.names else datasets.Value("float32")
-        features = datasets.Features({**{c: datasets.Value("string") for c in text_columns}, "label": feature})
-        return datasets.Dataset.from_dict(columns, features=features)
-    return datasets.Dataset.from_dict(columns)
+    return Table(columns)
+
+
+def as_dataset(table: Table, labels: LabelSpace | None = None):
+    """`table` as the `datasets.Dataset` the transformers path tokenises: text columns as strings, and
+    `label` as a `ClassLabel` of `labels.names` (a float for regression) when the table has labels."""
+    import datasets  # here only: reading and checking files never needs it
+
+    if labels is None or "label" not in table.column_names:
+        return table.to_dataset()
+    text = {c: datasets.Value("string") for c in table.column_names if c != "label"}
+    label = datasets.ClassLabel(names=list(labels.names)) if labels.names else datasets.Value("float32")
+    return table.to_dataset(datasets.Features({**text, "label": label}))
 
 
 def load_text_files(
@@ -301,7 +258,7 @@ def run_name(train_file: Path) -> str:
     return train_file.resolve().parent.name if generic and train_file.resolve().parent.name else train_file.stem
 
 
-def read_texts(path: str | os.PathLike, text_columns: Sequence[str] | None) -> datasets.Dataset:
+def read_texts(path: str | os.PathLike, text_columns: Sequence[str] | None) -> Table:
     """The texts of a file to predict: its `text_columns` (as strings; None: found as for training);
     other columns are ignored."""
     path = Path(path)
@@ -318,9 +275,7 @@ def read_texts(path: str | os.PathLike, text_columns: Sequence[str] | None) -> d
     return _examples(path, table, text_columns, None, DEFAULT_LABEL_COLUMN)
 
 
-def tokenize_texts(
-    dataset: datasets.Dataset, tokenizer, text_columns: Sequence[str], max_length: int = 128
-) -> datasets.Dataset:
+def tokenize_texts(dataset, tokenizer, text_columns: Sequence[str], max_length: int = 128):
     """`input_ids`, `attention_mask` (...) and, when the dataset has `label`, `labels`; nothing else.
 
     Truncated to `max_length` tokens, not padded (`DataCollatorWithPadding` pads each batch).

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from far.lazy import lazy_names
 
-# On first use (PEP 562): the evaluators import `datasets`, which the metrics alone do not need.
+# On first use (PEP 562): the GLUE and SQuAD evaluators import `datasets`; scores and labels need neither it nor
+# `evaluate`.
 _LAZY = {
     "Evaluator": "far.evaluation.evaluators",
     "GlueEvaluator": "far.evaluation.evaluators",
-    "LabelEvaluator": "far.evaluation.evaluators",
+    "LabelEvaluator": "far.evaluation.labels",
     "SquadEvaluator": "far.evaluation.evaluators",
-    "TextMetric": "far.evaluation.evaluators",
+    "TextMetric": "far.evaluation.labels",
     "QAPredictions": "far.evaluation.squad_postprocess",
     "postprocess_qa_predictions": "far.evaluation.squad_postprocess",
 }

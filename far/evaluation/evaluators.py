@@ -8,24 +8,19 @@ runs the model in eval mode under no_grad and puts the model back in the mode it
 
 from __future__ import annotations
 
-import csv
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import datasets
-import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from far.atomic import atomic_file
 from far.data.glue import GlueTask
 from far.data.squad import EVAL_ONLY_COLUMNS
 from far.evaluation import metrics
+from far.evaluation.labels import LabelEvaluator, model_outputs
 from far.evaluation.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
 
-LABELS_FILE = "predictions.tsv"  # GLUE-style tasks: one row per example
 ANSWERS_FILE = "predictions.json"  # SQuAD: the official {id: answer} file
 NULL_ODDS_FILE = "null_odds.json"  # SQuAD v2: the official no-answer odds
 
@@ -36,111 +31,6 @@ class Evaluator(Protocol):
     def __call__(self, model: torch.nn.Module) -> dict[str, float]: ...
 
     def write_predictions(self, directory: Path) -> dict[str, str]: ...
-
-
-def write_label_predictions(
-    path: str | os.PathLike, idx: Sequence[int], predictions: Sequence, labels: Sequence, names: Sequence[str]
-) -> None:
-    """TSV `index  prediction  label`, as run_glue.py's predict file: class names, or scores (no `names`)."""
-
-    def shown(value) -> str:
-        return f"{value:.4f}" if not names else names[int(value)]
-
-    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerow(["index", "prediction", "label"])
-        for i, prediction, label in zip(idx, predictions, labels, strict=True):
-            writer.writerow([i, shown(prediction), shown(label)])
-
-
-def model_outputs(
-    model: torch.nn.Module, dataset: datasets.Dataset, collate_fn: Callable, batch_size: int, bf16: bool
-) -> Iterator[tuple[dict, object]]:
-    """(batch, model output) over `dataset` in order, in eval mode, no_grad, optionally under bf16 autocast."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                yield batch, model(**batch)
-    finally:
-        model.train(was_training)
-
-
-class TextMetric:
-    """The default metrics of a run on the user's own files: accuracy and macro-F1, or Pearson and Spearman.
-
-    Example:
-        >>> TextMetric("classification").compute(predictions=[0, 1, 1], references=[0, 1, 0])
-        {'accuracy': 0.666..., 'macro_f1': 0.666...}
-    """
-
-    def __init__(self, kind: str) -> None:
-        if kind not in ("classification", "regression"):
-            raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
-        self.kind = kind
-
-    def compute(self, *, predictions, references) -> dict[str, float]:
-        if self.kind == "regression":
-            return {
-                "pearson": metrics.pearson(predictions, references),
-                "spearmanr": metrics.spearman(predictions, references),
-            }
-        return {
-            "accuracy": metrics.accuracy(predictions, references),
-            "macro_f1": metrics.f1(predictions, references, average="macro"),
-        }
-
-
-class LabelEvaluator:
-    """Scores a tokenised split with `labels` (class ids, or values when `label_names` is empty).
-
-    Args:
-        dataset: Model inputs and `labels` (`tokenize_glue`, `tokenize_texts`).
-        collate_fn: Pads a batch (e.g. `DataCollatorWithPadding(tokenizer)`).
-        label_names: Class names in id order; empty for regression.
-        metric: Anything with `compute(predictions=..., references=...) -> dict` (an `evaluate` module).
-        idx: The examples' indices for the predictions file; default 0..N-1.
-
-    `predictions` holds the last run's class ids (or values).
-    """
-
-    def __init__(
-        self,
-        dataset: datasets.Dataset,
-        collate_fn: Callable,
-        *,
-        label_names: Sequence[str],
-        metric,
-        batch_size: int = 64,
-        bf16: bool = False,
-        idx: Sequence[int] | None = None,
-    ) -> None:
-        self.label_names, self.metric = tuple(label_names), metric
-        self.collate_fn, self.batch_size, self.bf16 = collate_fn, batch_size, bf16
-        self.idx = list(range(len(dataset))) if idx is None else list(idx)
-        self.references = np.asarray(dataset["labels"])
-        self.dataset = dataset.remove_columns("labels")  # no loss needed to predict
-        self.predictions: np.ndarray | None = None
-
-    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        logits = [
-            out.logits.float().cpu()
-            for _, out in model_outputs(model, self.dataset, self.collate_fn, self.batch_size, self.bf16)
-        ]
-        logits = torch.cat(logits).numpy()  # (N, num_labels)
-        self.predictions = logits.argmax(-1) if self.label_names else logits[:, 0]
-        return self.metric.compute(predictions=self.predictions, references=self.references)
-
-    def write_predictions(self, directory: Path) -> dict[str, str]:
-        if self.predictions is None:
-            raise ValueError("no predictions yet: call the evaluator on a model first")
-        write_label_predictions(
-            Path(directory) / LABELS_FILE, self.idx, self.predictions, self.references, self.label_names
-        )
-        return {"predictions": LABELS_FILE}
 
 
 class GlueEvaluator(LabelEvaluator):

@@ -23,7 +23,7 @@ _LAZY = {
     "SquadSettings": "far.recipes.runs",
     "glue_run": "far.recipes.runs",
     "squad_run": "far.recipes.runs",
-    "text_files_run": "far.recipes.runs",
+    "text_files_run": "far.recipes.files_run",
     "RunSettings": "far.recipes.settings",
 }
 

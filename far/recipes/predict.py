@@ -26,11 +26,11 @@ import transformers
 from transformers import AutoConfig, DataCollatorWithPadding
 
 from far.atomic import atomic_file
-from far.data.files import DataFileError, read_texts, tokenize_texts
+from far.data.files import DataFileError, as_dataset, read_texts, tokenize_texts
 from far.data.glue import GLUE_TASKS
-from far.evaluation.evaluators import model_outputs
+from far.evaluation.labels import model_outputs
 from far.models import load_model_and_tokenizer, load_trained_model, resolve_model
-from far.recipes.runs import COLUMNS_KEY
+from far.recipes.task_model import COLUMNS_KEY
 from far.saving import learners_model_config, load_learners
 
 OUTPUT_FORMATS = (".csv", ".jsonl")
@@ -174,7 +174,7 @@ def read_inputs(source: str | os.PathLike | io.TextIOBase, text_columns: Sequenc
     (one text per line; a pair as two tab-separated texts). Without `text_columns` a file's are found
     as `far train` finds them, and lines are one column, "text"."""
     if not isinstance(source, io.TextIOBase):
-        return read_texts(source, text_columns or None)
+        return as_dataset(read_texts(source, text_columns or None))
     text_columns = text_columns or ("text",)
     table: dict[str, list[str]] = {c: [] for c in text_columns}
     for number, line in enumerate(source, start=1):

@@ -12,26 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import datasets
-from torch import nn
 from transformers import DataCollatorWithPadding
 
-from far.data.files import TextFiles, tokenize_texts
 from far.data.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
 from far.data.squad import DEFAULT_HOLDOUT_ARTICLES, load_squad, squad_eval_dataset, squad_train_dataset
-from far.evaluation.evaluators import GlueEvaluator, LabelEvaluator, SquadEvaluator, TextMetric
-from far.models import check_max_length, load_model_and_tokenizer
+from far.evaluation.evaluators import GlueEvaluator, SquadEvaluator
 from far.recipes.report import TrainingRun
 from far.recipes.settings import (
-    FILE_DEFAULTS,
     GLUE_DEFAULTS,
     SQUAD_DEFAULTS,
     RunSettings,
     first,
     train_and_eval_splits,
 )
-
-# The model config's record of the columns it was trained on, so that `far predict` reads the same ones.
-COLUMNS_KEY = "far_columns"
+from far.recipes.task_model import held_out, task_model
 
 
 @dataclass(frozen=True)
@@ -74,29 +68,6 @@ class SquadSettings:
         )
 
 
-def _task_model(
-    settings: RunSettings, max_length: int, *head: object, config: dict | None = None, **options: object
-) -> tuple[nn.Module, object, dict]:
-    """The run's model with its task head, the method applied (e.g. LoRA's wrapper), its tokenizer, and the
-    method's record; `config` entries are written into the model's config before the method wraps it.
-
-    Everything a user can get wrong with the model (a name, a head, a length) fails here, before training.
-    """
-    model, tokenizer = load_model_and_tokenizer(settings.model, *head, seed=settings.seed, **options)
-    check_max_length(model, max_length)
-    for key, value in (config or {}).items():
-        setattr(model.config, key, value)
-    model, record = settings.method_spec.apply(model, base_model=settings.model, lora=settings.lora_settings())
-    return model, tokenizer, record
-
-
-def _held_out(settings: RunSettings) -> dict:
-    # The record says when the metric is on held-out training rows rather than the validation split.
-    if settings.validation_from_train is None:
-        return {}
-    return {"validation_from_train": settings.validation_from_train}
-
-
 def glue_evaluator(
     task: GlueTask, raw: datasets.Dataset, tokenizer, max_length: int, *, batch_size: int = 64, bf16: bool = False
 ) -> GlueEvaluator:
@@ -136,7 +107,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
     hparams = settings.hyperparameters(GLUE_DEFAULTS)
     splits = load_glue(task.name, settings.data_dir)
     train_raw, dev_raw = train_and_eval_splits(settings, splits["train"], splits["validation"])
-    model, tokenizer, method_record = _task_model(
+    model, tokenizer, method_record = task_model(
         settings,
         hparams["max_length"],
         task.kind,
@@ -159,7 +130,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
         extra={
             "train_examples": len(train_raw),
             "eval_examples": len(dev_raw),
-            **_held_out(settings),
+            **held_out(settings),
             **method_record,
         },
     )
@@ -176,7 +147,7 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
     splits = squad.splits(settings.data_dir)
     train_raw = first(splits["train"], settings.max_train_samples)
     eval_raw = first(splits["validation"], settings.max_eval_samples)
-    model, tokenizer, method_record = _task_model(
+    model, tokenizer, method_record = task_model(
         settings, hparams["max_length"], "question-answering", finetuning_task=squad.task
     )
     train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], squad.doc_stride)
@@ -202,58 +173,6 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
             "doc_stride": squad.doc_stride,
             "n_best": squad.n_best,
             "max_answer_length": squad.max_answer_length,
-            **method_record,
-        },
-    )
-
-
-def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
-    """A run on the user's own files (`load_text_files`): classification or regression, scored on the validation file.
-
-    The saved model's config holds the class names (`id2label` / `label2id`) and the text and label
-    columns (`far_columns`), which `far.recipes.predict` reads back.
-
-    Example:
-        >>> files = load_text_files("examples/reviews/train.csv", "examples/reviews/dev.csv")
-        >>> record = train_and_report(text_files_run(RunSettings(method="far"), files))
-    """
-    hparams = settings.hyperparameters(FILE_DEFAULTS)
-    train_raw, dev_raw = train_and_eval_splits(settings, files.train, files.validation)
-    labels = files.labels
-    columns = {COLUMNS_KEY: {"text": list(files.text_columns), "label": files.label_column}}
-    model, tokenizer, method_record = _task_model(
-        settings,
-        hparams["max_length"],
-        labels.kind,
-        labels.num_labels,
-        label_names=labels.names or None,
-        config=columns,
-    )
-    collate = DataCollatorWithPadding(tokenizer)
-    evaluator = LabelEvaluator(
-        tokenize_texts(dev_raw, tokenizer, files.text_columns, hparams["max_length"]),
-        collate,
-        label_names=labels.names,
-        metric=TextMetric(labels.kind),
-        batch_size=settings.eval_batch_size,
-        bf16=settings.bf16,
-    )
-    return TrainingRun(
-        task=files.name,
-        settings=settings,
-        model=model,
-        tokenizer=tokenizer,
-        train_data=tokenize_texts(train_raw, tokenizer, files.text_columns, hparams["max_length"]),
-        collate_fn=collate,
-        evaluator=evaluator,
-        hyperparameters=hparams,
-        extra={
-            "train_examples": len(train_raw),
-            "eval_examples": len(dev_raw),
-            "text_columns": list(files.text_columns),
-            "label_column": files.label_column,
-            "labels": list(labels.names) if labels.names else "regression",
-            **_held_out(settings),
             **method_record,
         },
     )

@@ -9,17 +9,23 @@
 >>> far.restore(model).save_pretrained("plain")        # ordinary Hugging Face checkpoint
 """
 
-from far.saving.active import active_learners, unload_learners
-from far.saving.learners_file import LearnersFileError, learners_model_config, load_learners, save_learners
-from far.saving.pretrained import from_pretrained, save_pretrained
+from __future__ import annotations
 
-__all__ = [
-    "LearnersFileError",
-    "active_learners",
-    "from_pretrained",
-    "learners_model_config",
-    "load_learners",
-    "save_learners",
-    "save_pretrained",
-    "unload_learners",
-]
+from far.lazy import lazy_names
+
+# On first use (PEP 562): `pretrained` imports transformers' model code (~140 MB resident), which a
+# checkpoint or a learners file does not need; training under a memory budget must not pay for it.
+_LAZY = {
+    "active_learners": "far.saving.active",
+    "unload_learners": "far.saving.active",
+    "LearnersFileError": "far.saving.learners_file",
+    "learners_model_config": "far.saving.learners_file",
+    "load_learners": "far.saving.learners_file",
+    "save_learners": "far.saving.learners_file",
+    "from_pretrained": "far.saving.pretrained",
+    "save_pretrained": "far.saving.pretrained",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -7,18 +7,11 @@
 
 from __future__ import annotations
 
-from far.evaluation.metrics.classification import (
-    F1,
-    Accuracy,
-    LocalMetric,
-    MatthewsCorrelation,
-    accuracy,
-    f1,
-    matthews_correlation,
-)
-from far.evaluation.metrics.correlation import Pearson, Spearman, pearson, rankdata, spearman
+from far.evaluation.metrics.classification import F1, Accuracy, LocalMetric, MatthewsCorrelation
+from far.evaluation.metrics.correlation import Pearson, Spearman
 from far.evaluation.metrics.glue import GLUE_METRICS, Glue
 from far.evaluation.metrics.squad import Squad, SquadV2, exact_match, normalize_answer, token_f1
+from far.evaluation.scores import accuracy, f1, matthews_correlation, pearson, rankdata, spearman
 
 METRICS: dict[str, type[LocalMetric]] = {
     "accuracy": Accuracy,

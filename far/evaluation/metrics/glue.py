@@ -5,8 +5,8 @@ from __future__ import annotations
 import datasets
 import evaluate
 
-from far.evaluation.metrics.classification import LocalMetric, accuracy, f1, matthews_correlation
-from far.evaluation.metrics.correlation import pearson, spearman
+from far.evaluation.metrics.classification import LocalMetric
+from far.evaluation.scores import accuracy, f1, matthews_correlation, pearson, spearman
 
 # Task -> the metrics GLUE reports for it, the first being the one to headline.
 GLUE_METRICS: dict[str, tuple[str, ...]] = {

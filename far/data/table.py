@@ -1,0 +1,156 @@
+"""A data file's rows as columns, read with the standard library: CSV, TSV, JSON and JSON Lines.
+
+`read_table` does what `datasets.load_dataset("csv" | "json", ...)` did for the user's files, without
+importing `datasets` (pandas and pyarrow come with it: ~85 MB resident before a row is read, which a
+run under a memory budget cannot spend). Cells stay as written: CSV/TSV cells are strings (an empty
+cell is "", "NA" is text), JSON values keep their JSON types.
+
+`Table` has the few `datasets.Dataset` operations a run uses (`column_names`, `table[column]`,
+`select`, `train_test_split`), with the same results, so the splits of a run do not depend on which
+path read its files; `to_dataset` makes the `datasets.Dataset` the transformers path tokenises.
+
+    >>> table = read_table("examples/reviews/train.csv")
+    >>> table.column_names, len(table)
+    (['text', 'label'], 40)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = (".csv", ".tsv", ".json", ".jsonl")
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be used as it is; the message names the file and what to change."""
+
+
+class Table:
+    """Columns of equal length: `{name: [value per row]}`, in the file's column order.
+
+    Args:
+        columns: The columns; every list must have the same length.
+    """
+
+    def __init__(self, columns: Mapping[str, Sequence]) -> None:
+        self.columns = {name: list(values) for name, values in columns.items()}
+        lengths = {len(values) for values in self.columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"the columns of a table must have one length, got {sorted(lengths)}")
+        self._length = lengths.pop() if lengths else 0
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.columns)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, name: str) -> list:
+        return self.columns[name]
+
+    def select(self, indices: Iterable[int]) -> Table:
+        """The rows at `indices`, in that order."""
+        indices = list(indices)
+        return Table({name: [values[i] for i in indices] for name, values in self.columns.items()})
+
+    def train_test_split(self, test_size: float, seed: int) -> dict[str, Table]:
+        """`{"train": ..., "test": ...}`: `test_size` of the rows (rounded up) drawn with `seed`, as
+        `datasets.Dataset.train_test_split(test_size=..., seed=...)` draws them (numpy's PCG64 permutation)."""
+        if not 0 < test_size < 1:
+            raise ValueError(f"test_size must be a fraction in (0, 1), got {test_size!r}")
+        n_test = math.ceil(test_size * len(self))
+        permutation = np.random.default_rng(seed).permutation(len(self))
+        return {"train": self.select(permutation[n_test:].tolist()), "test": self.select(permutation[:n_test].tolist())}
+
+    def to_dataset(self, features=None):
+        """The same rows as a `datasets.Dataset` (imported here, so that reading a table never imports it)."""
+        import datasets
+
+        return datasets.Dataset.from_dict(self.columns, features=features)
+
+
+def _csv_rows(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
+    tsv = path.suffix.lower() == ".tsv"
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
+    reader = csv.reader(io.StringIO(text, newline=""), **options)
+    try:
+        rows = [row for row in reader if row]  # blank lines are no rows
+    except csv.Error as e:
+        kind = path.suffix.lstrip(".").upper()
+        raise DataFileError(f"{path} could not be read as {kind}: line {reader.line_num}: {e}") from None
+    if not rows:
+        raise DataFileError(f"{path} is empty; it needs a header row (for CSV/TSV) and at least one example")
+    header, body = rows[0], rows[1:]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise DataFileError(
+            f"{path}: the header names column(s) {repeated} more than once; give every column its own name"
+        )
+    for line, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise DataFileError(
+                f"{path} could not be read as {path.suffix.lstrip('.').upper()}: row {line - 1} (line {line}) has "
+                f"{len(row)} fields where the header has {len(header)}; quote cells that hold the separator"
+            )
+    return header, body
+
+
+def _json_records(path: Path, text: str) -> list[dict]:
+    stripped = text.lstrip()
+    try:
+        if path.suffix.lower() == ".json" and stripped.startswith("["):
+            records = json.loads(text)
+        else:  # JSON Lines (also accepted in a .json file, as datasets does)
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise DataFileError(f"{path} could not be read as JSON: JSONDecodeError: {e}") from None
+    if not all(isinstance(record, dict) for record in records):
+        raise DataFileError(f"{path} could not be read as JSON: give a list of objects, or one object per line")
+    return records
+
+
+def read_table(path: str | os.PathLike) -> Table:
+    """One CSV, TSV, JSON or JSONL file as a `Table`, or a `DataFileError` saying what is wrong.
+
+    TSV is read with quoting off (as GLUE's files need); CSV with the usual double quotes. A JSON
+    file is a list of objects, or one object per line; a key missing from some objects is None there.
+    """
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise DataFileError(f"{path}: unknown format {path.suffix!r}; use a file ending in {', '.join(FORMATS)}")
+    if not path.is_file():
+        why = "is a folder" if path.is_dir() else "does not exist"
+        raise DataFileError(f"{path} {why}; pass the path of a {', '.join(FORMATS)} file")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataFileError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
+    if not raw.strip():
+        raise DataFileError(f"{path} is empty; it needs a header row (for CSV/TSV) and at least one example")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataFileError(
+            f"{path} is not UTF-8 text (byte {raw[e.start]:#04x} on line {line}); save it as UTF-8, "
+            f"e.g. `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`"
+        ) from None
+    if path.suffix.lower() in (".csv", ".tsv"):
+        header, body = _csv_rows(path, text)
+        if not body:
+            raise DataFileError(f"{path} has a header but no rows; add at least one example")
+        return Table({name: [row[i] for row in body] for i, name in enumerate(header)})
+    records = _json_records(path, text)
+    if not records:
+        raise DataFileError(f"{path} has no rows; add at least one example")
+    names = list(dict.fromkeys(key for record in records for key in record))
+    return Table({name: [record.get(name) for record in records] for name in names})

@@ -1,0 +1,103 @@
+"""The metrics' arithmetic on plain lists or arrays: accuracy, F1, Matthews correlation, Pearson, Spearman.
+
+Only numpy: a run under a memory budget scores its model with these directly, without `datasets` or
+`evaluate` (~115 MB resident between them). `far.evaluation.metrics` wraps the same functions as local
+`evaluate` modules, so the two agree by construction.
+
+    >>> accuracy([0, 1, 1], [0, 1, 0])
+    0.666...
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _as_int_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
+    predictions, references = np.asarray(predictions, dtype=np.int64), np.asarray(references, dtype=np.int64)
+    if predictions.shape != references.shape or predictions.ndim != 1:
+        raise ValueError(
+            f"predictions and references must be two 1-D lists of the same length, got "
+            f"shapes {predictions.shape} and {references.shape}"
+        )
+    if predictions.size == 0:
+        raise ValueError("cannot compute a metric on zero examples")
+    return predictions, references
+
+
+def accuracy(predictions, references) -> float:
+    predictions, references = _as_int_arrays(predictions, references)
+    return float((predictions == references).mean())
+
+
+def f1(predictions, references, pos_label: int = 1, average: str = "binary") -> float:
+    """Binary F1 of `pos_label` (as sklearn's `f1_score`), or the unweighted mean over classes for "macro".
+
+    A class with no true and no predicted example scores 0.0, as sklearn does (`zero_division=0`).
+    """
+    predictions, references = _as_int_arrays(predictions, references)
+    if average not in ("binary", "macro"):
+        raise ValueError(f"average must be 'binary' or 'macro', got {average!r}")
+    labels = [pos_label] if average == "binary" else np.union1d(predictions, references).tolist()
+    scores = []
+    for label in labels:
+        tp = int(((predictions == label) & (references == label)).sum())
+        fp = int(((predictions == label) & (references != label)).sum())
+        fn = int(((predictions != label) & (references == label)).sum())
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return float(np.mean(scores))
+
+
+def matthews_correlation(predictions, references) -> float:
+    """Matthews correlation coefficient, multi-class (Gorodkin's R_K), 0.0 where it is undefined (as sklearn)."""
+    predictions, references = _as_int_arrays(predictions, references)
+    classes, encoded = np.unique(np.concatenate([references, predictions]), return_inverse=True)
+    n = len(references)
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)  # (true, predicted)
+    np.add.at(confusion, (encoded[:n], encoded[n:]), 1.0)
+    t, p = confusion.sum(axis=1), confusion.sum(axis=0)  # per-class true and predicted counts
+    correct, total = np.trace(confusion), confusion.sum()
+    numerator = correct * total - t @ p
+    denominator = np.sqrt((total**2 - p @ p) * (total**2 - t @ t))
+    return float(numerator / denominator) if denominator > 0 else 0.0
+
+
+def _as_float_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
+    predictions, references = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
+    if predictions.shape != references.shape or predictions.ndim != 1:
+        raise ValueError(
+            f"predictions and references must be two 1-D lists of the same length, got "
+            f"shapes {predictions.shape} and {references.shape}"
+        )
+    if predictions.size < 2:
+        raise ValueError(f"a correlation needs at least 2 examples, got {predictions.size}")
+    return predictions, references
+
+
+def rankdata(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank (scipy.stats.rankdata's default, "average")."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    # Start of every run of equal values in the sorted order, then each run's mean rank.
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    mean_ranks = (starts + ends + 1) / 2.0  # mean of the 1-based ranks starts+1 .. ends
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = np.repeat(mean_ranks, ends - starts)
+    return ranks
+
+
+def pearson(predictions, references) -> float:
+    """Pearson's r; NaN when either side is constant (as scipy.stats.pearsonr)."""
+    x, y = _as_float_arrays(predictions, references)
+    x, y = x - x.mean(), y - y.mean()
+    denominator = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y) / denominator if denominator > 0 else float("nan")
+
+
+def spearman(predictions, references) -> float:
+    """Spearman's rho: Pearson's r of the (tie-averaged) ranks."""
+    x, y = _as_float_arrays(predictions, references)
+    return pearson(rankdata(x), rankdata(y))

@@ -1,0 +1,40 @@
+"""What every encoder run builds the same way: the model with its task head and method, and the record's split.
+
+Light to import (transformers' model code is imported by the loader, when a model is loaded), so that
+the user's-files run and the GLUE/SQuAD runs share it without the one importing what the other needs.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from far.models import check_max_length, load_model_and_tokenizer
+from far.recipes.settings import RunSettings
+
+# The model config's record of the columns it was trained on, so that `far predict` reads the same ones.
+COLUMNS_KEY = "far_columns"
+
+
+def task_model(
+    settings: RunSettings, max_length: int, *head: object, config: dict | None = None, **options: object
+) -> tuple[nn.Module, object, dict]:
+    """The run's model with its task head, the method applied (e.g. LoRA's wrapper), its tokenizer, and the
+    method's record; `config` entries are written into the model's config before the method wraps it.
+
+    Everything a user can get wrong with the model (a name, a head, a length) fails here, before training.
+    """
+    model, tokenizer = load_model_and_tokenizer(
+        settings.model, *head, seed=settings.seed, runtime=settings.encoder_runtime, **options
+    )
+    check_max_length(model, max_length)
+    for key, value in (config or {}).items():
+        setattr(model.config, key, value)
+    model, record = settings.method_spec.apply(model, base_model=settings.model, lora=settings.lora_settings())
+    return model, tokenizer, record
+
+
+def held_out(settings: RunSettings) -> dict:
+    # The record says when the metric is on held-out training rows rather than the validation split.
+    if settings.validation_from_train is None:
+        return {}
+    return {"validation_from_train": settings.validation_from_train}
