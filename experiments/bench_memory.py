@@ -85,7 +85,8 @@ def minilm_case(args: argparse.Namespace) -> dict:
         batches = BatchStream(data, args.batch_size, default_data_collator, seed=0).batches()
         with torch.no_grad():
             for _ in range(2 * args.steps):  # MeZO makes two forward passes per step
-                model(**next(batches)).loss.item()
+                (piece,) = next(batches)  # one micro-batch: the whole batch
+                model(**piece.batch).loss.item()
     else:
         options = {
             "mezo": dict(optimizer="mezo", retention=None),

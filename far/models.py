@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,15 +23,19 @@ from typing import TYPE_CHECKING
 import torch
 
 import far
+from far import encoder as lean_encoder
 from far.data.locate import hub_offline
+from far.encoder.tasks import TASK_KINDS, task_overrides
 from far.llm.gguf import ensure_gguf_cache
 from far.methods.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded: a GGUF alias's lean run never needs it
     import transformers
 
-TASK_KINDS = ("classification", "regression", "question-answering")
 DEFAULT_MODEL = "minilm"
+# Which code runs an encoder: transformers' model classes, or far's own plain-torch BERT (`far.encoder`),
+# which leaves transformers' model code unimported (~140 MB less resident memory).
+RUNTIMES = ("transformers", "lean")
 
 # task kind -> (head, Auto class name, name of transformers' table of the model types that have that head)
 _HEADS = {
@@ -197,6 +202,7 @@ def load_model_and_tokenizer(
     label_names: Sequence[str] | None = None,
     finetuning_task: str | None = None,
     seed: int = 0,
+    runtime: str = "transformers",
 ) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
     """A fp32 model with a fresh task head, and its tokenizer (given a pad token if it has none).
 
@@ -207,35 +213,38 @@ def load_model_and_tokenizer(
         label_names: class names, stored as the config's id2label.
         finetuning_task: recorded in the config (so `far eval` knows the task of a saved model).
         seed: seeds the new head's initialisation (a forked RNG: the global one is left alone).
+        runtime: "transformers", or "lean" for far's own BERT (`far.encoder`; BERT folders only).
 
     Raises:
         ValueError: unknown task kind, a model that cannot be found, or one with no head for the task.
     """
     if task_kind not in _HEADS:
         raise ValueError(f"task_kind must be one of {', '.join(TASK_KINDS)}, got {task_kind!r}")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    overrides = task_overrides(task_kind, num_labels, label_names)
+    try:
+        path = resolve_model(name_or_path)
+    except ModuleNotFoundError as e:
+        raise ValueError(str(e)) from None
+    if runtime == "lean":
+        tokenizer = _padding_tokenizer(path, name_or_path)
+        model = lean_encoder.from_pretrained(
+            path,
+            task_kind,
+            num_labels,
+            label_names=label_names,
+            finetuning_task=finetuning_task,
+            seed=seed,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return model, tokenizer
     import transformers
     from transformers.models.auto import modeling_auto
 
     head, class_name, table = _HEADS[task_kind]
     auto_class = getattr(transformers, class_name)
     supported = getattr(modeling_auto, f"MODEL_FOR_{table}_MAPPING_NAMES")
-    try:
-        path = resolve_model(name_or_path)
-    except ModuleNotFoundError as e:
-        raise ValueError(str(e)) from None
-    overrides: dict = {}
-    if task_kind == "classification":
-        names = list(label_names) if label_names is not None else [f"LABEL_{i}" for i in range(num_labels)]
-        if len(names) != num_labels or num_labels < 2:
-            raise ValueError(f"num_labels must be at least 2 and match label_names, got {num_labels} and {names}")
-        overrides.update(
-            num_labels=num_labels,
-            id2label=dict(enumerate(names)),
-            label2id={n: i for i, n in enumerate(names)},
-            problem_type="single_label_classification",
-        )
-    elif task_kind == "regression":
-        overrides.update(num_labels=1, problem_type="regression")
     try:
         config = transformers.AutoConfig.from_pretrained(path, **overrides)
     except (OSError, ValueError) as e:
@@ -249,13 +258,7 @@ def load_model_and_tokenizer(
             f"{transformers.__version__}; use a text model that {auto_class.__name__} supports (BERT, RoBERTa, "
             "DistilBERT, GPT-2, Llama, ...)"
         )
-    tokenizer = _load_tokenizer(path, name_or_path)
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError(
-                f"the tokenizer of {name_or_path!r} has neither a pad nor an end-of-sequence token to pad batches with"
-            )
-        tokenizer.pad_token = tokenizer.eos_token  # decoder-only models: pad with EOS, masked out anyway
+    tokenizer = _padding_tokenizer(path, name_or_path)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the new head's weights, reproducibly, without touching the caller's RNG
         # A checkpoint with another task's head (say 2 classes, now 1 output) gets a fresh head.
@@ -263,6 +266,36 @@ def load_model_and_tokenizer(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _padding_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:
+    """The model's tokenizer, given a pad token (its end-of-sequence token) if it has none."""
+    tokenizer = _load_tokenizer(path, name)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"the tokenizer of {name!r} has neither a pad nor an end-of-sequence token to pad batches with"
+            )
+        tokenizer.pad_token = tokenizer.eos_token  # decoder-only models: pad with EOS, masked out anyway
+    return tokenizer
+
+
+def lean_runtime_fits(name_or_path: str | os.PathLike) -> bool:
+    """Whether `far.encoder` can run this model: a local BERT folder (or alias) with one model.safetensors.
+
+    Reads config.json only; a hub name not yet downloaded is False (transformers fetches it).
+    """
+    try:
+        folder = Path(resolve_model(name_or_path, isolate=True))
+    except (ModuleNotFoundError, ValueError, FileNotFoundError):
+        return False
+    config, weights = folder / "config.json", folder / "model.safetensors"
+    if not (config.is_file() and weights.is_file()):
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") == "bert"
+    except (OSError, ValueError):
+        return False
 
 
 def _load_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:

@@ -9,6 +9,7 @@ never picked up, and `reconfigure` detaches the Primer (freeing its snapshot) on
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -60,6 +61,10 @@ class Primer:
         everything: Snapshot every trainable tensor, for a reconfiguration with `freeze_layers`,
             which freezes whole layers (attention, norms) and all below them: a copy of the model
             until `reconfigure`.
+        reference: `reference(parameter_name)` -> the tensor's value now, read from where the model came
+            from (e.g. `far.saving.stock_reader` on its safetensors file): the Primer then keeps no copy,
+            reading pre-priming values back when it scores and when the surgery resets frozen nodes.
+            Checked against the model at creation (ValueError if any value differs).
 
     Example:
         >>> primer = far.Primer(model)
@@ -78,6 +83,7 @@ class Primer:
         attention_spec: AttentionSpec | None = None,
         embeddings: bool = False,
         everything: bool = False,
+        reference: Callable[[str], Tensor] | None = None,
     ) -> None:
         for name, flag in (("embeddings", embeddings), ("everything", everything)):
             if not isinstance(flag, bool):
@@ -94,32 +100,57 @@ class Primer:
         self._model = weakref.ref(model)
         groups = [*self.ffns.values(), *self.blocks.values()]
         self._modules = {name: modules[name] for group in groups for name in group.projections}
+        self._parameter_names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
         self._snapshot: dict[str, Tensor] = {}
+        # With a reference the pre-priming values are read from it when needed (a model file on disk)
+        # instead of copied: the FFNs are 2/3 of an encoder's layers. It must hold them exactly now.
+        self._reference = reference
+        self._roles: dict[str, tuple[str, str]] = {}  # snapshot key -> (parameter name, role or "")
         for ffn in groups:
             for name in ffn.projections:
                 module = modules[name]
                 role = INPUT if name in ffn.inputs else OUTPUT
-                self._snapshot[f"{name}.weight"] = node_rows(module, role).to("cpu", copy=True)  # (n, f)
+                self._keep(f"{name}.weight", module.weight, role, module)  # (n, f)
                 if name in ffn.inputs and module.bias is not None:
-                    self._snapshot[f"{name}.bias"] = module.bias.detach().to("cpu", copy=True)
+                    self._keep(f"{name}.bias", module.bias, "", module)
         # Embeddings that priming may move; only these need their pre-priming value to be frozen again.
         self.trainable_embeddings = tuple(trainable_embeddings(model))
         # Every tensor that priming may move: only these need a pre-priming value to be frozen again.
         self.trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
         extra = self.trainable if everything else self.trainable_embeddings if embeddings else ()
         for name in extra:
-            if name not in self._snapshot:  # FFN and head projections are kept above, as node rows
-                self._snapshot[name] = model.get_parameter(name).detach().to("cpu", copy=True)
+            if name not in self._roles:  # FFN and head projections are kept above, as node rows
+                self._keep(name, model.get_parameter(name), "", None)
         setattr(model, PRIMER_ATTRIBUTE, self)  # a plain attribute: not a submodule, not in the state dict
 
     def watches(self, model: nn.Module) -> bool:
         """Whether this Primer was created on `model` (the very object, not a copy)."""
         return self._model() is model
 
+    def _keep(self, key: str, tensor: Tensor, role: str, module: nn.Module | None) -> None:
+        """Remember `tensor`'s value now under `key`: a copy, or with a reference the parameter's name
+        after checking that the reference holds exactly this value."""
+        name = self._parameter_names[id(tensor)]
+        self._roles[key] = (name, role)
+        if self._reference is None:
+            value = node_rows(module, role) if role else tensor.detach()
+            self._snapshot[key] = value.to("cpu", copy=True)
+            return
+        stored = self._reference(name)
+        if stored.shape != tensor.shape or not torch.equal(stored.to(tensor.dtype), tensor.detach().cpu()):
+            raise ValueError(
+                f"the Primer's reference does not hold {name} as the model has it now; give the reference of the "
+                "file this model was loaded from, unchanged since, or no reference (the Primer then copies it)"
+            )
+
     def snapshot(self, key: str) -> Tensor | None:
         """The pre-priming value of `key` (`<projection>.weight` as node rows (n, f), `<projection>.bias`,
         or an embedding's parameter name), or None if it was not snapshotted."""
-        return self._snapshot.get(key)
+        if key in self._snapshot or key not in self._roles:
+            return self._snapshot.get(key)
+        name, role = self._roles[key]
+        value = self._reference(name)
+        return node_rows(self._modules[name.rsplit(".", 1)[0]], role, value) if role else value
 
     def state(self) -> dict[str, Tensor]:
         """The snapshot, `{key: pre-priming value}`, for a checkpoint taken during priming."""
@@ -174,7 +205,7 @@ class Primer:
         return score
 
     def _delta(self, key: str, current: Tensor) -> Tensor:
-        before = self._snapshot[key]
+        before = self.snapshot(key)
         if not isinstance(current, Tensor) or current.shape != before.shape:
             raise ValueError(
                 f"{key} changed shape or type since the Primer was created; create the Primer "

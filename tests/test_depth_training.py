@@ -58,3 +58,39 @@ def test_auto_depth_with_random_selection_primes_for_the_scores():
     model = deep()
     result = far.finetune(model, tiny_examples(), far.FARConfig(0.4, "random", freeze_layers="auto"), priming=2, **RUN)
     assert result.priming_steps == 2 and far.get_config(model).freeze_layers == "auto"
+
+
+def _trainable_while_priming(config: far.FARConfig, **options) -> dict[str, bool]:
+    """requires_grad of every parameter as the first priming step's loss is computed."""
+    model, seen = deep(), {}
+
+    def loss_fn(model, batch):
+        if not seen:
+            seen.update({n: p.requires_grad for n, p in model.named_parameters()})
+        return model(**batch).loss
+
+    far.finetune(model, tiny_examples(), config, priming=2, loss_fn=loss_fn, **RUN, **options)
+    return seen
+
+
+def test_priming_leaves_alone_what_the_surgery_freezes_and_puts_back():
+    # The embeddings and a fixed depth would go back to their stock values at the surgery: priming
+    # does not train them (and backward stops at layer K from the first step).
+    seen = _trainable_while_priming(far.FARConfig(0.4, freeze_embeddings=True, freeze_layers=1))
+    for name, trainable in seen.items():
+        bottom = "embeddings" in name or ".layer.0." in name
+        assert trainable != bottom, name
+    # With "auto" the depth is known only after priming; the embeddings still are frozen up front.
+    seen = _trainable_while_priming(far.FARConfig(0.4, freeze_embeddings=True, freeze_layers="auto"))
+    assert not seen["bert.embeddings.word_embeddings.weight"] and seen["bert.encoder.layer.0.output.dense.weight"]
+
+
+@pytest.mark.parametrize("options", [dict(prime_frozen=True), dict(reset_frozen=False)])
+def test_priming_trains_everything_when_asked_or_when_primed_values_are_kept(options):
+    seen = _trainable_while_priming(far.FARConfig(0.4, freeze_embeddings=True, freeze_layers=1), **options)
+    assert all(seen.values())
+
+
+def test_prime_frozen_is_checked():
+    with pytest.raises(TypeError, match="prime_frozen must be True, False or None"):
+        far.finetune(deep(), tiny_examples(), far.FARConfig(0.4), prime_frozen="yes", **RUN)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -15,7 +16,16 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import far
 from far.config import FARConfig
-from far.training.budget import MemoryBudgetError, ModelShape, estimate_mib, plan_memory
+from far.training.budget import (
+    BASE_MIB,
+    RECOMPUTE_LAYERS_TIME,
+    MemoryBudgetError,
+    ModelShape,
+    _token_time,
+    estimate_mib,
+    plan_memory,
+)
+from far.training.data import split_batch
 
 MINILM = ModelShape.from_config(
     dict(
@@ -35,45 +45,71 @@ def test_shape_counts_minilm_parameters():
     assert abs(MINILM.params - 22_713_216) < 1000
 
 
+BASE = BASE_MIB["lean"]
+
+
+def plan(budget, far_config, **options):
+    return plan_memory(budget, MINILM, base_mib=BASE, batch_size=32, seq_len=128, far=far_config, **options)
+
+
 @pytest.mark.parametrize("far_config", [None, FARConfig(0.2, freeze_embeddings=True)])
-def test_more_budget_never_gives_a_smaller_micro_batch(far_config):
-    micro = 0
-    for budget in range(800, 3000, 25):
+def test_more_budget_never_gives_a_slower_plan(far_config):
+    slowest = None
+    for budget in range(500, 3000, 25):
         try:
-            plan = plan_memory(budget, MINILM, batch_size=32, seq_len=128, far=far_config)
+            chosen = plan(budget, far_config)
         except MemoryBudgetError:
-            assert micro == 0, "a budget refused after a smaller one fitted"
+            assert slowest is None, "a budget refused after a smaller one fitted"
             continue
-        assert plan.micro_batch >= micro and 32 % plan.micro_batch == 0
-        assert plan.micro_batch * plan.accumulation == 32 and plan.estimate_mib <= budget
-        micro = plan.micro_batch
-    assert micro == 32
+        tokens = chosen.micro_tokens or 32 * 128
+        time = _token_time(tokens) * (RECOMPUTE_LAYERS_TIME if chosen.recompute_layers else 1.0)
+        assert slowest is None or time <= slowest + 1e-9 and chosen.estimate_mib <= budget
+        assert tokens % 128 == 0 and tokens <= 32 * 128
+        slowest = time
+    assert chosen.micro_tokens is None and not chosen.recompute_layers  # roomy: whole batches, no lever
 
 
 def test_refusal_names_the_smallest_budget_that_fits():
     far_config = FARConfig(0.2, freeze_embeddings=True)
     with pytest.raises(MemoryBudgetError, match=r"the smallest that fits is (\d+) MiB") as info:
-        plan_memory(300, MINILM, batch_size=32, seq_len=128, far=far_config)
+        plan(300, far_config)
     minimum = info.value.minimum_mib
-    plan = plan_memory(minimum, MINILM, batch_size=32, seq_len=128, far=far_config)
-    assert plan.micro_batch == 1
+    least = plan(minimum, far_config)
+    assert least.micro_tokens == 128 and least.recompute_layers and least.eval_batch_size == 1
     with pytest.raises(MemoryBudgetError):
-        plan_memory(minimum - 1, MINILM, batch_size=32, seq_len=128, far=far_config)
+        plan(minimum - 1, far_config)
 
 
 def test_levers_are_turned_on_cheapest_first():
     far_config = FARConfig(0.2, freeze_embeddings=True, recompute_activations=False)  # every lever off to begin with
-    roomy = plan_memory(10_000, MINILM, batch_size=32, seq_len=128, far=far_config)
-    assert (roomy.micro_batch, roomy.early_frozen_embeddings, roomy.recompute_activations) == (32, False, False)
-    tight = plan_memory(900, MINILM, batch_size=32, seq_len=128, far=far_config)
-    assert tight.early_frozen_embeddings and tight.micro_batch < 32
-    kwargs = dict(seq_len=128, micro_batch=4, eval_batch_size=8, far=far_config)
+    roomy = plan(10_000, far_config)
+    assert (roomy.micro_tokens, roomy.early_frozen_embeddings, roomy.recompute_activations) == (None, False, False)
+    tight = plan(700, far_config)
+    assert tight.early_frozen_embeddings and tight.micro_tokens is not None
+    kwargs = dict(base_mib=BASE, seq_len=128, micro_tokens=512, eval_batch_size=8, far=far_config)
     assert estimate_mib(MINILM, early_frozen_embeddings=True, **kwargs) < estimate_mib(MINILM, **kwargs)
+    assert estimate_mib(MINILM, recompute_layers=True, **kwargs) < estimate_mib(MINILM, **kwargs)
+    assert estimate_mib(MINILM, primer_copy=False, **kwargs) < estimate_mib(MINILM, **kwargs)
+
+
+def test_a_run_that_freezes_its_embeddings_from_the_start_plans_so():
+    far_config = FARConfig(0.2, freeze_embeddings=True)
+    assert plan(2000, far_config, early_frozen_embeddings=True).early_frozen_embeddings
 
 
 def test_bad_budget_is_refused():
     with pytest.raises(ValueError, match="positive number of MiB"):
-        plan_memory(-1, MINILM, batch_size=32, seq_len=128, far=None)
+        plan(-1, None)
+
+
+def test_split_batch_keeps_every_example_once_under_the_token_cap():
+    lengths = [5, 30, 10, 12, 7, 31, 2]
+    groups = split_batch(lengths, max_tokens=40)
+    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) == 1 or len(group) * max(lengths[i] for i in group) <= 40
+    assert split_batch([200, 3], max_tokens=128) == [[0], [1]]  # a long example goes alone
+    assert split_batch([8] * 4, max_tokens=16) == [[0, 1], [2, 3]]
 
 
 def _tiny():
@@ -92,32 +128,47 @@ def _tiny():
     return BertForSequenceClassification(config)
 
 
-def _examples(n: int = 16):
+def _examples(n: int = 16, lengths=(8,)):
     g = torch.Generator().manual_seed(1)
-    return [
-        {
-            "input_ids": torch.randint(1, 50, (8,), generator=g),
-            "attention_mask": torch.ones(8, dtype=torch.long),
-            "labels": torch.tensor(i % 2),
-        }
-        for i in range(n)
-    ]
+    examples = []
+    for i in range(n):
+        length = lengths[i % len(lengths)]
+        examples.append(
+            {
+                "input_ids": torch.randint(1, 50, (length,), generator=g),
+                "attention_mask": torch.ones(length, dtype=torch.long),
+                "labels": torch.tensor(i % 2),
+            }
+        )
+    return examples
 
 
-def test_micro_batches_give_the_batch_update(monkeypatch):
-    """A batch of 8 as 4 accumulated micro-batches of 2 takes the same optimizer steps (allclose)."""
-    data = _examples()
+def _pad(examples):
+    longest = max(len(e["input_ids"]) for e in examples)
+    pad = lambda t: torch.nn.functional.pad(t, (0, longest - len(t)))  # noqa: E731
+    return {
+        "input_ids": torch.stack([pad(e["input_ids"]) for e in examples]),
+        "attention_mask": torch.stack([pad(e["attention_mask"]) for e in examples]),
+        "labels": torch.stack([e["labels"] for e in examples]),
+    }
+
+
+@pytest.mark.parametrize("lengths", [(8,), (8, 3, 5, 2)])
+def test_micro_batches_give_the_batch_update(monkeypatch, lengths):
+    """A batch of 8 as accumulated micro-batches of at most 16 tokens takes the same optimizer steps (allclose)."""
+    data = _examples(lengths=lengths)
     one, micro = _tiny(), _tiny()
-    options = dict(config=None, batch_size=8, max_steps=2, lr=1e-2, progress=False)
+    options = dict(config=None, batch_size=8, max_steps=2, lr=1e-2, progress=False, collate_fn=_pad)
     far.finetune(one, data, **options)
-    # A budget that plans micro-batches of 2 for this tiny model: the estimate's base is the only large part.
-    monkeypatch.setattr("far.training.budget.BASE_MIB", 0.0)
+    # A budget that plans micro-batches of 16 tokens for this tiny model: the activations are the only large part.
+    finetune_module = importlib.import_module("far.training.finetune")  # the module, not the function it exports
+    monkeypatch.setattr(finetune_module, "process_base_mib", lambda resident, weights: 0.0)
     monkeypatch.setattr("far.training.budget.ACTIVATION_FACTOR", 1e5)
     shape = ModelShape.from_config(micro.config)
-    two, four = (estimate_mib(shape, seq_len=8, micro_batch=m, eval_batch_size=1, far=None) for m in (2, 4))
-    budget = (two + four) / 2  # fits micro-batches of 2, not of 4
-    plan = plan_memory(budget, shape, batch_size=8, seq_len=8, far=None, eval_batch_size=1)
-    assert (plan.micro_batch, plan.accumulation) == (2, 4)
+    common = dict(base_mib=0.0, seq_len=8, eval_batch_size=1, far=None)
+    two, four = (estimate_mib(shape, micro_tokens=t, **common) for t in (16, 32))
+    budget = (two + four) / 2  # fits micro-batches of 16 tokens, not of 32
+    assert plan_memory(budget, shape, batch_size=8, **common).micro_tokens == 16
     far.finetune(micro, data, memory_budget=budget, max_length=8, **options)
     for (name, a), b in zip(one.named_parameters(), micro.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
@@ -150,6 +201,7 @@ def test_a_budgeted_run_prints_its_plan_and_peak(tmp_path):
     command += ["--no-save-model", "--no-progress", "--output-dir", str(tmp_path / "out")]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert re.search(r"memory plan for 1200 MiB: micro-batch \d+ x \d+ accumulated", done.stdout)
+    assert re.search(r"memory budget 1200 MiB: fits on the lean runtime .*evaluation batch \d+", done.stdout)
+    assert re.search(r"memory plan for 1200 MiB: (whole batches|micro-batches of at most \d+ tokens)", done.stderr)
     peak = int(re.search(r"peak RSS (\d+) MiB \(budget 1200 MiB\)", done.stdout).group(1))
     assert 0 < peak <= 1200

@@ -16,11 +16,12 @@ from typing import TypeVar
 
 from far.config import AUTO
 from far.data.locate import DATA_DIR_ENV
+from far.llm.memory import release_freed_memory
 from far.methods import METHODS
-from far.models import DEFAULT_MODEL, MODEL_ALIASES, is_causal_lm, resolve_model
+from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES, is_causal_lm, resolve_model
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
-from far.training.budget import MemoryBudgetError, ModelShape, peak_rss_mib, plan_memory
+from far.training.budget import BASE_MIB, MemoryBudgetError, ModelShape, peak_rss_mib, plan_memory
 from far.training.plan import check_length
 
 T = TypeVar("T")
@@ -151,6 +152,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="far/random: keep the primed values of what FAR freezes (by default they go back to the stock model's, "
         "so that the learners file applies to the stock model; with this flag it fits only this run's model)",
     )
+    parser.add_argument(
+        "--prime-frozen",
+        action="store_const",
+        const=True,
+        default=None,
+        help="far/random: train during priming what FAR freezes up front (the embeddings with --freeze-embeddings, "
+        "the bottom K layers with --freeze-layers K), as the FAR paper primes the whole model; by default they are "
+        "frozen from the first step, since the surgery puts their stock values back anyway",
+    )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument(
         "--trainable-dtype",
@@ -166,6 +176,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIB",
         help="keep the whole process's peak memory (RSS) under MIB MiB: micro-batches with gradient accumulation "
         "and FAR's cheap levers as needed; refused up front when it cannot fit",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=("auto", *RUNTIMES),
+        default="auto",
+        help="an encoder's code: transformers' model classes, or lean (far's own BERT, which leaves transformers' "
+        "model code unimported: ~140 MiB less memory); auto: lean under --memory-budget where it runs the model "
+        "(BERT), else transformers (default: auto)",
     )
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (always at the end)")
     parser.add_argument(
@@ -252,26 +270,43 @@ def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping]) -> Ru
     shrink the evaluation batch to the plan's; far.finetune plans the training side again with the model."""
     if is_causal_lm(settings.model):
         raise UsageError("--memory-budget plans encoder runs; the lean causal-LM runtime has its own memory use")
+    # From here on, freed tensors go back to the system: the peak is what is live (far.llm.memory).
+    release_freed_memory()
     hparams = settings.hyperparameters(defaults)
     try:
-        shape = ModelShape.from_folder(resolve_model(settings.model))
+        folder = resolve_model(settings.model)
+        shape = ModelShape.from_folder(folder)
     except (OSError, ValueError):
         return settings  # a hub name not yet downloaded: far.finetune plans it once the model is there
+    far_config = settings.far
     try:
         plan = plan_memory(
             settings.memory_budget,
             shape,
+            base_mib=BASE_MIB[settings.encoder_runtime],
             batch_size=hparams["batch_size"],
             seq_len=hparams["max_length"],
-            far=settings.far,
+            far=far_config,
             freeze_embeddings=settings.freeze_embeddings,
             optimizer=settings.optimizer,
-            priming_optimizer=None if settings.far is None else "adamw",
+            priming_optimizer=None if far_config is None else "adamw",
             eval_batch_size=settings.eval_batch_size,
+            early_frozen_embeddings=far_config is not None
+            and far_config.freeze_embeddings
+            and settings.prime_frozen is not True
+            and settings.reset_frozen,
+            primer_copy=not (Path(folder) / "model.safetensors").is_file(),
         )
     except MemoryBudgetError as e:
         raise UsageError(str(e)) from None
-    print(plan.describe(), flush=True)
+    # far.finetune plans the training again once the model and the data are loaded (the base measured, the
+    # examples' real lengths) and prints that plan; the evaluation batch is set here, for the evaluator.
+    print(
+        f"memory budget {plan.budget_mib} MiB: fits on the {settings.encoder_runtime} runtime (at most "
+        f"{plan.estimate_mib} MiB before loading, every example at {plan.seq_len} tokens); evaluation batch "
+        f"{plan.eval_batch_size}",
+        flush=True,
+    )
     return replace(settings, eval_batch_size=plan.eval_batch_size)
 
 

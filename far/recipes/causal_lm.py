@@ -170,6 +170,8 @@ def lean_prompted_run(
             ("--freeze-layers", settings.freeze_layers is not None),
             ("--checkpoint-every", settings.checkpoint_every is not None),
             ("--resume", settings.resume),
+            ("--prime-frozen", settings.prime_frozen is not None),
+            ("--runtime", settings.runtime != "auto"),
         )
         if given
     ]

@@ -31,7 +31,9 @@ from torch import nn
 
 import far
 from far.atomic import atomic_file
+from far.models import resolve_model
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
+from far.saving.stock import stock_reader
 
 if TYPE_CHECKING:  # a type only: the evaluators module imports datasets
     from far.evaluation.evaluators import Evaluator
@@ -144,9 +146,12 @@ def train_and_report(run: TrainingRun) -> dict:
             len(run.train_data),
             run.hyperparameters,
         )
+        # FAR's priming reads the stock FFNs back from the model's file instead of keeping a copy of them.
+        base_weights = stock_reader(resolve_model(settings.model), model) if settings.far is not None else None
         result = far.finetune(
             model,
             run.train_data,
+            base_weights=base_weights,
             collate_fn=run.collate_fn,
             loss_fn=run.loss_fn,
             eval_fn=run.evaluator,
@@ -171,6 +176,7 @@ def train_and_report(run: TrainingRun) -> dict:
         "selection": None if far_config is None else far_config.selection,
         "optimizer": settings.optimizer,
         "model": settings.model,
+        "runtime": settings.encoder_runtime,
         **result.to_dict(),
         "metrics": metrics,
         "hyperparameters": {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from far.config import FARConfig
 from far.methods import METHODS, LoraSettings, Method
-from far.models import DEFAULT_MODEL
+from far.models import DEFAULT_MODEL, RUNTIMES, lean_runtime_fits
 from far.training.plan import check_length
 
 OPTIMIZERS = ("adamw", "mezo")
@@ -33,6 +33,7 @@ RECORDED_OPTIONS = (
     "grad_accum",
     "bf16",
     "reset_frozen",
+    "prime_frozen",
     "seed",
     "mezo_eps",
     "mezo_directions",
@@ -90,6 +91,7 @@ class RunSettings:
     freeze_embeddings: bool = False
     freeze_layers: int | str | None = None
     reset_frozen: bool = True
+    prime_frozen: bool | None = None  # None: not when reset_frozen (far.finetune)
     bf16: bool = False
     trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
@@ -106,6 +108,7 @@ class RunSettings:
     checkpoint_every: int | None = None
     resume: bool = False
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
+    runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
     # Derived, built once from the fields above: the run's surgery (None: the method makes none).
     far: FARConfig | None = field(init=False, repr=False, compare=False)
 
@@ -133,6 +136,13 @@ class RunSettings:
                 f"got {self.validation_from_train}"
             )
         check_length("priming", self.priming)
+        if self.runtime not in ("auto", *RUNTIMES):
+            raise ValueError(f"runtime must be one of auto, {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        if self.runtime == "lean" and self.method == "lora":
+            raise ValueError(
+                "--method lora wraps a transformers model with PEFT; the lean runtime runs full, far, random and "
+                "freeze-ffn: use --runtime transformers (or auto) with LoRA"
+            )
         counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
         for name in (*counts, "checkpoint_every"):
             value = getattr(self, name)
@@ -142,6 +152,15 @@ class RunSettings:
     @property
     def method_spec(self) -> Method:
         return METHODS[self.method]
+
+    @property
+    def encoder_runtime(self) -> str:
+        """The code that runs the encoder: `runtime` as given, or with "auto" the lean runtime (`far.encoder`)
+        under a memory budget where it runs the model (a local BERT folder; not LoRA), else transformers."""
+        if self.runtime != "auto":
+            return self.runtime
+        lean = self.memory_budget is not None and self.method != "lora" and lean_runtime_fits(self.model)
+        return "lean" if lean else "transformers"
 
     def lora_settings(self) -> LoraSettings:
         """LoRA's options (used by `--method lora` only)."""
@@ -184,6 +203,7 @@ class RunSettings:
             freeze_layers=self.freeze_layers if self.far is None else None,
             checkpoint_every=self.checkpoint_every,
             reset_frozen=self.reset_frozen,
+            prime_frozen=self.prime_frozen,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],
@@ -217,7 +237,7 @@ class RunSettings:
 
 
 def first(dataset, n: int | None):
-    """The first `n` rows of a `datasets.Dataset` (all when n is None or larger)."""
+    """The first `n` rows of a `datasets.Dataset` or a `far.data.table.Table` (all when n is None or larger)."""
     return dataset if n is None or n >= len(dataset) else dataset.select(range(n))
 
 

@@ -18,22 +18,21 @@ import transformers
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, PreTrainedModel
+from transformers import AutoConfig
 
 from far.architectures import FFNSpec
 from far.atomic import atomic_dir
 from far.config import FARConfig
 from far.saving.layout import rebuild_layout
+from far.saving.stock import weight_files
 from far.surgery import get_config, is_reconfigured
 
 FAR_KEY = "far"  # config.json entry of a FAR checkpoint
 FORMAT_VERSION = 2  # 2: split projections stored node-major (one row per node)
 CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
 
-def write_pretrained(model: PreTrainedModel, folder: Path, **kwargs) -> None:
+def write_pretrained(model: nn.Module, folder: Path, **kwargs) -> None:
     """Write `model` into the (new, empty) `folder` as `save_pretrained` does, plus the FAR entry."""
     config = get_config(model)
     if config is not None:
@@ -48,7 +47,7 @@ def write_pretrained(model: PreTrainedModel, folder: Path, **kwargs) -> None:
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def save_pretrained(model: PreTrainedModel, path: str | os.PathLike, **kwargs) -> Path:
+def save_pretrained(model: nn.Module, path: str | os.PathLike, **kwargs) -> Path:
     """Save a plain or reconfigured model as a Hugging Face folder, atomically.
 
     A reconfigured model keeps its FAR layout: the split layers' weights (with `node_order`) go to
@@ -57,7 +56,7 @@ def save_pretrained(model: PreTrainedModel, path: str | os.PathLike, **kwargs) -
     `far.restore(model)` instead.
 
     Args:
-        model: A transformers `PreTrainedModel`, plain or reconfigured.
+        model: A transformers `PreTrainedModel` (or a `far.encoder` model), plain or reconfigured.
         path: Output folder; an existing one is replaced only once the new one is complete.
         **kwargs: Passed on to the model's `save_pretrained` (e.g. `max_shard_size`).
 
@@ -68,8 +67,13 @@ def save_pretrained(model: PreTrainedModel, path: str | os.PathLike, **kwargs) -
         >>> far.save_pretrained(model, "ckpt")           # FAR layout kept
         >>> model = far.from_pretrained("ckpt")          # reconfigured, ready to train on
     """
-    if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"save_pretrained needs a transformers PreTrainedModel, got {type(model).__name__}")
+    # A transformers model, or one with its saving method and config (the lean encoder runtime's): checked by
+    # what is used, so that saving never imports transformers' model code (~140 MB resident).
+    if not (callable(getattr(model, "save_pretrained", None)) and hasattr(getattr(model, "config", None), "to_dict")):
+        raise TypeError(
+            f"save_pretrained needs a transformers PreTrainedModel (with save_pretrained and a config), "
+            f"got {type(model).__name__}"
+        )
     if kwargs.get("push_to_hub"):
         raise ValueError("far.save_pretrained does not push to the Hub; save the folder, then upload it")
     if is_reconfigured(model) and get_config(model) is None:
@@ -80,16 +84,6 @@ def save_pretrained(model: PreTrainedModel, path: str | os.PathLike, **kwargs) -
     with atomic_dir(path) as tmp:
         write_pretrained(model, tmp, **kwargs)
     return Path(path)
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a Hugging Face folder (one file, or the shards of an index)."""
-    index = folder / WEIGHTS_INDEX_NAME
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / shard for shard in shards]
-    single = folder / WEIGHTS_NAME
-    return [single] if single.is_file() else []
 
 
 def has_far_layout(files: list[Path]) -> bool:
@@ -104,9 +98,9 @@ def has_far_layout(files: list[Path]) -> bool:
 def _model_class(config: transformers.PretrainedConfig) -> type:
     for name in getattr(config, "architectures", None) or ():
         cls = getattr(transformers, name, None)
-        if isinstance(cls, type) and issubclass(cls, PreTrainedModel):
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
             return cls
-    return AutoModel
+    return transformers.AutoModel
 
 
 def _recorded_config(path: Path, entry: object) -> FARConfig | None:

@@ -4,46 +4,53 @@ A phone kills a process that crosses its limit, so the budget bounds the whole p
 resident set (what `/usr/bin/time -v` reports, priming and evaluation included), not one tensor.
 The estimate is a sum of parts, each from the model's config (no model is loaded to plan):
 
-    peak = base + weights + max(priming, training)
-    + evaluation (measured on top of training's high-water mark, not in its freed room)
-    phase = optimizer state and gradients of what it trains + backward activations
+    peak = base + weights + max(priming, training) + evaluation
+    phase = optimizer state and gradients of what it trains + backward activations of one micro-batch
 
-`base` (imports, tokenised data, the allocator's slack) and the activation factor are calibrated by
-experiments/memory_budget.py on MiniLM runs measured with /usr/bin/time -v. Activations are those of a
-batch padded to the full sequence length: the planner cannot know the data's lengths before it loads.
+`base` is the process without the model: imports (torch; transformers' model code, or not with the
+lean encoder runtime; torch._dynamo, which the first torch.optim optimizer imports), tokenizer and
+data. The command line plans before anything loads, from calibrated constants (`BASE_MIB`);
+`far.finetune` plans with the model loaded, from the process's resident memory at that moment.
 
-The levers, cheapest first: frozen embeddings from the first step (FAR with
-`freeze_embeddings=True` freezes them at the surgery anyway; priming then skips their gradient and
-AdamW state), recomputed learner activations (`FARConfig.recompute_activations`), then smaller
-micro-batches with gradient accumulation (same examples per optimizer step) and smaller evaluation
-batches.
+The levers, cheapest first: micro-batches of at most so many padded tokens, accumulated (the same
+examples per optimizer step; `far.training.data.split_batch`), frozen embeddings from the first step
+(FAR with `freeze_embeddings` already does it), recomputed learner activations
+(`FARConfig.recompute_activations`), then recomputed layers (each layer's activations rebuilt in
+backward: ~1.4x the step) and smaller evaluation batches. The plan is the one that fits with the least
+estimated step time.
 
-    >>> shape = ModelShape(params=22_700_000, embedding_params=11_900_000, ffn_params=7_100_000,
-    ...                    hidden=384, layers=6, ffn=1536, heads=12)
-    >>> plan_memory(1500, shape, batch_size=32, seq_len=128, far=None).micro_batch
-    8
+    >>> shape = ModelShape.from_config(config)
+    >>> plan_memory(1500, shape, base_mib=BASE_MIB["lean"], batch_size=32, seq_len=128, far=None).micro_tokens
+    1024
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from far.config import FARConfig
 
 MIB = 2**20
-# Calibration (MiniLM, `far train` on 128-token pairs, AMD EPYC with avx512_bf16, torch 2.x, see
-# experiments/results/memory_budget): the process before training (imports ~477 MiB, tokenised data,
-# tokenizer, allocator) and the measured activations over the count of `_activation_floats`.
-BASE_MIB = 559.0
+# Calibration (MiniLM, `far train` on STS-B pairs, AMD EPYC with avx512_bf16, torch 2.13, glibc's mmap
+# threshold pinned as `far.llm.memory.release_freed_memory` pins it; experiments/results/memory_budget): the
+# process without the model's weights, once training has begun.
+BASE_MIB = {"transformers": 380.0, "lean": 345.0}
+# What importing torch._dynamo adds (torch.optim's first optimizer does it), for a process that has not yet.
+DYNAMO_MIB = 73.0
+# Measured activations over the count of `_activation_floats`.
 ACTIVATION_FACTOR = 1.26
-# Inference keeps about one layer's tensors at a time; measured 2.85 MiB per 128-token MiniLM example, on
-# top of the training's high-water mark (what training freed is not where evaluation's tensors go).
+# Inference keeps about one layer's tensors at a time (2.85 MiB per 128-token MiniLM example).
 EVAL_FACTOR = 1.0
 # Bytes per trainable parameter beyond its weight: gradient (4) + AdamW's two moments (8).
 STATE_BYTES = {"adamw": 12, "sgd": 4, "mezo": 0}
+# Step time against the padded tokens of a micro-batch, relative to whole batches of 32 x 128 (MiniLM,
+# full fine-tuning, one thread); and the factor of recomputing every layer in backward.
+TOKEN_TIME = ((4096, 1.0), (1024, 1.15), (512, 1.32), (256, 1.43), (128, 1.47))
+RECOMPUTE_LAYERS_TIME = 1.4
 
 
 class MemoryBudgetError(ValueError):
@@ -91,14 +98,15 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """How a run fits `budget_mib`: batches of `batch_size` examples as `accumulation` micro-batches."""
+    """How a run fits `budget_mib`: micro-batches of at most `micro_tokens` padded tokens (None: whole batches)."""
 
     budget_mib: int
     batch_size: int
-    micro_batch: int
-    accumulation: int
+    seq_len: int
+    micro_tokens: int | None
     early_frozen_embeddings: bool
     recompute_activations: bool
+    recompute_layers: bool
     eval_batch_size: int
     estimate_mib: int
 
@@ -108,12 +116,17 @@ class MemoryPlan:
             for name, on in (
                 ("embeddings frozen from the first step", self.early_frozen_embeddings),
                 ("recomputed learner activations", self.recompute_activations),
+                ("recomputed layers", self.recompute_layers),
             )
             if on
         ]
+        split = (
+            "whole batches"
+            if self.micro_tokens is None
+            else f"micro-batches of at most {self.micro_tokens} tokens (batch {self.batch_size} x {self.seq_len})"
+        )
         return (
-            f"memory plan for {self.budget_mib} MiB: micro-batch {self.micro_batch} x {self.accumulation} accumulated "
-            f"(batch {self.batch_size}), evaluation batch {self.eval_batch_size}, "
+            f"memory plan for {self.budget_mib} MiB: {split}, evaluation batch {self.eval_batch_size}, "
             f"{', '.join(levers) or 'no other lever'}; estimated peak {self.estimate_mib} MiB"
         )
 
@@ -125,6 +138,15 @@ def _activation_floats(shape: ModelShape, seq_len: int, ffn_kept: float) -> floa
     return shape.layers * per_layer
 
 
+def _micro_batch_floats(shape: ModelShape, seq_len: int, tokens: int, ffn_kept: float, recompute_layers: bool) -> float:
+    """Floats kept for backward by a micro-batch of `tokens` padded tokens, examples of up to `seq_len`."""
+    examples = max(tokens, seq_len) / seq_len
+    full = _activation_floats(shape, seq_len, ffn_kept)
+    if recompute_layers:  # each layer's input, and one layer's activations while it is recomputed
+        return examples * (shape.layers * seq_len * shape.hidden + full / shape.layers)
+    return examples * full
+
+
 def _eval_floats(shape: ModelShape, seq_len: int) -> float:
     # (B, L, ffn) + a few (B, L, h) and (B, heads, L, L): one layer's at a time, no graph.
     return seq_len * (shape.ffn + 4 * shape.hidden) + 2 * shape.heads * seq_len**2
@@ -133,8 +155,9 @@ def _eval_floats(shape: ModelShape, seq_len: int) -> float:
 def estimate_mib(
     shape: ModelShape,
     *,
+    base_mib: float,
     seq_len: int,
-    micro_batch: int,
+    micro_tokens: int,
     eval_batch_size: int,
     far: FARConfig | None,
     freeze_embeddings: bool = False,
@@ -142,39 +165,61 @@ def estimate_mib(
     priming_optimizer: str | None = "adamw",
     early_frozen_embeddings: bool = False,
     recompute: bool = False,
+    recompute_layers: bool = False,
+    primer_copy: bool = True,
 ) -> float:
-    """The estimated whole-process peak (MiB) of one plan; see the module's docstring for the parts."""
+    """The estimated whole-process peak (MiB) of one plan; see the module's docstring for the parts.
+
+    `primer_copy`: whether priming keeps a copy of the FFNs (False: it reads their stock values from
+    the model's file, `far.Primer(reference=...)`).
+    """
     weights = 4 * shape.params
     evaluation = EVAL_FACTOR * 4 * eval_batch_size * _eval_floats(shape, seq_len)
-    full_act = ACTIVATION_FACTOR * 4 * micro_batch * _activation_floats(shape, seq_len, 1.0)
+
+    def act(kept: float) -> float:
+        return ACTIVATION_FACTOR * 4 * _micro_batch_floats(shape, seq_len, micro_tokens, kept, recompute_layers)
+
     frozen = shape.embedding_params if freeze_embeddings else 0
     if far is None:
         trainable = shape.params - frozen
-        act = 0.0 if optimizer == "mezo" else full_act
-        phases = [STATE_BYTES[optimizer] * trainable + act]
+        phases = [STATE_BYTES[optimizer] * trainable + (0.0 if optimizer == "mezo" else act(1.0))]
     else:
         kept = far.retention / (2 if recompute else 1)
-        far_act = ACTIVATION_FACTOR * 4 * micro_batch * _activation_floats(shape, seq_len, kept)
         trainable = (
             shape.params - shape.embedding_params * far.freeze_embeddings - shape.ffn_params * (1 - far.retention)
         )
-        phases = [STATE_BYTES[optimizer] * trainable + (0.0 if optimizer == "mezo" else far_act)]
+        phases = [STATE_BYTES[optimizer] * trainable + (0.0 if optimizer == "mezo" else act(kept))]
         if priming_optimizer is not None:
             primed = shape.params - (shape.embedding_params if early_frozen_embeddings else 0)
-            snapshot = 4 * shape.ffn_params  # far.Primer's copy of the FFNs
-            act = 0.0 if priming_optimizer == "mezo" else full_act
-            phases.append(STATE_BYTES[priming_optimizer] * primed + snapshot + act)
-    return BASE_MIB + (weights + max(phases) + evaluation) / MIB
+            snapshot = 4 * shape.ffn_params if primer_copy else 0.0
+            priming_act = 0.0 if priming_optimizer == "mezo" else act(1.0)
+            phases.append(STATE_BYTES[priming_optimizer] * primed + snapshot + priming_act)
+    return base_mib + (weights + max(phases) + evaluation) / MIB
 
 
-def _divisors_desc(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
+def _token_time(tokens: int) -> float:
+    """Relative step time of micro-batches of `tokens` padded tokens (`TOKEN_TIME`, interpolated in log2)."""
+    points = sorted(TOKEN_TIME)
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (t0, f0), (t1, f1) in zip(points, points[1:], strict=False):
+        if tokens <= t1:
+            w = math.log2(tokens / t0) / math.log2(t1 / t0)
+            return f0 + w * (f1 - f0)
+    return points[-1][1]
+
+
+def process_base_mib(resident_mib: float, model_bytes: int) -> float:
+    """The base of a plan made inside a running process: what it holds now without the model's weights,
+    plus torch._dynamo's import when no torch.optim optimizer has imported it yet."""
+    return resident_mib - model_bytes / MIB + (0.0 if "torch._dynamo" in sys.modules else DYNAMO_MIB)
 
 
 def plan_memory(
     budget_mib: float,
     shape: ModelShape,
     *,
+    base_mib: float,
     batch_size: int,
     seq_len: int,
     far: FARConfig | None,
@@ -182,9 +227,17 @@ def plan_memory(
     optimizer: str = "adamw",
     priming_optimizer: str | None = "adamw",
     eval_batch_size: int = 64,
+    early_frozen_embeddings: bool = False,
+    primer_copy: bool = True,
 ) -> MemoryPlan:
-    """The largest micro-batch (a divisor of `batch_size`, so that micro-batches are equal and their mean
-    loss is the batch's) and the cheapest levers that fit `budget_mib`; more budget never gives less.
+    """The plan of least estimated step time that fits `budget_mib`: micro-batches of a power-of-two
+    multiple of `seq_len` tokens, then FAR's levers and layer recompute, then the evaluation batch.
+    More budget never gives a slower plan.
+
+    Args:
+        base_mib: The process without the model's weights (`BASE_MIB[runtime]`, or `process_base_mib`).
+        seq_len: The longest example (every micro-batch is sized as if padded to it).
+        early_frozen_embeddings: The run freezes its FARConfig's embeddings from the first step anyway.
 
     Raises:
         MemoryBudgetError: nothing fits; the message and `minimum_mib` say the smallest budget that does.
@@ -193,56 +246,85 @@ def plan_memory(
         raise ValueError(f"the memory budget must be a positive number of MiB, got {budget_mib!r}")
     if far is not None and far.freeze_embeddings:
         freeze_embeddings = True
-    # (early-frozen embeddings, recompute), cheapest first: each adds to the ones before it.
-    levers = [(False, False)]
-    if far is not None and far.freeze_embeddings and priming_optimizer is not None:
-        levers.append((True, False))
+    # (early-frozen embeddings, FAR's recompute, layer recompute), cheapest first, each adding to the ones before.
+    early = early_frozen_embeddings or (far is not None and far.freeze_embeddings and priming_optimizer is None)
+    levers = [(early, False, False)]
+    if far is not None and far.freeze_embeddings and priming_optimizer is not None and not early:
+        levers.append((True, False, False))
     if far is not None and not far.recompute_activations:
-        levers.append((levers[-1][0], True))
+        levers.append((levers[-1][0], True, False))
+    if optimizer != "mezo":
+        levers.append((levers[-1][0], levers[-1][1], True))
     common = dict(
-        far=far, freeze_embeddings=freeze_embeddings, optimizer=optimizer, priming_optimizer=priming_optimizer
+        base_mib=base_mib,
+        seq_len=seq_len,
+        far=far,
+        freeze_embeddings=freeze_embeddings,
+        optimizer=optimizer,
+        priming_optimizer=priming_optimizer,
+        primer_copy=primer_copy,
     )
-    evals = _divisors_desc(eval_batch_size)
-    for micro in _divisors_desc(batch_size):
-        for early_on, recompute_on in levers:
+    whole = batch_size * seq_len
+    sizes = sorted({min(whole, seq_len * 2**k) for k in range(max(1, batch_size).bit_length() + 1)}, reverse=True)
+    evals = [d for d in range(eval_batch_size, 0, -1) if eval_batch_size % d == 0]
+    best: tuple[float, MemoryPlan] | None = None
+    for tokens in sizes:
+        for early_on, recompute_on, layers_on in levers:
+            time = _token_time(tokens) * (RECOMPUTE_LAYERS_TIME if layers_on else 1.0)
+            if best is not None and time >= best[0]:
+                continue
             for eval_batch in evals:
                 peak = estimate_mib(
                     shape,
-                    seq_len=seq_len,
-                    micro_batch=micro,
+                    micro_tokens=tokens,
                     eval_batch_size=eval_batch,
                     early_frozen_embeddings=early_on,
                     recompute=recompute_on,
+                    recompute_layers=layers_on,
                     **common,
                 )
                 if peak <= budget_mib:
-                    return MemoryPlan(
+                    plan = MemoryPlan(
                         int(budget_mib),
                         batch_size,
-                        micro,
-                        batch_size // micro,
+                        seq_len,
+                        None if tokens >= whole else tokens,
                         early_on,
                         recompute_on or (far is not None and far.recompute_activations),
+                        layers_on,
                         eval_batch,
                         math.ceil(peak),
                     )
+                    best = (time, plan)
+                    break
+    if best is not None:
+        return best[1]
     least = levers[-1]
     minimum = math.ceil(
         estimate_mib(
             shape,
-            seq_len=seq_len,
-            micro_batch=1,
+            micro_tokens=seq_len,
             eval_batch_size=1,
             early_frozen_embeddings=least[0],
             recompute=least[1],
+            recompute_layers=least[2],
             **common,
         )
     )
     raise MemoryBudgetError(
         f"--memory-budget {budget_mib:g} MiB cannot fit this run (model of {shape.params:,} parameters, "
-        f"{seq_len}-token sequences) even with micro-batches of 1; the smallest that fits is {minimum} MiB",
+        f"{seq_len}-token sequences) even one example at a time; the smallest that fits is {minimum} MiB",
         minimum,
     )
+
+
+def resident_mib() -> float:
+    """This process's resident set now, in MiB; 0 where /proc is not there."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / MIB
+    except OSError:
+        return 0.0
 
 
 def peak_rss_mib() -> int:

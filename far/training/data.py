@@ -1,10 +1,15 @@
-"""Batches of a map-style dataset in a seeded order that a resumed run can pick up mid-epoch."""
+"""Batches of a map-style dataset in a seeded order that a resumed run can pick up mid-epoch.
+
+A batch may be cut into micro-batches (at most so many examples, or so many padded tokens) that a
+step accumulates, each weighted by its share of the step's examples: the same mean loss, hence the
+same update, as the whole batch, in the memory of its largest micro-batch (`far.training.budget`).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -12,11 +17,57 @@ from torch import Tensor
 from far.seeds import derive_seed
 
 
+class MicroBatch(NamedTuple):
+    """A collated piece of a batch and how many examples it holds."""
+
+    batch: Any
+    examples: int
+
+
+def example_length(example: Any) -> int | None:
+    """Tokens of a tokenised example (`len(example["input_ids"])`); None for another kind of example."""
+    if isinstance(example, Mapping) and "input_ids" in example:
+        return len(example["input_ids"])
+    return None
+
+
+def longest_example(dataset: Sequence[Any], default: int) -> int:
+    """The most tokens of an example of `dataset` (its `lengths()` where it has them, else each example's
+    `input_ids`), at most `default`; `default` where the examples' lengths cannot be read."""
+    lengths = dataset.lengths() if callable(getattr(dataset, "lengths", None)) else None
+    if lengths is None:
+        lengths = [example_length(dataset[i]) for i in range(len(dataset))]
+    if not lengths or any(length is None for length in lengths):
+        return default
+    return min(default, max(lengths))
+
+
+def split_batch(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Positions of a batch's examples grouped into micro-batches of at most `max_tokens` tokens once padded
+    to their longest (one example at least, however long), longest first so that each pads little.
+
+    Example:
+        >>> split_batch([5, 30, 10, 12], max_tokens=40)
+        [[1], [3, 2, 0]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep their order
+    groups: list[list[int]] = []
+    for i in order:
+        # Longest first: a group's first example sets its padded length.
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 class BatchStream:
     """Batches of `dataset`, reshuffled each epoch from `seed`, as one endless numbered stream.
 
     Batch *i* is always the same examples, so a run resumed at step *s* continues with batch
     `s * grad_accum` without replaying the ones before it. The last batch of an epoch may be smaller.
+    Each batch comes as a list of `MicroBatch`es: the whole batch, or with `micro_tokens` the pieces of
+    it that `split_batch` makes.
 
     Args:
         dataset: A map-style dataset: `len(dataset)` and `dataset[i]` (a list, a torch `Dataset`,
@@ -24,27 +75,46 @@ class BatchStream:
         batch_size: Examples per batch.
         collate_fn: Turns a list of examples into a batch (e.g. `transformers.default_data_collator`).
         seed: Seed of the shuffling.
+        micro_tokens: The most padded tokens of one micro-batch; an example whose length it cannot read
+            (no `input_ids`) counts as `max_length` tokens.
+        max_length: The longest an example can be.
     """
 
-    def __init__(self, dataset: Sequence[Any], batch_size: int, collate_fn: Callable[[list], Any], seed: int) -> None:
+    def __init__(
+        self,
+        dataset: Sequence[Any],
+        batch_size: int,
+        collate_fn: Callable[[list], Any],
+        seed: int,
+        *,
+        micro_tokens: int | None = None,
+        max_length: int = 128,
+    ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.collate_fn = collate_fn
         self.seed = seed
+        self.micro_tokens, self.max_length = micro_tokens, max_length
         self.batches_per_epoch = math.ceil(len(dataset) / batch_size)
 
     def order(self, epoch: int) -> Tensor:
         generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
         return torch.randperm(len(self.dataset), generator=generator)
 
-    def batches(self, start: int = 0) -> Iterator[Any]:
-        """Batches number `start`, `start + 1`, ... forever."""
+    def batches(self, start: int = 0) -> Iterator[list[MicroBatch]]:
+        """Batches number `start`, `start + 1`, ... forever, each as its micro-batches."""
         epoch, offset = divmod(start, self.batches_per_epoch)
         while True:
             order = self.order(epoch)
             for b in range(offset, self.batches_per_epoch):
                 idx = order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
-                yield self.collate_fn([self.dataset[i] for i in idx])
+                examples = [self.dataset[i] for i in idx]
+                if self.micro_tokens is None:
+                    yield [MicroBatch(self.collate_fn(examples), len(examples))]
+                    continue
+                lengths = [example_length(e) or self.max_length for e in examples]
+                groups = split_batch(lengths, self.micro_tokens)
+                yield [MicroBatch(self.collate_fn([examples[i] for i in group]), len(group)) for group in groups]
             epoch, offset = epoch + 1, 0
 
 

@@ -10,20 +10,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from transformers import default_data_collator
 
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
+from far.llm.memory import release_freed_memory
 from far.surgery import is_reconfigured
-from far.training.budget import ModelShape, peak_rss_mib, plan_memory
+from far.training.budget import (
+    MemoryBudgetError,
+    ModelShape,
+    plan_memory,
+    process_base_mib,
+    resident_mib,
+)
 from far.training.checkpoint import has_run, read_checkpoint
-from far.training.data import BatchStream
+from far.training.data import BatchStream, longest_example
 from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.plan import plan_training
 from far.training.result import FinetuneResult
 
 logger = logging.getLogger(__name__)
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether the model already recomputes its layers in backward (transformers' gradient checkpointing)."""
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def _check_data(train_data: object) -> int:
@@ -111,9 +123,11 @@ def finetune(
     spec: FFNSpec | None = None,
     progress: bool = True,
     reset_frozen: bool = True,
+    prime_frozen: bool | None = None,
     freeze_layers: int | None = None,
     memory_budget: float | None = None,
     max_length: int = 128,
+    base_weights: Callable[[str], Tensor] | None = None,
     **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
@@ -180,6 +194,10 @@ def finetune(
         reset_frozen: At the switch, put every frozen node, head and embedding back to its
             pre-priming value (see `far.reconfigure`), so that `far.save_learners` writes a file
             for the stock model. False keeps the primed values (the file fits only the primed model).
+        prime_frozen: Whether priming trains what the config freezes up front (its embeddings, a fixed
+            `freeze_layers`). None (default): not with `reset_frozen`, which would put those values
+            back anyway; they are then frozen from the first step and priming costs what training
+            does there. True: primed like the rest (the FAR paper primes the whole model).
         freeze_layers: With config=None: freeze the embeddings and the bottom K layers whole
             (`far.freeze_layers`), the practitioner's baseline; with a config, set its field instead.
         memory_budget: Whole-process peak RSS to stay under, in MiB (`far.training.budget.plan_memory`):
@@ -187,8 +205,11 @@ def finetune(
             per optimizer step), and FAR's cheap levers are turned on as needed; a budget that cannot
             fit raises `MemoryBudgetError` (a ValueError) naming the smallest that does. `eval_fn`
             should evaluate in batches of at most the plan's `eval_batch_size` (the log says it).
-        max_length: With `memory_budget`: the longest sequence a batch may hold (the plan assumes
-            every batch is padded to it).
+        max_length: With `memory_budget`: the longest sequence a batch may hold; the plan sizes
+            micro-batches for the longest example of `train_data`, at most this.
+        base_weights: `base_weights(parameter_name)` -> the value the model was loaded with, read from
+            its file (`far.saving.stock_reader`): priming then keeps no copy of the FFNs (a third of
+            an encoder's weights) and reads them back to score nodes and to reset what it freezes.
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -221,6 +242,7 @@ def finetune(
         freeze_ffn=freeze_ffn,
         freeze_layers=freeze_layers,
         reset_frozen=reset_frozen,
+        prime_frozen=prime_frozen,
         epochs=epochs,
         max_steps=max_steps,
         lr=lr,
@@ -240,29 +262,36 @@ def finetune(
     )
     memory = None
     if memory_budget is not None:
-        shape = ModelShape.from_config(getattr(model, "config", None))
+        # Freed tensors go back to the system from now on, so that the peak is what is live (far.llm.memory).
+        release_freed_memory()
+        seq_len = longest_example(train_data, max_length)
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         memory = plan_memory(
             memory_budget,
-            shape,
+            ModelShape.from_config(getattr(model, "config", None)),
+            base_mib=process_base_mib(resident_mib(), model_bytes),
             batch_size=plan.batch_size,
-            seq_len=max_length,
+            seq_len=seq_len,
             far=plan.far,
             freeze_embeddings=plan.freeze_embeddings,
             optimizer=plan.optimizer,
             priming_optimizer=plan.priming_optimizer,
+            early_frozen_embeddings=plan.frozen_from_start,
+            primer_copy=base_weights is None,
         )
         logger.info("%s", memory.describe())
-        # Equal micro-batches, accumulated: the mean of their mean losses is the batch's mean loss.
         far_config = plan.far
         if far_config is not None and memory.recompute_activations:
             far_config = dataclasses.replace(far_config, recompute_activations=True)
         plan = dataclasses.replace(
-            plan,
-            far=far_config,
-            batch_size=memory.micro_batch,
-            grad_accum=plan.grad_accum * memory.accumulation,
-            early_frozen_embeddings=memory.early_frozen_embeddings,
+            plan, far=far_config, frozen_from_start=plan.frozen_from_start or memory.early_frozen_embeddings
         )
+        if memory.recompute_layers and not callable(getattr(model, "gradient_checkpointing_enable", None)):
+            raise MemoryBudgetError(
+                f"--memory-budget {memory_budget:g} MiB needs each layer recomputed in backward, and this model has "
+                "no gradient_checkpointing_enable(); give a larger budget",
+                memory.estimate_mib,
+            )
     if plan.eval_every is not None and eval_fn is None:
         raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
     if plan.far is not None or plan.freeze_ffn:
@@ -295,7 +324,14 @@ def finetune(
             "the model has no trainable parameter (every requires_grad is False); there is nothing to train"
         )
 
-    stream = BatchStream(train_data, plan.batch_size, collate_fn or default_data_collator, plan.seed)
+    stream = BatchStream(
+        train_data,
+        plan.batch_size,
+        collate_fn or default_data_collator,
+        plan.seed,
+        micro_tokens=None if memory is None else memory.micro_tokens,
+        max_length=max_length if memory is None else memory.seq_len,
+    )
     loop = Loop(
         model,
         stream,
@@ -305,8 +341,14 @@ def finetune(
         output_dir=None if output_dir is None else Path(output_dir),
         spec=spec,
         progress=progress,
+        base_weights=base_weights,
     )
-    result = loop.run(checkpoint)
-    if memory is not None:
-        logger.info("peak RSS %d MiB (budget %d MiB)", peak_rss_mib(), memory.budget_mib)
+    recompute_layers = memory is not None and memory.recompute_layers and not _checkpointing(model)
+    if recompute_layers:
+        model.gradient_checkpointing_enable()
+    try:
+        result = loop.run(checkpoint)
+    finally:
+        if recompute_layers:  # the model goes back as it came
+            model.gradient_checkpointing_disable()
     return result

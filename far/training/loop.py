@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
+from far.config import AUTO
 from far.freezing import freeze_layers
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
@@ -26,7 +27,7 @@ from far.training.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
-from far.training.data import BatchStream, to_device
+from far.training.data import BatchStream, MicroBatch, to_device
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
@@ -71,8 +72,10 @@ class Loop:
         output_dir: Path | None,
         spec: FFNSpec | None,
         progress: bool,
+        base_weights: Callable[[str], Tensor] | None = None,
     ) -> None:
         self.model, self.stream, self.plan = model, stream, plan
+        self.base_weights = base_weights
         self.loss_fn, self.eval_fn, self.spec, self.progress = loss_fn, eval_fn, spec, progress
         self.output_dir = output_dir
         self.device = next(model.parameters()).device
@@ -150,8 +153,11 @@ class Loop:
             if plan.freeze_layers is not None:
                 freeze_layers(model, plan.freeze_layers, self.spec)
         elif plan.priming_steps:
-            if plan.early_frozen_embeddings:
-                _freeze_embeddings(model)
+            if plan.frozen_from_start:  # priming leaves alone what the surgery freezes (plan.frozen_from_start)
+                if plan.far.freeze_embeddings:
+                    _freeze_embeddings(model)
+                if plan.far.freeze_layers not in (None, AUTO):
+                    freeze_layers(model, plan.far.freeze_layers, self.spec)
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
             self.primer = self._primer()
         else:  # random selection: no scores needed
@@ -169,6 +175,7 @@ class Loop:
             # A copy only of what will be frozen: the embeddings, or with depth whole layers and all below.
             embeddings=far.freeze_embeddings and self.plan.reset_frozen,
             everything=far.freeze_layers is not None and self.plan.reset_frozen,
+            reference=self.base_weights,
         )
 
     def _resume(self, checkpoint: Checkpoint) -> int:
@@ -216,15 +223,18 @@ class Loop:
         # MeZO compares two losses of one batch, so no dropout noise between them (as MeZO's own code does).
         self.model.train(name != "mezo")
 
-    def _step(self, step: int, batches: list[Any]) -> dict:
+    def _step(self, step: int, batches: list[list[MicroBatch]]) -> dict:
         t = time.perf_counter()
         phase = "priming" if step < self.plan.priming_steps else "training"
         lr = self.optimizer.param_groups[0]["lr"]
-        batches = [to_device(b, self.device) for b in batches]
+        # Every micro-batch's mean loss weighs as its share of the step's examples: the step's mean loss.
+        pieces = [piece for batch in batches for piece in batch]
+        total = sum(piece.examples for piece in pieces)
+        weighted = [(to_device(piece.batch, self.device), piece.examples / total) for piece in pieces]
         if isinstance(self.optimizer, MeZO):
-            loss = self.optimizer.step(lambda: self._mean_loss(batches))
+            loss = self.optimizer.step(lambda: self._mean_loss(weighted))
         else:
-            loss = self._first_order_step(batches)
+            loss = self._first_order_step(weighted)
         self.scheduler.step()
         self.seconds[phase] += time.perf_counter() - t
         self.final_loss = loss
@@ -237,17 +247,17 @@ class Loop:
             raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
         return loss.float()
 
-    def _mean_loss(self, batches: list[Any]) -> float:
-        return sum(float(self._loss(b)) for b in batches) / len(batches)
+    def _mean_loss(self, weighted: list[tuple[Any, float]]) -> float:
+        return sum(float(self._loss(batch)) * weight for batch, weight in weighted)
 
-    def _first_order_step(self, batches: list[Any]) -> float:
-        optimizer, n = self.optimizer, len(batches)
+    def _first_order_step(self, weighted: list[tuple[Any, float]]) -> float:
+        optimizer = self.optimizer
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for batch in batches:
+        for batch, weight in weighted:
             loss = self._loss(batch)
-            (loss / n).backward()  # gradient accumulation: the mean over the batches of one step
-            total += float(loss.detach()) / n
+            (loss * weight).backward()  # gradient accumulation: the mean over the step's examples
+            total += float(loss.detach()) * weight
         if not math.isfinite(total):
             optimizer.zero_grad(set_to_none=True)
             warnings.warn(

@@ -14,7 +14,7 @@ OPTIMIZERS = tuple(DEFAULT_LR)
 # Options that do not change the trajectory: a resumed run may change them.
 _FREE_ON_RESUME = {"eval_every", "checkpoint_every", "keep_checkpoints", "log_every"}
 # What a checkpoint written before an option existed ran with.
-_BEFORE_THE_OPTION = {"reset_frozen": False, "freeze_layers": None}
+_BEFORE_THE_OPTION = {"reset_frozen": False, "freeze_layers": None, "frozen_from_start": False}
 
 
 def _is_int(value: object) -> bool:
@@ -108,8 +108,9 @@ class TrainingPlan:
     checkpoint_every: int | None
     keep_checkpoints: int | None
     log_every: int
-    # Set by a memory budget: a FARConfig's frozen embeddings are frozen from the first step, not at the surgery.
-    early_frozen_embeddings: bool = False
+    # What the FARConfig freezes up front (its embeddings, a fixed freeze_layers) is frozen from the first
+    # priming step instead of at the surgery: see `frozen_from_start`.
+    frozen_from_start: bool = False
 
     def optimizer_at(self, step: int) -> str:
         """The optimizer that takes step `step` (0-based)."""
@@ -132,6 +133,25 @@ class TrainingPlan:
         ]
 
 
+def frozen_from_start(
+    config: FARConfig | None, priming_steps: int, reset_frozen: bool, prime_frozen: bool | None
+) -> bool:
+    """Whether priming leaves alone what the surgery will freeze anyway: the embeddings and a fixed depth.
+
+    With `reset_frozen` (the default), the surgery puts those tensors back to their pre-priming
+    values, so training them during priming is work thrown away, and the rest of the model would
+    have adapted to values it then loses. Frozen from the first step, priming costs what training
+    after the surgery costs there (no embedding gradient, backward stops at layer K). `prime_frozen`
+    True trains them during priming all the same (the FAR paper primes the whole model); None decides
+    by `reset_frozen`. A depth chosen from the scores (`"auto"`) is known only after priming.
+    """
+    if config is None or not priming_steps:
+        return False
+    up_front = config.freeze_embeddings or (config.freeze_layers is not None and config.freeze_layers != AUTO)
+    prime = (not reset_frozen) if prime_frozen is None else prime_frozen
+    return up_front and not prime
+
+
 def plan_training(
     n_examples: int,
     *,
@@ -144,6 +164,7 @@ def plan_training(
     freeze_ffn: bool,
     freeze_layers: int | None = None,
     reset_frozen: bool = True,
+    prime_frozen: bool | None = None,
     epochs: float,
     max_steps: int | None,
     lr: float | None,
@@ -190,6 +211,8 @@ def plan_training(
     for name, flag in (*flags, ("bf16", bf16)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if prime_frozen is not None and not isinstance(prime_frozen, bool):
+        raise TypeError(f"prime_frozen must be True, False or None (decided by reset_frozen), got {prime_frozen!r}")
     if not _is_int(seed):
         raise TypeError(f"seed must be an int, got {seed!r}")
     batch_size = _int("batch_size", batch_size, 1)
@@ -248,4 +271,5 @@ def plan_training(
         if keep_checkpoints is None
         else _int("keep_checkpoints", keep_checkpoints, 1, "or None to keep all"),
         log_every=_int("log_every", log_every, 1),
+        frozen_from_start=frozen_from_start(far, priming_steps, reset_frozen, prime_frozen),
     )
