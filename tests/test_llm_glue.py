@@ -36,16 +36,25 @@ def test_a_task_without_a_prompt_is_a_usage_error(capsys, data_dir):
     assert "there is a prompt for sst2 only, not cola" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [["--freeze-layers", "2"], ["--checkpoint-every", "5"], ["--resume"]])
+@pytest.mark.parametrize(
+    "flags", [["--checkpoint-every", "5"], ["--resume"], ["--prime-frozen"], ["--runtime", "lean"]]
+)
 def test_the_lean_runtime_refuses_what_it_cannot_do(capsys, data_dir, flags):
     argv = ["glue", "--task", "sst2", "--model", "smollm2-135m", "--optimizer", "mezo", "--data-dir", str(data_dir)]
     assert main([*argv, *flags]) == 2
     assert f"{flags[0]} is not available for a GGUF causal LM" in capsys.readouterr().err
 
 
+def test_plain_freezing_of_a_causal_lm_takes_a_number_of_layers(capsys, data_dir):
+    argv = ["glue", "--task", "sst2", "--model", "smollm2-135m", "--optimizer", "mezo", "--data-dir", str(data_dir)]
+    assert main([*argv, "--method", "full", "--freeze-layers", "auto"]) == 2
+    assert "method 'full' has none: give a number of bottom layers" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @needs_smollm2
-def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
+@pytest.mark.parametrize("depth", [[], ["--freeze-layers", "20"]], ids=["all-layers", "depth"])
+def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, depth):
     out = tmp_path / "run"
     code = main(
         [
@@ -77,6 +86,7 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
             "--output-dir",
             str(out),
             "--no-progress",
+            *depth,
         ]
     )
     assert code == 0, capsys.readouterr().err
@@ -85,8 +95,10 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir):
     assert record["steps"] == 1 and record["retention"] == 0.25 and record["freeze_embeddings"] is True
     assert record["gradient_priming_examples"] == 4
     assert 0.0 <= record["metrics"]["accuracy"] <= 1.0
-    # Learners (25% of each FFN) + attention and norms; embeddings frozen.
-    assert 40e6 < record["trainable_parameters"] < 60e6 and record["total_parameters"] == 134_515_008
+    # Learners (25% of each FFN) + attention and norms; embeddings frozen; with depth, the top 10 layers only.
+    trainable = (20e6, 35e6) if depth else (40e6, 60e6)
+    assert trainable[0] < record["trainable_parameters"] < trainable[1] and record["total_parameters"] == 134_515_008
+    assert record["frozen_layers"] == (20 if depth else 0)
     with open(out / "predictions.tsv", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert len(rows) == 8 and {r["prediction"] for r in rows} <= {"negative", "positive"}

@@ -162,7 +162,7 @@ def test_micro_batches_give_the_batch_update(monkeypatch, lengths):
     far.finetune(one, data, **options)
     # A budget that plans micro-batches of 16 tokens for this tiny model: the activations are the only large part.
     finetune_module = importlib.import_module("far.training.finetune")  # the module, not the function it exports
-    monkeypatch.setattr(finetune_module, "process_base_mib", lambda resident, weights: 0.0)
+    monkeypatch.setattr(finetune_module, "process_base_mib", lambda resident, weights, dynamo: 0.0)
     monkeypatch.setattr("far.training.budget.ACTIVATION_FACTOR", 1e5)
     shape = ModelShape.from_config(micro.config)
     common = dict(base_mib=0.0, seq_len=8, eval_batch_size=1, far=None)

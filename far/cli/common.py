@@ -21,7 +21,15 @@ from far.methods import METHODS
 from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES, is_causal_lm, resolve_model
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
-from far.training.budget import BASE_MIB, MemoryBudgetError, ModelShape, peak_rss_mib, plan_memory
+from far.training.budget import (
+    BASE_MIB,
+    DYNAMO_MIB,
+    MemoryBudgetError,
+    ModelShape,
+    imports_dynamo,
+    peak_rss_mib,
+    plan_memory,
+)
 from far.training.plan import check_length
 
 T = TypeVar("T")
@@ -283,7 +291,8 @@ def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping]) -> Ru
         plan = plan_memory(
             settings.memory_budget,
             shape,
-            base_mib=BASE_MIB[settings.encoder_runtime],
+            base_mib=BASE_MIB[settings.encoder_runtime]
+            + (DYNAMO_MIB if imports_dynamo(settings.optimizer) and settings.encoder_runtime == "lean" else 0.0),
             batch_size=hparams["batch_size"],
             seq_len=hparams["max_length"],
             far=far_config,

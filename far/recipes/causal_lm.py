@@ -45,6 +45,7 @@ from far.llm.lean_far import prime_and_split, set_trainable
 from far.llm.lean_model import LeanCausalLM
 from far.llm.lean_saving import load_trained, save_trained
 from far.llm.memory import release_freed_memory
+from far.llm.prefix import PrefixCache
 from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
 from far.models import find_gguf
@@ -167,7 +168,6 @@ def lean_prompted_run(
     unsupported = [
         flag
         for flag, given in (
-            ("--freeze-layers", settings.freeze_layers is not None),
             ("--checkpoint-every", settings.checkpoint_every is not None),
             ("--resume", settings.resume),
             ("--prime-frozen", settings.prime_frozen is not None),
@@ -237,7 +237,10 @@ def lean_prompted_run(
         primed = len(examples)
         del micro
     else:
-        set_trainable(model, settings.method, trainable_dtype)
+        # Plain freezing of the bottom layers (--freeze-layers K without FAR's surgery).
+        set_trainable(model, settings.method, trainable_dtype, frozen_layers=settings.freeze_layers or 0)
+    # Below the lowest trainable layer nothing changes: its output is computed once per prompt.
+    train_loss = PrefixCache(model).loss_fn(label_ids) if train and model.lowest_trainable_layer() > 0 else loss_fn
     release_freed_memory()
     memory.mark("priming" if far_config is not None else "trainable" if train else "no training")
     priming_seconds = time.perf_counter() - priming_started
@@ -251,7 +254,7 @@ def lean_prompted_run(
     for step in range(steps):
         batch = train_set.batch(indices(step))
         t0 = time.perf_counter()
-        loss = optimizer.step(lambda b=batch: loss_fn(model, b))
+        loss = optimizer.step(lambda b=batch: train_loss(model, b))
         step_seconds.append(time.perf_counter() - t0)
         log.append({"step": step + 1, "loss": loss})
     training_seconds = time.perf_counter() - training_started
@@ -290,6 +293,7 @@ def lean_prompted_run(
         "median_step_seconds": statistics.median(step_seconds) if step_seconds else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "trainable_parameters": model.num_parameters(trainable_only=True),
+        "frozen_layers": model.lowest_trainable_layer(),
         "total_parameters": model.num_parameters(),
         "trainable_dtype": settings.trainable_dtype,
         "final_loss": log[-1]["loss"] if log else None,

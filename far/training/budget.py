@@ -8,9 +8,10 @@ The estimate is a sum of parts, each from the model's config (no model is loaded
     phase = optimizer state and gradients of what it trains + backward activations of one micro-batch
 
 `base` is the process without the model: imports (torch; transformers' model code, or not with the
-lean encoder runtime; torch._dynamo, which the first torch.optim optimizer imports), tokenizer and
-data. The command line plans before anything loads, from calibrated constants (`BASE_MIB`);
-`far.finetune` plans with the model loaded, from the process's resident memory at that moment.
+lean encoder runtime; torch._dynamo, which the first torch.optim optimizer imports: far's AdamW does
+not, MeZO and SGD do), tokenizer and data. The command line plans before anything loads, from
+calibrated constants (`BASE_MIB`); `far.finetune` plans with the model loaded, from the process's
+resident memory at that moment.
 
 The levers, cheapest first: micro-batches of at most so many padded tokens, accumulated (the same
 examples per optimizer step; `far.training.data.split_batch`), frozen embeddings from the first step
@@ -37,10 +38,12 @@ from far.config import FARConfig
 MIB = 2**20
 # Calibration (MiniLM, `far train` on STS-B pairs, AMD EPYC with avx512_bf16, torch 2.13, glibc's mmap
 # threshold pinned as `far.llm.memory.release_freed_memory` pins it; experiments/results/memory_budget): the
-# process without the model's weights, once training has begun.
-BASE_MIB = {"transformers": 380.0, "lean": 345.0}
-# What importing torch._dynamo adds (torch.optim's first optimizer does it), for a process that has not yet.
+# process without the model's weights, once training has begun with far's AdamW. transformers' model code
+# imports torch._dynamo itself.
+BASE_MIB = {"transformers": 380.0, "lean": 290.0}
+# What importing torch._dynamo adds (a torch.optim optimizer's first parameter group does it: MeZO, SGD).
 DYNAMO_MIB = 73.0
+DYNAMO_OPTIMIZERS = ("mezo", "sgd")
 # Measured activations over the count of `_activation_floats`.
 ACTIVATION_FACTOR = 1.26
 # Inference keeps about one layer's tensors at a time (2.85 MiB per 128-token MiniLM example).
@@ -209,10 +212,16 @@ def _token_time(tokens: int) -> float:
     return points[-1][1]
 
 
-def process_base_mib(resident_mib: float, model_bytes: int) -> float:
+def imports_dynamo(*optimizers: str | None) -> bool:
+    """Whether a run with these optimizers imports torch._dynamo (a torch.optim optimizer: MeZO, SGD)."""
+    return any(name in DYNAMO_OPTIMIZERS for name in optimizers)
+
+
+def process_base_mib(resident_mib: float, model_bytes: int, dynamo: bool) -> float:
     """The base of a plan made inside a running process: what it holds now without the model's weights,
-    plus torch._dynamo's import when no torch.optim optimizer has imported it yet."""
-    return resident_mib - model_bytes / MIB + (0.0 if "torch._dynamo" in sys.modules else DYNAMO_MIB)
+    plus torch._dynamo's import where the run will import it (`dynamo`) and nothing has yet."""
+    later = dynamo and "torch._dynamo" not in sys.modules
+    return resident_mib - model_bytes / MIB + (DYNAMO_MIB if later else 0.0)
 
 
 def plan_memory(

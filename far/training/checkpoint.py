@@ -41,6 +41,8 @@ from far.config import FARConfig
 from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
 from far.surgery import get_config, is_reconfigured, restore
+from far.training.adamw import FusedAdamW
+from far.training.schedule import RunSchedule
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -64,8 +66,8 @@ def save_checkpoint(
     output_dir: str | Path,
     step: int,
     model: nn.Module,
-    optimizer: Optimizer,
-    scheduler: LRScheduler,
+    optimizer: Optimizer | FusedAdamW,
+    scheduler: LRScheduler | RunSchedule,
     trainer_state: dict,
     keep: int | None = None,
     primer: dict | None = None,
@@ -262,7 +264,9 @@ def load_model_state(model: nn.Module, checkpoint: Checkpoint, spec: FFNSpec | N
         p.requires_grad_(name in trainable)
 
 
-def load_training_state(checkpoint: Checkpoint, optimizer: Optimizer, scheduler: LRScheduler) -> None:
+def load_training_state(
+    checkpoint: Checkpoint, optimizer: Optimizer | FusedAdamW, scheduler: LRScheduler | RunSchedule
+) -> None:
     """Load the optimizer, scheduler and RNG states (torch.load with weights_only=True)."""
     folder = checkpoint.path
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))

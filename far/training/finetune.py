@@ -20,6 +20,7 @@ from far.surgery import is_reconfigured
 from far.training.budget import (
     MemoryBudgetError,
     ModelShape,
+    imports_dynamo,
     plan_memory,
     process_base_mib,
     resident_mib,
@@ -269,7 +270,9 @@ def finetune(
         memory = plan_memory(
             memory_budget,
             ModelShape.from_config(getattr(model, "config", None)),
-            base_mib=process_base_mib(resident_mib(), model_bytes),
+            base_mib=process_base_mib(
+                resident_mib(), model_bytes, imports_dynamo(plan.optimizer, plan.priming_optimizer)
+            ),
             batch_size=plan.batch_size,
             seq_len=seq_len,
             far=plan.far,

@@ -33,7 +33,7 @@ from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
 from far.training.plan import TrainingPlan
 from far.training.result import FinetuneResult
-from far.training.schedule import warmup_linear
+from far.training.schedule import run_schedule
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 EvalFn = Callable[[nn.Module], Mapping[str, float]]
@@ -83,8 +83,8 @@ class Loop:
         self.metrics: dict[str, float] = {}
         self.history: list[dict] = []
         self.primer: Primer | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.optimizer: Any = None  # a torch.optim optimizer, or far.training.adamw.FusedAdamW
+        self.scheduler: Any = None
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
@@ -219,7 +219,7 @@ class Loop:
             mezo_directions=plan.mezo_directions,
             seed=derive_seed(plan.seed, step),
         )
-        self.scheduler = warmup_linear(self.optimizer, plan.total_steps, plan.warmup_steps, offset=step)
+        self.scheduler = run_schedule(self.optimizer, plan.total_steps, plan.warmup_steps, offset=step)
         # MeZO compares two losses of one batch, so no dropout noise between them (as MeZO's own code does).
         self.model.train(name != "mezo")
 
