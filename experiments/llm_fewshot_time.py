@@ -98,8 +98,8 @@ ARMS = {
 RESULTS = results_dir(__file__)
 
 
-def case_name(model: str, k: int, arm: str, seed: int, lr: float, steps: int) -> str:
-    return f"{model}-k{k}-{arm}-seed{seed}-lr{lr:g}-steps{steps}"
+def case_name(model: str, k: int, arm: str, seed: int, lr: float, steps: int, seconds: float | None = None) -> str:
+    return f"{model}-k{k}-{arm}-seed{seed}-lr{lr:g}-" + (f"steps{steps}" if seconds is None else f"s{seconds:g}")
 
 
 def prepare(model, arm: Arm, train: PromptBatches, order: list[int], args, label_ids) -> tuple[CompactMeZO, object]:
@@ -172,8 +172,17 @@ def run_case(args: argparse.Namespace) -> dict:
     args.curve.parent.mkdir(parents=True, exist_ok=True)
     partial = args.curve.with_suffix(".partial")
     with partial.open("w") as out:
+        by_clock = args.seconds is not None and args.eval_seconds
+        next_eval = args.eval_seconds if by_clock else 0.0
         for step in range(args.steps + 1):
-            if step % args.eval_every == 0 or step == args.steps:
+            out_of_time = args.seconds is not None and clock["cpu"] >= args.seconds
+            if by_clock:  # every arm gets its evaluations at the same seconds
+                due = step == 0 or clock["cpu"] >= next_eval or out_of_time or step == args.steps
+                while clock["cpu"] >= next_eval:
+                    next_eval += args.eval_seconds
+            else:
+                due = step % args.eval_every == 0 or step == args.steps or out_of_time
+            if due:
                 row = {
                     **base,
                     "step": step,
@@ -182,7 +191,7 @@ def run_case(args: argparse.Namespace) -> dict:
                     "accuracy": correct(dev),
                     "validation_accuracy": correct(validation),
                     "validation_loss": mean_loss(validation),
-                    "train_loss": statistics.fmean(losses[-args.eval_every :]) if losses else None,
+                    "train_loss": statistics.fmean(losses[-10:]) if losses else None,
                     "dev_examples": len(dev),
                     "trainable_parameters": model.num_parameters(trainable_only=True),
                     "frozen_layers": model.lowest_trainable_layer(),
@@ -196,7 +205,7 @@ def run_case(args: argparse.Namespace) -> dict:
                     file=sys.stderr,
                     flush=True,
                 )
-            if step == args.steps:
+            if step == args.steps or out_of_time:
                 break
             batch = train.batch(indices(step))
             with timed():
@@ -222,15 +231,22 @@ def pick_lr(curves: dict[str, list[dict]], model: str, k: int, arm: str, steps: 
     return best, len(grid) > 1 and best in (min(grid), max(grid))
 
 
-def case_args(args, arm: str, seed: int, lr: float, steps: int, curve: Path) -> list[str]:
+def case_args(args, arm: str, seed: int, lr: float, steps: int, curve: Path, seconds: float | None = None) -> list[str]:
+    clock = [] if seconds is None else ["--seconds", repr(seconds), "--eval-seconds", repr(args.eval_seconds)]
     return [
         *("--case", arm, "--seed", str(seed), "--lr", repr(lr), "--steps", str(steps), "--curve", str(curve)),
+        *clock,
         *("--model", args.model, "--k", str(args.k), "--data-dir", str(args.data_dir)),
         *("--eval-every", str(args.eval_every if steps == args.steps else steps)),
         *("--dev-samples", str(args.dev_samples), "--threads", str(args.threads), "--eps", repr(args.eps)),
         *("--batch", str(args.batch), "--retention", str(args.retention)),
         *("--priming-batches", str(args.priming_batches)),
     ]
+
+
+def diverged(curve: list[dict]) -> bool:
+    """Whether a run ended with a higher validation loss than it started with."""
+    return curve[-1]["validation_loss"] > curve[0]["validation_loss"]
 
 
 def run_pending(args, todo: list[tuple[Path, list[str]]]) -> None:
@@ -246,62 +262,94 @@ def run_pending(args, todo: list[tuple[Path, list[str]]]) -> None:
         print(f"{curve.stem}: dev {result['accuracy']:.4f}, {result['seconds']:.0f} s", flush=True)
 
 
+def mean_curve(runs: list[list[dict]]) -> list[dict]:
+    """The seeds' curves averaged evaluation by evaluation (as far as the shortest goes): seconds and accuracy."""
+    n = min(len(c) for c in runs)
+    return [
+        {
+            "seconds": statistics.fmean(c[i]["seconds"] for c in runs),
+            "step": statistics.fmean(c[i]["step"] for c in runs),
+            "accuracy": statistics.fmean(c[i]["accuracy"] for c in runs),
+        }
+        for i in range(n)
+    ]
+
+
 def summarize(args) -> dict:
+    """Per (model, k) and arm: the grid's lr, each seed's final dev accuracy, and the seconds the seed-mean curve
+    takes to reach plain MeZO's final mean accuracy, against plain MeZO's whole run."""
     curves = load_curves(args.output.parent / "curves")
     rows = []
     for model, k in sorted({(c[0]["model"], c[0]["k"]) for c in curves.values()}):
+        found = {}
         for arm in ARMS:
             picked = pick_lr(curves, model, k, arm, args.grid_steps)
             if picked is None:
                 continue
             lr, at_edge = picked
+            suffix = f"-lr{lr:g}-s{args.seconds:g}" if args.seconds is not None else f"-lr{lr:g}-steps{args.steps}"
             runs = [
-                c
-                for name, c in curves.items()
-                if name.startswith(f"{model}-k{k}-{arm}-seed") and c[-1]["lr"] == lr and c[-1]["step"] == args.steps
+                c for name, c in curves.items() if name.startswith(f"{model}-k{k}-{arm}-seed") and name.endswith(suffix)
             ]
-            if not runs:
-                rows.append({"model": model, "k": k, "arm": arm, "lr": lr, "lr_at_grid_edge": at_edge, "seeds": []})
-                continue
-            final = [c[-1]["accuracy"] for c in runs]
-            rows.append(
-                {
-                    "model": model,
-                    "k": k,
-                    "arm": arm,
-                    "lr": lr,
-                    "lr_at_grid_edge": at_edge,
-                    "seeds": sorted(c[0]["seed"] for c in runs),
-                    "final_accuracy": final,
-                    "final_mean": statistics.fmean(final),
-                    "final_std": statistics.stdev(final) if len(final) > 1 else 0.0,
-                    "seconds": statistics.fmean(c[-1]["seconds"] for c in runs),
-                    "seconds_per_step": statistics.fmean(
-                        (c[-1]["seconds"] - c[0]["seconds"]) / c[-1]["step"] for c in runs
+            found[arm] = (lr, at_edge, runs)
+        mezo_runs = found.get("mezo", (None, None, []))[2]
+        target = statistics.fmean(c[-1]["accuracy"] for c in mezo_runs) if mezo_runs else None
+        mezo_seconds = statistics.fmean(c[-1]["seconds"] for c in mezo_runs) if mezo_runs else None
+        for arm, (lr, at_edge, runs) in found.items():
+            row = {"model": model, "k": k, "arm": arm, "lr": lr, "lr_at_grid_edge": at_edge, "seeds": []}
+            if runs:
+                final = [c[-1]["accuracy"] for c in runs]
+                curve = mean_curve(runs)
+                reached = next((p for p in curve if target is not None and p["accuracy"] >= target), None)
+                row.update(
+                    seeds=sorted(c[0]["seed"] for c in runs),
+                    final_accuracy=final,
+                    final_mean=statistics.fmean(final),
+                    final_std=statistics.stdev(final) if len(final) > 1 else 0.0,
+                    seconds=statistics.fmean(c[-1]["seconds"] for c in runs),
+                    steps=statistics.fmean(c[-1]["step"] for c in runs),
+                    seconds_per_step=statistics.fmean(
+                        (c[-1]["seconds"] - c[0]["seconds"]) / max(1, c[-1]["step"]) for c in runs
                     ),
-                    "selection_seconds": statistics.fmean(c[0]["seconds"] for c in runs),
-                    "trainable_parameters": runs[0][-1]["trainable_parameters"],
-                }
-            )
-    return {"rows": rows, "steps": args.steps, "grid_steps": args.grid_steps, "machine": machine()}
+                    selection_seconds=statistics.fmean(c[0]["seconds"] for c in runs),
+                    trainable_parameters=runs[0][-1]["trainable_parameters"],
+                    seconds_to_mezo_final=None if reached is None else reached["seconds"],
+                    time_to_mezo_final_vs_mezo=None
+                    if reached is None or not mezo_seconds
+                    else reached["seconds"] / mezo_seconds,
+                    mean_curve=curve,
+                )
+            rows.append(row)
+    return {
+        "rows": rows,
+        "seconds": args.seconds,
+        "steps": args.steps,
+        "grid_steps": args.grid_steps,
+        "machine": machine(),
+    }
 
 
 def markdown(summary: dict) -> str:
+    budget = (
+        f"{summary['seconds']:g} training CPU-seconds per run" if summary["seconds"] else f"{summary['steps']} steps"
+    )
     lines = [
-        "# SST-2 few-shot, MeZO arms on the clock (lean runtime, one thread per run)",
+        f"# SST-2 few-shot, MeZO arms on the clock (lean runtime, one thread per run, {budget})",
         "",
-        "| model | k | arm | lr (seed-0 grid) | seeds | final dev accuracy | train seconds | s/step | selection s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | k | arm | lr (seed-0 grid) | seeds | final dev accuracy | steps | s/step | selection s "
+        "| time to plain MeZO's final / its run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         lr = f"{r['lr']:g}" + (" (grid edge)" if r["lr_at_grid_edge"] else "")
         if not r["seeds"]:
-            lines.append(f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | - | not run | | | |")
+            lines.append(f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | - | not run | | | | |")
             continue
+        ratio = r["time_to_mezo_final_vs_mezo"]
         lines.append(
             f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | {r['seeds']} | {100 * r['final_mean']:.2f} ± "
-            f"{100 * r['final_std']:.2f} | {r['seconds']:.0f} | {r['seconds_per_step']:.2f} | "
-            f"{r['selection_seconds']:.1f} |"
+            f"{100 * r['final_std']:.2f} | {r['steps']:.0f} | {r['seconds_per_step']:.2f} | "
+            f"{r['selection_seconds']:.1f} | {'not reached' if ratio is None else f'{ratio:.2f}'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -318,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid-steps", type=int, default=100)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="curves: train until the clock passes this (--steps caps the steps)"
+    )
+    parser.add_argument("--eval-seconds", type=float, default=100.0, help="curves with --seconds: evaluate this often")
     parser.add_argument("--dev-samples", type=int, default=256, help="first N dev sentences evaluated (of 872)")
     parser.add_argument("--max-validation-per-class", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=128)
@@ -340,19 +392,31 @@ def main(argv: list[str] | None = None) -> int:
 
     curves_dir = args.output.parent / "curves"
 
-    def case(arm: str, seed: int, lr: float, steps: int) -> tuple[Path, list[str]]:
-        curve = curves_dir / f"{case_name(args.model, args.k, arm, seed, lr, steps)}.jsonl"
-        return curve, case_args(args, arm, seed, lr, steps, curve)
+    def case(arm: str, seed: int, lr: float, steps: int, seconds: float | None = None) -> tuple[Path, list[str]]:
+        curve = curves_dir / f"{case_name(args.model, args.k, arm, seed, lr, steps, seconds)}.jsonl"
+        return curve, case_args(args, arm, seed, lr, steps, curve, seconds)
 
     if "grid" in args.phase:
-        run_pending(args, [case(arm, 0, lr, args.grid_steps) for lr in args.lrs for arm in args.arms])
+        # Rates in increasing order; a rate above one at which an arm diverged is not run for that arm.
+        for lr in sorted(args.lrs):
+            curves = load_curves(curves_dir)
+            lower = {
+                arm: [c for name, c in curves.items() if name.startswith(f"{args.model}-k{args.k}-{arm}-seed0-")]
+                for arm in args.arms
+            }
+            arms = [
+                arm
+                for arm in args.arms
+                if not any(c[0]["lr"] < lr and c[-1]["step"] == args.grid_steps and diverged(c) for c in lower[arm])
+            ]
+            run_pending(args, [case(arm, 0, lr, args.grid_steps) for arm in arms])
     if "curves" in args.phase:
         todo = []
         for arm in args.arms:
             picked = pick_lr(load_curves(curves_dir), args.model, args.k, arm, args.grid_steps)
             if picked is None:
                 parser.error(f"no grid for {arm} at k={args.k}: run --phase grid first")
-            todo += [case(arm, seed, picked[0], args.steps) for seed in args.seeds]
+            todo += [case(arm, seed, picked[0], args.steps, args.seconds) for seed in args.seeds]
         run_pending(args, todo)
     if "summary" in args.phase:
         summary = summarize(args)

@@ -1,13 +1,16 @@
-"""Whole-process peak memory of `far train` / `far squad` with and without --memory-budget.
+"""Whole-process peak memory of `far train` / `far squad` with and without --memory-budget, side by side.
 
 Each case is a fresh `far` process under `/usr/bin/time -v` (its "Maximum resident set size" is the
-peak, priming and evaluation included). Data: STS-B sentence pairs (regression, Pearson), written as
-CSVs into a temporary folder; every case trains on the same examples for the same steps. A budget
-that cannot fit is recorded with the smallest budget `far` names, and that budget is then run.
+peak, priming and evaluation included). Data: STS-B sentence pairs (regression, Pearson; the training
+file's pairs to train on, the first 500 dev pairs to score), written as CSVs into a temporary folder;
+every case trains on the same examples for the same steps at --max-length 128, batch 32. Cases: full
+fine-tuning and FAR (r=0.2, frozen embeddings) without a budget, both under the budget (a budget that
+cannot fit is recorded with the smallest budget `far` names, and that budget is then run), a budget
+far too small (the time to refuse), and SQuAD with FAR under 1 GiB.
 
-    python experiments/memory_budget.py [--data-dir ../shared/data] [--steps 40]
+    python experiments/memory_budget.py [--data-dir ../shared/data] [--steps 120] [--budget 640]
 
-Writes experiments/results/memory_budget/{memory_budget.json,README.md}.
+Writes `--output` (memory_budget.json and README.md).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from pathlib import Path
 from harness import add_output_argument, machine, results_dir, write_report
 
 from far.data.locate import resolve_data_dir
-from far.training import budget
 
 REFUSED = re.compile(r"smallest that fits is (\d+) MiB")
 
@@ -59,12 +61,15 @@ def run_far(name: str, argv: list[str], out_dir: Path) -> dict:
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - start
     peak_kib = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
-    plan = re.search(r"memory plan for .*", done.stdout)
+    plan = re.search(r"memory plan for .*", done.stderr)  # far.finetune's plan, once the model and data are loaded
+    user = re.search(r"User time \(seconds\): ([\d.]+)", done.stderr)
+    system = re.search(r"System time \(seconds\): ([\d.]+)", done.stderr)
     record = {
         "case": name,
         "returncode": done.returncode,
         "peak_mib": int(peak_kib.group(1)) // 1024 if peak_kib else None,
         "wall_s": round(wall, 1),
+        "cpu_s": round(float(user.group(1)) + float(system.group(1)), 1) if user and system else None,
         "plan": plan.group(0) if plan else None,
     }
     refused = REFUSED.search(done.stderr)
@@ -74,8 +79,9 @@ def run_far(name: str, argv: list[str], out_dir: Path) -> dict:
     elif done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     else:
-        metrics = json.loads((out_dir / name / "metrics.json").read_text())["metrics"]
-        record["metric"] = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}
+        run = json.loads((out_dir / name / "metrics.json").read_text())
+        record["metric"] = {k: round(v, 4) for k, v in run["metrics"].items() if isinstance(v, float)}
+        record["runtime"] = run.get("runtime")
     print(json.dumps(record), flush=True)
     return record
 
@@ -86,8 +92,11 @@ def main() -> None:
         "--data-dir", default=None, help="GLUE/SQuAD root (default: $FAR_DATA_DIR, else ../shared/data)"
     )
     add_output_argument(parser, results_dir(__file__), "the report's folder (memory_budget.json, README.md)")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--squad-steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--budget", type=int, default=640)
+    parser.add_argument("--squad-budget", type=int, default=1024)
+    parser.add_argument("--squad-steps", type=int, default=20)
+    parser.add_argument("--skip-squad", action="store_true")
     args = parser.parse_args()
     # The data folder as far finds it, else ../shared/data beside the repository (where the project keeps it).
     data_root = resolve_data_dir(args.data_dir) or Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -97,25 +106,25 @@ def main() -> None:
         glue = data_root / "glue" / "STS-B"
         _pairs(glue / "train.tsv", tmp / "train.csv", None)
         _pairs(glue / "dev.tsv", tmp / "dev.csv", 500)
-        # 32 x steps examples: every batch full, so micro-batches hold exactly the batch's examples.
         common = ["train", "--train-file", str(tmp / "train.csv"), "--validation-file", str(tmp / "dev.csv")]
         common += ["--max-length", "128", "--batch-size", "32", "--max-steps", str(args.steps)]
-        common += ["--max-train-samples", str(32 * args.steps)]
         far_method = ["--method", "far", "--retention", "0.2", "--freeze-embeddings"]
-        cases.append(run_far("full", [*common, "--method", "full"], tmp))
-        cases.append(run_far("far", [*common, *far_method], tmp))
-        for method, name in ((far_method, "far"), (["--method", "full"], "full")):
-            refused = run_far(f"{name} @ 640", [*common, *method, "--memory-budget", "640"], tmp)
+        budget_flags = ["--memory-budget", str(args.budget)]
+        for method, name in ((["--method", "full"], "full"), (far_method, "far")):
+            cases.append(run_far(name, [*common, *method], tmp))
+            refused = run_far(f"{name} @ {args.budget}", [*common, *method, *budget_flags], tmp)
             cases.append(refused)
             least = refused.get("smallest_budget")
             if least is not None:
                 cases.append(run_far(f"{name} @ {least}", [*common, *method, "--memory-budget", str(least)], tmp))
-        squad = ["squad", "--data-dir", str(data_root), "--method", "far", "--retention", "0.2", "--freeze-embeddings"]
-        squad += ["--max-steps", str(args.squad_steps), "--max-train-samples", "160", "--max-eval-samples", "100"]
-        cases.append(run_far("squad far @ 1024", [*squad, "--memory-budget", "1024"], tmp))
-        least = cases[-1].get("smallest_budget")
-        if least is not None:
-            cases.append(run_far(f"squad far @ {least}", [*squad, "--memory-budget", str(least)], tmp))
+        cases.append(run_far("far @ 300 (refused)", [*common, *far_method, "--memory-budget", "300"], tmp))
+        if not args.skip_squad:
+            squad = ["squad", "--data-dir", str(data_root), *far_method, "--max-steps", str(args.squad_steps)]
+            squad += ["--max-train-samples", "320", "--max-eval-samples", "100"]
+            cases.append(run_far("squad far", squad, tmp))
+            cases.append(
+                run_far(f"squad far @ {args.squad_budget}", [*squad, "--memory-budget", str(args.squad_budget)], tmp)
+            )
     report = {
         "machine": {**machine(), "cpu_flags": _cpu_flags()},
         "calibration": {
@@ -123,15 +132,19 @@ def main() -> None:
             "activation_factor": budget.ACTIVATION_FACTOR,
             "eval_factor": budget.EVAL_FACTOR,
             "state_bytes": budget.STATE_BYTES,
+            "dynamo_mib": budget.DYNAMO_MIB,
         },
         "command": "python experiments/memory_budget.py " + " ".join(sys.argv[1:]),
         "cases": cases,
     }
     write_report(args.output / "memory_budget.json", report)
-    lines = ["| case | plan | peak MiB | wall s | metric |", "|---|---|---|---|---|"]
+    lines = ["| case | runtime | plan | peak MiB | wall s | CPU s | metric |", "|---|---|---|---|---|---|---|"]
     for c in cases:
         shown = c.get("refused") or c.get("plan") or "no budget"
-        lines.append(f"| {c['case']} | {shown} | {c['peak_mib']} | {c['wall_s']} | {c.get('metric', '')} |")
+        lines.append(
+            f"| {c['case']} | {c.get('runtime', '')} | {shown} | {c['peak_mib']} | {c['wall_s']} "
+            f"| {c.get('cpu_s', '')} | {c.get('metric', '')} |"
+        )
     (args.output / "README.md").write_text(
         "# Memory budget\n\n`" + report["command"] + "`\n\n" + "\n".join(lines) + "\n\nCalibration: "
         f"{json.dumps(report['calibration'])}; CPU flags {report['machine']['cpu_flags']}.\n"

@@ -268,3 +268,28 @@ def test_pareto_figure_places_each_method_at_its_time_memory_and_metric():
     assert [c for t in memory_ax.texts for c in t.xy] == pytest.approx([1400, 40.0, 1300, 39.0])  # no peak: no point
     with pytest.raises(ValueError, match="no methods for cola"):
         plotting.plot_pareto({}, "cola", "x")
+
+
+def test_fewshot_time_figure_draws_each_arms_seed_mean_against_seconds():
+    def curve(arm, seed, accuracies, step_seconds):
+        return [
+            {"arm": arm, "seed": seed, "seconds": i * step_seconds, "accuracy": a} for i, a in enumerate(accuracies)
+        ]
+
+    curves = [
+        curve("mezo", 0, [0.5, 0.6, 0.7], 100),
+        curve("mezo", 1, [0.5, 0.64, 0.74], 110),
+        curve("far_top10", 0, [0.5, 0.7, 0.72, 0.75], 40),
+    ]
+    fig = plotting.plot_fewshot_time(curves, "time setting", target=0.72)
+    assert_labelled(fig, "time setting")
+    assert "training seconds" in fig.axes[0].get_xlabel()
+    ax = fig.axes[0]
+    mezo, far = ax.lines[0], ax.lines[1]
+    np.testing.assert_allclose(mezo.get_xdata(), [0, 105, 210])
+    np.testing.assert_allclose(mezo.get_ydata(), [50, 62, 72])
+    np.testing.assert_allclose(far.get_ydata(), [50, 70, 72, 75])
+    assert ax.lines[-1].get_ydata()[0] == pytest.approx(72)  # the target line
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "MeZO (all weights) (2 seeds)"
+    with pytest.raises(ValueError, match="no curves"):
+        plotting.plot_fewshot_time([], "x")

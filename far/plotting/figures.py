@@ -28,6 +28,14 @@ CASE_LABELS = {
     "mezo": "MeZO\n(all weights)",
     "mezo_far": "MeZO + FAR\n(r = 0.4)",
     "mezo_far_emb": "MeZO + FAR\n(r = 0.4, embedding trained)",
+    "far": "MeZO + FAR\n(r = 0.4, gradient priming)",
+    "magnitude": "MeZO + FAR\n(r = 0.4, smallest weights)",
+    "lezo": "LeZO\n(a quarter of the layers a step)",
+    "magnitude_lezo": "magnitude + LeZO",
+    "far_top10": "MeZO + FAR, depth\n(top third, 30% of its nodes)",
+    "far_top10_full": "MeZO + FAR, depth\n(top third, all its nodes)",
+    "far_top6": "MeZO + FAR, depth\n(top fifth, 50% of its nodes)",
+    "far_top15": "MeZO + FAR, depth\n(top half, 40% of its nodes)",
     "adamw": "AdamW\n(all weights)",
 }
 MIB = 2**20
@@ -432,5 +440,39 @@ def plot_fewshot(summaries: Sequence[Mapping], title: str):
     ax.legend(handles, [CASE_LABELS.get(n, n).replace("\n", " ") for n in names], fontsize=8, loc="upper right")
     ax.set(xlabel="model, training examples per class", ylabel="SST-2 dev accuracy (%)", ylim=(40, 90))
     ax.set_title(f"{title}\n(bars: mean ± std over seeds, dots: seeds; dashed: the pretrained model)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_fewshot_time(curves: Sequence[Sequence[Mapping]], title: str, target: float | None = None):
+    """Few-shot dev accuracy against training seconds (experiments/llm_fewshot_time.py): a line per arm, the
+    mean over its seeds (evaluation by evaluation), the seeds' range shaded.
+
+    Args:
+        curves: Curves of one model and k, each a list of evaluations ({"arm", "seed", "seconds", "accuracy"}).
+        title: The setting (model, k, clock).
+        target: An accuracy to mark (plain MeZO's final mean), as a fraction.
+    """
+    plt = _pyplot()
+    if not curves:
+        raise ValueError("no curves to plot: run experiments/llm_fewshot_time.py --phase curves")
+    by_arm: dict[str, list[Sequence[Mapping]]] = {}
+    for curve in curves:
+        by_arm.setdefault(curve[0]["arm"], []).append(curve)
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for i, (arm, runs) in enumerate(by_arm.items()):
+        n = min(len(c) for c in runs)
+        seconds = np.array([[c[j]["seconds"] for j in range(n)] for c in runs]).mean(axis=0)
+        accuracy = 100 * np.array([[c[j]["accuracy"] for j in range(n)] for c in runs])
+        label = f"{CASE_LABELS.get(arm, arm)} ({len(runs)} seed{'s' * (len(runs) > 1)})".replace("\n", " ")
+        ax.plot(seconds, accuracy.mean(axis=0), color=f"C{i}", label=label, linewidth=1.6)
+        if len(runs) > 1:
+            ax.fill_between(seconds, accuracy.min(axis=0), accuracy.max(axis=0), color=f"C{i}", alpha=0.15)
+    if target is not None:
+        ax.axhline(100 * target, color="black", linestyle="--", linewidth=1)
+        ax.annotate("plain MeZO's final mean", (0, 100 * target), va="bottom", fontsize=7)
+    ax.set(xlabel="training seconds (one CPU thread; selection and priming included)", ylabel="SST-2 dev accuracy (%)")
+    ax.set_title(f"{title}\n(lines: mean over seeds; shaded: the seeds' range)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
