@@ -23,6 +23,7 @@ from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
 from far.training.budget import (
     BASE_MIB,
+    DATASETS_MIB,
     DYNAMO_MIB,
     MemoryBudgetError,
     ModelShape,
@@ -269,11 +270,12 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
     """The `RunSettings` of a training command's arguments (checked: a bad value raises ValueError)."""
     settings = from_args(RunSettings, args, save_model=not args.no_save_model, progress=not args.no_progress)
     if settings.memory_budget is not None:
-        settings = _within_budget(settings, args.task_defaults)
+        # GLUE's and SQuAD's loaders import `datasets`; far train reads its files without it.
+        settings = _within_budget(settings, args.task_defaults, reads_datasets=args.command in ("glue", "squad"))
     return settings
 
 
-def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping]) -> RunSettings:
+def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping], reads_datasets: bool) -> RunSettings:
     """Refuse a budget that cannot fit before anything loads (from the model's config.json alone), and
     shrink the evaluation batch to the plan's; far.finetune plans the training side again with the model."""
     if is_causal_lm(settings.model):
@@ -292,7 +294,8 @@ def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping]) -> Ru
             settings.memory_budget,
             shape,
             base_mib=BASE_MIB[settings.encoder_runtime]
-            + (DYNAMO_MIB if imports_dynamo(settings.optimizer) and settings.encoder_runtime == "lean" else 0.0),
+            + (DYNAMO_MIB if imports_dynamo(settings.optimizer) and settings.encoder_runtime == "lean" else 0.0)
+            + (DATASETS_MIB if reads_datasets else 0.0),
             batch_size=hparams["batch_size"],
             seq_len=hparams["max_length"],
             far=far_config,

@@ -40,10 +40,15 @@ MIB = 2**20
 # threshold pinned as `far.llm.memory.release_freed_memory` pins it; experiments/results/memory_budget): the
 # process without the model's weights, once training has begun with far's AdamW. transformers' model code
 # imports torch._dynamo itself.
-BASE_MIB = {"transformers": 380.0, "lean": 290.0}
-# What importing torch._dynamo adds (a torch.optim optimizer's first parameter group does it: MeZO, SGD).
+BASE_MIB = {"transformers": 410.0, "lean": 320.0}
+# What importing torch._dynamo adds (a torch.optim optimizer's first parameter group does it: MeZO, SGD), and
+# `datasets` with pandas and pyarrow (GLUE's and SQuAD's loaders; `far train` reads its files without it).
 DYNAMO_MIB = 73.0
 DYNAMO_OPTIMIZERS = ("mezo", "sgd")
+DATASETS_MIB = 115.0
+# What the first training step allocates for good (oneDNN's compiled kernels and scratch, thread pools), which a
+# process measured before training has not yet.
+FIRST_STEP_MIB = 30.0
 # Measured activations over the count of `_activation_floats`.
 ACTIVATION_FACTOR = 1.26
 # Inference keeps about one layer's tensors at a time (2.85 MiB per 128-token MiniLM example).
@@ -182,21 +187,30 @@ def estimate_mib(
     def act(kept: float) -> float:
         return ACTIVATION_FACTOR * 4 * _micro_batch_floats(shape, seq_len, micro_tokens, kept, recompute_layers)
 
+    # Accumulating a micro-batch's gradient into the step's allocates the new gradient of one tensor at a time:
+    # the word embedding's (dense, vocab x hidden) where it trains, else a layer's largest matrix.
+    matrix = 4 * shape.hidden * max(shape.ffn, shape.hidden)
+
+    def accumulation(embeddings_train: bool) -> float:
+        return 4 * shape.embedding_params if embeddings_train else matrix
+
     frozen = shape.embedding_params if freeze_embeddings else 0
     if far is None:
         trainable = shape.params - frozen
-        phases = [STATE_BYTES[optimizer] * trainable + (0.0 if optimizer == "mezo" else act(1.0))]
+        first_order = 0.0 if optimizer == "mezo" else act(1.0) + accumulation(not freeze_embeddings)
+        phases = [STATE_BYTES[optimizer] * trainable + first_order]
     else:
         kept = far.retention / (2 if recompute else 1)
         trainable = (
             shape.params - shape.embedding_params * far.freeze_embeddings - shape.ffn_params * (1 - far.retention)
         )
-        phases = [STATE_BYTES[optimizer] * trainable + (0.0 if optimizer == "mezo" else act(kept))]
+        first_order = 0.0 if optimizer == "mezo" else act(kept) + accumulation(not far.freeze_embeddings)
+        phases = [STATE_BYTES[optimizer] * trainable + first_order]
         if priming_optimizer is not None:
             primed = shape.params - (shape.embedding_params if early_frozen_embeddings else 0)
             snapshot = 4 * shape.ffn_params if primer_copy else 0.0
-            priming_act = 0.0 if priming_optimizer == "mezo" else act(1.0)
-            phases.append(STATE_BYTES[priming_optimizer] * primed + snapshot + priming_act)
+            priming = 0.0 if priming_optimizer == "mezo" else act(1.0) + accumulation(not early_frozen_embeddings)
+            phases.append(STATE_BYTES[priming_optimizer] * primed + snapshot + priming)
     return base_mib + (weights + max(phases) + evaluation) / MIB
 
 
@@ -218,10 +232,10 @@ def imports_dynamo(*optimizers: str | None) -> bool:
 
 
 def process_base_mib(resident_mib: float, model_bytes: int, dynamo: bool) -> float:
-    """The base of a plan made inside a running process: what it holds now without the model's weights,
-    plus torch._dynamo's import where the run will import it (`dynamo`) and nothing has yet."""
+    """The base of a plan made inside a running process: what it holds now without the model's weights, plus
+    torch._dynamo's import where the run will import it (`dynamo`) and nothing has yet, plus the first step's."""
     later = dynamo and "torch._dynamo" not in sys.modules
-    return resident_mib - model_bytes / MIB + (DYNAMO_MIB if later else 0.0)
+    return resident_mib - model_bytes / MIB + (DYNAMO_MIB if later else 0.0) + FIRST_STEP_MIB
 
 
 def plan_memory(
