@@ -219,8 +219,8 @@ def markdown(summary: dict, kept: dict | None = None) -> str:
     {"bytes": ...}) adds the kept file's size."""
     lines = [
         "| task | metric | method | metric (mean ± std) | Δ vs full | train time s (mean ± std) | time saved vs full "
-        "| seeds | trainable params | peak RSS MiB (max) | kept file MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| process CPU s | CPU saved vs full | seeds | trainable params | peak RSS MiB (max) | kept file MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, methods in summary.items():
         for method, row in methods.items():
@@ -228,11 +228,14 @@ def markdown(summary: dict, kept: dict | None = None) -> str:
             scale = TASKS[task].get("points", 100)  # metrics as points
             delta = row.get("metric_delta_vs_full")
             saving = row.get("time_saving_vs_full")
+            cpu, cpu_saving = row.get("process_cpu_seconds"), row.get("cpu_saving_vs_full")
+            cpu_time = "" if cpu is None else f"{cpu['mean']:.0f} ± {cpu['std']:.0f}"
+            cpu_cells = f"{cpu_time} | {'' if cpu_saving is None else f'{100 * cpu_saving:.1f}%'}"
             lines.append(
                 f"| {task} | {TASKS[task]['metric']} | {method} | {scale * m['mean']:.2f} ± {scale * m['std']:.2f} | "
                 f"{'' if delta is None else f'{scale * delta:+.2f}'} | {t['mean']:.0f} ± {t['std']:.0f}"
                 f"{' †' if row.get('times_from') else ''} | {'' if saving is None else f'{100 * saving:.1f}%'} | "
-                f"{m['n']} | {row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} | "
+                f"{cpu_cells} | {m['n']} | {row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} | "
                 f"{_mib((kept or {}).get(method, {}).get('bytes'))} |"
             )
     return "\n".join(lines)

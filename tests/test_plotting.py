@@ -268,6 +268,11 @@ def test_pareto_figure_places_each_method_at_its_time_memory_and_metric():
     assert [c for t in memory_ax.texts for c in t.xy] == pytest.approx([1400, 40.0, 1300, 39.0])  # no peak: no point
     with pytest.raises(ValueError, match="no methods for cola"):
         plotting.plot_pareto({}, "cola", "x")
+    for row, cpu in zip(summary.values(), (90, 60, 50), strict=True):
+        row["process_cpu_seconds"] = _stats(cpu, 1.0, [cpu])
+    fig = plotting.plot_pareto(summary, "cola", "setting P", clock="cpu")
+    assert [c for t in fig.axes[0].texts for c in t.xy][::2] == pytest.approx([90, 60, 50])
+    assert "CPU time" in fig.axes[0].get_xlabel()
 
 
 def test_fewshot_time_figure_draws_each_arms_seed_mean_against_seconds():

@@ -41,7 +41,7 @@ def test_summary_compares_with_full_whatever_the_order(replicate_far):
     assert far["metric_delta_vs_full"] == pytest.approx(0.0)
     assert far["time_saving_vs_full"] == pytest.approx(0.05)
     table = replicate_far.markdown({"cola": summary})
-    assert "| cola | matthews_correlation | far | 25.00 ± 1.41 | +0.00 | 95 ± 7 | 5.0% | 2 | 18 |  |  |" in table
+    assert "| cola | matthews_correlation | far | 25.00 ± 1.41 | +0.00 | 95 ± 7 | 5.0% |  |  | 2 | 18 |  |  |" in table
 
 
 def test_summary_marks_earlier_times_and_shows_memory_and_kept_file(replicate_far):
@@ -56,13 +56,13 @@ def test_summary_marks_earlier_times_and_shows_memory_and_kept_file(replicate_fa
     kept = {"lora": {"bytes": 3 * 2**19}, "full": {"bytes": 90 * 2**20}}
     table = replicate_far.markdown(summary, kept)
     assert (
-        "| cola | matthews_correlation | full | 25.00 ± 0.00 | +0.00 | 100 ± 0 | 0.0% | 1 | 22 | 3,072.0 | 90.0 |"
+        "| cola | matthews_correlation | full | 25.00 ± 0.00 | +0.00 | 100 ± 0 | 0.0% |  |  | 1 | 22 | 3,072.0 | 90.0 |"
         in table
     )
     # A row with runs of both sessions times this session's only; its seeds count both.
-    assert "| lora | 21.00 ± 1.41 | -4.00 | 60 ± 0 | 40.0% | 2 | 1 | 1,025.0 | 1.5 |" in table
+    assert "| lora | 21.00 ± 1.41 | -4.00 | 60 ± 0 | 40.0% |  |  | 2 | 1 | 1,025.0 | 1.5 |" in table
     # Only an earlier session's runs: their time, marked, and no saving against this session's full.
-    assert "| far | 26.00 ± 0.00 | +1.00 | 90 ± 0 † |  | 1 | 18 |  |  |" in table
+    assert "| far | 26.00 ± 0.00 | +1.00 | 90 ± 0 † |  |  |  | 1 | 18 |  |  |" in table
 
 
 def test_unknown_method_fails_before_any_run(replicate_far):
@@ -118,3 +118,13 @@ def test_scripts_write_under_their_own_results_folder_with_one_output_flag(repli
     assert parser.parse_args(["--out", "a.json"]).output == Path("a.json")  # the earlier name still works
     assert "--out" not in parser.format_help().replace("--output", "")  # hidden from --help
     assert {"cpu", "cpu_flags"} <= set(harness.machine())
+
+
+def test_summary_shows_whole_process_cpu_seconds_and_their_saving(replicate_far):
+    records = {
+        ("cola", "full", 0): {**record(0.25, 0, 100, 22), "process_cpu_seconds": 100.0},
+        ("cola", "far", 0): {**record(0.25, 10, 80, 18), "process_cpu_seconds": 85.0},
+        ("cola", "far", 1): {**record(0.25, 10, 80, 18), "process_cpu_seconds": 95.0},
+    }
+    table = replicate_far.markdown(replicate_far.summarize(records))
+    assert "| 90 ± 0 | 10.0% | 90 ± 7 | 10.0% | 2 | 18 |" in table

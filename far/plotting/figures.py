@@ -169,18 +169,22 @@ def plot_methods(task_summary: Mapping[str, Mapping], task: str, setting: str):
     return fig
 
 
-def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str):
+def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str, clock: str = "wall"):
     """Metric against end-to-end time and against whole-process peak memory, one point per method.
 
     What a practitioner weighs: a method up and to the left of another beats it on both axes. Error bars
-    are the std over seeds where there are several; time is priming + training, as `plot_methods`.
+    are the std over seeds where there are several.
 
     Args:
         task_summary: `<replication>.json["summary"][task]`: method -> {"metric", "train_seconds",
-            "peak_rss_bytes", ...}.
+            "process_cpu_seconds", "peak_rss_bytes", ...}.
         task: The task (names the metric).
         setting: The runs' setting for the title.
+        clock: "wall" (priming + training, as `plot_methods`) or "cpu" (the whole process's CPU seconds:
+            what a one-thread run takes on an unshared core, whatever else the machine ran meanwhile).
     """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
     plt = _pyplot()
     methods = _ordered([m for m in task_summary if task_summary[m].get("metric")])
     if not methods:
@@ -190,10 +194,10 @@ def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str):
     for i, method in enumerate(methods):
         row = task_summary[method]
         y, y_err = scale * _num(row["metric"]["mean"]), scale * _num(row["metric"]["std"])
-        seconds = row["train_seconds"]
+        seconds = row["train_seconds"] if clock == "wall" else row.get("process_cpu_seconds") or {}
         rss = row.get("peak_rss_bytes")
         points = (
-            (axes[0], _num(seconds["mean"]), _num(seconds["std"])),
+            (axes[0], _num(seconds.get("mean")), _num(seconds.get("std"))),
             (axes[1], _num(rss) / 2**20 if rss else None, 0),
         )
         for ax, x, x_err in points:
@@ -201,7 +205,12 @@ def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str):
                 continue
             ax.errorbar(x, y, xerr=x_err, yerr=y_err, fmt="o", color=f"C{i % 10}", capsize=3, label=method)
             ax.annotate(method, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    axes[0].set(xlabel="end-to-end training time (s, priming included)", ylabel=metric_label, title="metric vs time")
+    xlabel = (
+        "end-to-end training time (s, priming included)"
+        if clock == "wall"
+        else "whole-process CPU time (s, one thread: priming, training, evaluation)"
+    )
+    axes[0].set(xlabel=xlabel, ylabel=metric_label, title="metric vs time")
     axes[1].set(xlabel="whole-process peak RSS (MiB)", ylabel=metric_label, title="metric vs peak memory")
     axes[1].legend(loc="lower right", fontsize=7)
     fig.suptitle(setting)
