@@ -28,6 +28,7 @@ from pathlib import Path
 from harness import add_output_argument, machine, results_dir, write_report
 
 from far.data.locate import resolve_data_dir
+from far.training import budget as planner
 
 REFUSED = re.compile(r"smallest that fits is (\d+) MiB")
 
@@ -128,11 +129,13 @@ def main() -> None:
     report = {
         "machine": {**machine(), "cpu_flags": _cpu_flags()},
         "calibration": {
-            "base_mib": budget.BASE_MIB,
-            "activation_factor": budget.ACTIVATION_FACTOR,
-            "eval_factor": budget.EVAL_FACTOR,
-            "state_bytes": budget.STATE_BYTES,
-            "dynamo_mib": budget.DYNAMO_MIB,
+            "base_mib": planner.BASE_MIB,
+            "activation_factor": planner.ACTIVATION_FACTOR,
+            "eval_factor": planner.EVAL_FACTOR,
+            "state_bytes": planner.STATE_BYTES,
+            "dynamo_mib": planner.DYNAMO_MIB,
+            "datasets_mib": planner.DATASETS_MIB,
+            "first_step_mib": planner.FIRST_STEP_MIB,
         },
         "command": "python experiments/memory_budget.py " + " ".join(sys.argv[1:]),
         "cases": cases,
