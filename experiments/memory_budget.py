@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -141,6 +142,9 @@ def main() -> None:
             "first_step_mib": planner.FIRST_STEP_MIB,
         },
         "command": "python experiments/memory_budget.py " + " ".join(sys.argv[1:]),
+        # Each `far` process takes the threads of its environment; with one, its CPU seconds are its time on an
+        # unshared core whatever else runs on the machine.
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "cases": cases,
     }
     write_report(args.output / "memory_budget.json", report)
@@ -152,7 +156,11 @@ def main() -> None:
             f"| {c.get('cpu_s', '')} | {c.get('metric', '')} |"
         )
     (args.output / "README.md").write_text(
-        "# Memory budget\n\n`" + report["command"] + "`\n\n" + "\n".join(lines) + "\n\nCalibration: "
+        "# Memory budget\n\n`"
+        + report["command"]
+        + f"` (OMP_NUM_THREADS={report['omp_num_threads']})\n\n"
+        + "\n".join(lines)
+        + "\n\nCalibration: "
         f"{json.dumps(report['calibration'])}; CPU flags {report['machine']['cpu_flags']}.\n"
     )
 
