@@ -10,7 +10,7 @@ from far.config import FARConfig
 from far.data.prompts import prompt_loss_fn
 from far.llm.compact import CompactWeight
 from far.llm.lean_config import from_hf_config
-from far.llm.lean_far import magnitude_scores, prime_and_split, set_trainable
+from far.llm.lean_far import magnitude_scores, prime_and_split, set_trainable, zeroth_order_depth
 from far.llm.lean_model import from_state_dict
 from far.llm.prefix import PrefixCache
 from far.llm.zo import CompactMeZO
@@ -113,3 +113,7 @@ def test_magnitude_scores_rank_the_smallest_nodes_first():
     assert chosen == set(mean_abs.argsort()[:10].tolist())
     with pytest.raises(ValueError, match="scoring must be one of gradient, magnitude"):
         prime_and_split(lean(), [], prompt_loss_fn(LABEL_IDS), FARConfig(0.25), scoring="random")
+
+
+def test_the_default_zeroth_order_depth_leaves_the_top_third():
+    assert [zeroth_order_depth(n) for n in (30, 18, 3, 2)] == [20, 12, 2, 1]
