@@ -129,14 +129,18 @@ class Primer:
 
     def _keep(self, key: str, tensor: Tensor, role: str, module: nn.Module | None) -> None:
         """Remember `tensor`'s value now under `key`: a copy, or with a reference the parameter's name
-        after checking that the reference holds exactly this value."""
+        after checking that the reference holds exactly this value (a copy where the reference lacks it)."""
         name = self._parameter_names[id(tensor)]
         self._roles[key] = (name, role)
         if self._reference is None:
             value = node_rows(module, role) if role else tensor.detach()
             self._snapshot[key] = value.to("cpu", copy=True)
             return
-        stored = self._reference(name)
+        try:
+            stored = self._reference(name)
+        except KeyError:  # not in the model's files (a head initialized at load time): kept as a copy
+            self._snapshot[key] = (node_rows(module, role) if role else tensor.detach()).to("cpu", copy=True)
+            return
         if stored.shape != tensor.shape or not torch.equal(stored.to(tensor.dtype), tensor.detach().cpu()):
             raise ValueError(
                 f"the Primer's reference does not hold {name} as the model has it now; give the reference of the "
