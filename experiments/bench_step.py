@@ -219,7 +219,8 @@ def time_cell(
     for name in rows:
         for key in ("saved_for_backward_bytes", "peak_live_bytes") if memory else ():
             rows[name][key.replace("_bytes", "_ratio")] = rows[name][key] / rows["full"][key]
-    return {"configs": rows, "rates": asdict(rates)}
+    word = max((m for m in full_model.modules() if isinstance(m, torch.nn.Embedding)), key=lambda m: m.weight.numel())
+    return {"configs": rows, "rates": asdict(rates), "embedding_elements": word.weight.numel()}
 
 
 def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -412,6 +413,7 @@ TERMS = {
     "mapped_bytes": "mapped",
     "dropout": "dropout",
     "optimizer_tensors": "tensors",
+    "embedding": "emb",
 }
 
 
@@ -419,10 +421,11 @@ def roofline_markdown(results: list[dict]) -> str:
     """The calibrated rates of each cell, and each configuration's roofline terms in milliseconds."""
     lines = [
         "Roofline rates (medians of the calibration rounds): F in GFLOP/s (forward, dX, dW, attention), "
-        "B and P in GB/s, R in M dropout elements/s, t_tensor in µs per AdamW tensor.",
+        "B and P in GB/s, R in M dropout elements/s, t_tensor in µs per AdamW tensor, t_emb in ms per word-embedding "
+        "step (its elements times t_embedding).",
         "",
-        "| model | batch x len | precision | F fwd | F dX | F dW | F attn | B | P | R | t_tensor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | batch x len | precision | F fwd | F dX | F dW | F attn | B | P | R | t_tensor | t_emb |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         r = cell["rates"]
@@ -431,7 +434,8 @@ def roofline_markdown(results: list[dict]) -> str:
             f"{r['forward_flops_per_s'] / 1e9:.1f} | {r['input_grad_flops_per_s'] / 1e9:.1f} | "
             f"{r['weight_grad_flops_per_s'] / 1e9:.1f} | {r['attention_flops_per_s'] / 1e9:.1f} | "
             f"{r['bytes_per_s'] / 1e9:.2f} | {r['mapped_bytes_per_s'] / 1e9:.2f} | "
-            f"{r['dropout_elements_per_s'] / 1e6:.1f} | {r['seconds_per_tensor'] * 1e6:.0f} |"
+            f"{r['dropout_elements_per_s'] / 1e6:.1f} | {r['seconds_per_tensor'] * 1e6:.0f} | "
+            f"{r.get('seconds_per_embedding_element', 0.0) * cell.get('embedding_elements', 0) * 1e3:.0f} |"
         )
     lines += [
         "",
@@ -442,7 +446,7 @@ def roofline_markdown(results: list[dict]) -> str:
     ]
     for cell in results:
         for name, row in cell["configs"].items():
-            terms = " | ".join(f"{row['roofline_terms_s'][key] * 1e3:.0f}" for key in TERMS)
+            terms = " | ".join(f"{row['roofline_terms_s'].get(key, 0.0) * 1e3:.0f}" for key in TERMS)
             lines.append(
                 f"| {_label(cell)} | {cell['batch']}x{cell['length']} | {cell['precision']} | {name} | {terms} | "
                 f"{row['roofline_step_s'] * 1e3:.0f} | {row['median_step_s'] * 1e3:.0f} |"

@@ -85,6 +85,11 @@ class Calibration:
         layer = find_layers(model)[0]
         self.stream = _adamw([tuple(p.shape) for n, p in model.named_parameters() if n.startswith(f"{layer}.")] * 2)
         self.big = torch.zeros(MMAP_THRESHOLD // 4 + 2**20)  # above the mmap threshold, like a word embedding
+        # The model's word embedding, trained alone as a step trains it: looked up, its dense gradient, AdamW.
+        word = max((m for m in model.modules() if isinstance(m, nn.Embedding)), key=lambda m: m.weight.numel())
+        self.embedding = nn.Embedding(word.num_embeddings, word.embedding_dim)
+        self.embedding_optimizer = torch.optim.AdamW(self.embedding.parameters(), lr=1e-5)
+        self.token_ids = torch.randint(0, word.num_embeddings, (tokens,), generator=generator)
         self.tiny = _adamw([(16,)] * 64)
         # Dropout on what a step drops most (hidden states at small shapes, scores at large): >= 1M elements.
         self.activation = torch.randn(max(tokens * hidden, 2**20), generator=generator)
@@ -127,6 +132,13 @@ class Calibration:
         n = self.big.numel()
         mapping = self._time("mapped", lambda: torch.zeros(n)) - self._time("filled", self.big.zero_)
         self._add("mapped_bytes_per_s", 4 * n / max(mapping, 1e-9))
+        embedding = self._time("embedding", self._embedding_step)
+        self._add("seconds_per_embedding_element", embedding / self.embedding.weight.numel())
+
+    def _embedding_step(self) -> None:
+        self.embedding(self.token_ids).sum().backward()
+        self.embedding_optimizer.step()
+        self.embedding_optimizer.zero_grad(set_to_none=True)
 
     def rates(self) -> Rates:
         return Rates(**{key: statistics.median(values) for key, values in self.samples.items()})

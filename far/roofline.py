@@ -1,7 +1,7 @@
 """A roofline for a training step: matrix-product FLOPs at a calibrated speed, plus the bytes that stream.
 
     step seconds = Σ_kind FLOPs_kind / F_kind  +  bytes / B  +  mapped bytes / P
-                   + dropout elements / R  +  optimizer tensors × t_tensor
+                   + dropout elements / R  +  optimizer tensors × t_tensor  +  word-embedding elements × t_embedding
 
 The terms add up rather than overlap (no max per phase): on a small CPU the step is one thread of
 ops, each either a matrix product (whose own memory traffic is already in F, timed at the step's
@@ -25,6 +25,11 @@ this module counts from the model's shapes is pure:
   memory (~40x a copy per element here), so it has its own rate R.
 - **bf16 autocast**: every projection weight is cast to bf16 in each forward (FAR's split layers
   keep their frozen part's cast), and a trainable weight's bf16 gradient is cast back to fp32.
+- **A trainable embedding above the mmap threshold** (the word embedding) is timed whole, per element:
+  its dense gradient zero-filled into fresh pages, the rows added in, AdamW's passes and temporaries,
+  each step. Counted from bytes, these were the terms that missed most (the page faults of freshly
+  mapped tensors vary with what the allocator holds), so the calibration runs that very step
+  (`t_embedding`) and the other terms leave the embedding out.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class StepBytes:
     casts: int  # bf16 autocast: weights to bf16, weight gradients back to fp32
     dropout_elements: int
     optimizer_tensors: int
+    embedding_elements: int = 0  # trainable embeddings above the mmap threshold: timed whole (t_embedding)
 
     @property
     def streamed(self) -> int:
@@ -81,6 +87,7 @@ class Rates:
     mapped_bytes_per_s: float  # P: pages of a new tensor above the mmap threshold mapped and faulted
     dropout_elements_per_s: float  # R: dropout mask drawn and applied
     seconds_per_tensor: float  # AdamW's fixed cost per tensor (a dozen small ops)
+    seconds_per_embedding_element: float = 0.0  # t_embedding: a word embedding's whole step, per element
 
 
 def _size(config, *names: str, default: int | float | None = None):
@@ -110,16 +117,24 @@ def step_bytes(model: nn.Module, batch_size: int, seq_len: int, *, bf16: bool = 
     tokens = batch_size * seq_len
     per_layer = {"hidden": tokens * hidden, "ffn": tokens * ffn, "scores": batch_size * heads * seq_len * seq_len}
 
-    optimizer = mapped = gradients = casts = tensors = 0
+    optimizer = mapped = gradients = casts = tensors = embedding = 0
+    timed_whole = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, nn.Embedding) and m.weight.requires_grad and m.weight.numel() * 4 > MMAP_THRESHOLD
+    }
     for p in model.parameters():
         if not p.requires_grad:
             continue
         tensors += 1
+        if id(p) in timed_whole:
+            embedding += p.numel()
+            continue
         optimizer += ADAMW_PASSES * p.numel() * p.element_size()
         nbytes = p.numel() * p.element_size()
         mapped += 3 * nbytes if nbytes > MMAP_THRESHOLD else 0  # its gradient, sqrt and quotient
     for module in model.modules():
-        if isinstance(module, nn.Embedding) and module.weight.requires_grad:
+        if isinstance(module, nn.Embedding) and module.weight.requires_grad and id(module.weight) not in timed_whole:
             # a dense (vocab, hidden) gradient, zero-filled, then each token's row added in
             gradients += module.weight.numel() * module.weight.element_size() + 2 * tokens * module.embedding_dim * 4
         elif isinstance(module, (*PROJECTION_TYPES, SplitLinear)):
@@ -153,6 +168,7 @@ def step_bytes(model: nn.Module, batch_size: int, seq_len: int, *, bf16: bool = 
         casts=casts,
         dropout_elements=dropout,
         optimizer_tensors=tensors,
+        embedding_elements=embedding,
     )
 
 
@@ -167,6 +183,7 @@ def step_terms(flops: StepFlops, traffic: StepBytes, rates: Rates) -> dict[str, 
         "mapped_bytes": traffic.mapped / rates.mapped_bytes_per_s,
         "dropout": traffic.dropout_elements / rates.dropout_elements_per_s,
         "optimizer_tensors": traffic.optimizer_tensors * rates.seconds_per_tensor,
+        "embedding": traffic.embedding_elements * rates.seconds_per_embedding_element,
     }
 
 

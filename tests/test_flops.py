@@ -89,9 +89,12 @@ def test_adamw_bytes_grow_with_trainable_parameters_and_trainable_embeddings():
     split = step_bytes(far.reconfigure(tiny_model("bert"), 0.25, selection="random"), batch_size=1, seq_len=7)
     frozen = 2 * 2 * 32 * 30 + 2 * 30  # per layer: 30 frozen nodes' rows and columns, and their biases
     assert full.optimizer - split.optimizer == ADAMW_PASSES * 4 * frozen
-    # A (vocab, hidden) tensor above the mmap threshold maps new pages for its gradient and AdamW's two temporaries.
-    big = step_bytes(tiny_model("bert", vocab_size=MMAP_THRESHOLD // (4 * 32) + 1), batch_size=1, seq_len=7)
-    assert big.mapped == 3 * 4 * (MMAP_THRESHOLD // (4 * 32) + 1) * 32
+    # A (vocab, hidden) embedding above the mmap threshold is timed whole (t_embedding), in no other term.
+    vocab = MMAP_THRESHOLD // (4 * 32) + 1
+    big = step_bytes(tiny_model("bert", vocab_size=vocab), batch_size=1, seq_len=7)
+    assert big.embedding_elements == vocab * 32 and big.mapped == 0
+    assert big.optimizer == full.optimizer - ADAMW_PASSES * 4 * model.bert.embeddings.word_embeddings.weight.numel()
+    assert big.gradients == full.gradients - 4 * 97 * 32 - 2 * 7 * 32 * 4  # the tiny word embedding's share
 
 
 def test_tiny_bert_step_bytes_by_hand():
@@ -118,13 +121,14 @@ def test_tiny_bert_step_bytes_by_hand():
 
 def test_roofline_seconds_are_the_sum_of_its_terms():
     model = tiny_model("bert")
-    rates = Rates(1e9, 2e9, 4e9, 1e8, 1e10, 1e9, 1e7, 1e-5)
+    rates = Rates(1e9, 2e9, 4e9, 1e8, 1e10, 1e9, 1e7, 1e-5, 1e-9)
     total, terms = step_seconds(model, 1, 7, rates)
     flops, traffic = step_flops(model, 1, 7), step_bytes(model, 1, 7)
     assert total == pytest.approx(sum(terms.values()))
     assert terms["weight_grad_products"] == flops.weight_grad / 4e9
     assert terms["streamed_bytes"] == traffic.streamed / 1e10
     assert terms["dropout"] == traffic.dropout_elements / 1e7
+    assert terms["embedding"] == traffic.embedding_elements * 1e-9
     # Freezing takes time off every term it touches, none goes up.
     _, frozen = step_seconds(far.freeze_layers(tiny_model("bert"), 1), 1, 7, rates)
     assert all(frozen[k] <= terms[k] for k in terms) and sum(frozen.values()) < total
