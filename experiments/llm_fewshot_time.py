@@ -262,6 +262,9 @@ def run_pending(args, todo: list[tuple[Path, list[str]]]) -> None:
         print(f"{curve.stem}: dev {result['accuracy']:.4f}, {result['seconds']:.0f} s", flush=True)
 
 
+CURVE_KEYS = ("model", "k", "arm", "seed", "step", "seconds", "accuracy")
+
+
 def mean_curve(runs: list[list[dict]]) -> list[dict]:
     """The seeds' curves averaged evaluation by evaluation (as far as the shortest goes): seconds and accuracy."""
     n = min(len(c) for c in runs)
@@ -296,7 +299,12 @@ def summarize(args) -> dict:
         target = statistics.fmean(c[-1]["accuracy"] for c in mezo_runs) if mezo_runs else None
         mezo_seconds = statistics.fmean(c[-1]["seconds"] for c in mezo_runs) if mezo_runs else None
         for arm, (lr, at_edge, runs) in found.items():
-            row = {"model": model, "k": k, "arm": arm, "lr": lr, "lr_at_grid_edge": at_edge, "seeds": []}
+            grid = curves[f"{model}-k{k}-{arm}-seed0-lr{lr:g}-steps{args.grid_steps}"]
+            row = {
+                "model": model, "k": k, "arm": arm, "lr": lr, "lr_at_grid_edge": at_edge, "seeds": [],
+                # the seed-0 grid run at the pick: where an arm that got no long run stood when it stopped
+                "grid_accuracy": grid[-1]["accuracy"], "grid_seconds": grid[-1]["seconds"],
+            }  # fmt: skip
             if runs:
                 final = [c[-1]["accuracy"] for c in runs]
                 curve = mean_curve(runs)
@@ -318,6 +326,7 @@ def summarize(args) -> dict:
                     if reached is None or not mezo_seconds
                     else reached["seconds"] / mezo_seconds,
                     mean_curve=curve,
+                    curves=[[{key: e[key] for key in CURVE_KEYS} for e in c] for c in runs],
                 )
             rows.append(row)
     return {
@@ -336,18 +345,19 @@ def markdown(summary: dict) -> str:
     lines = [
         f"# SST-2 few-shot, MeZO arms on the clock (lean runtime, one thread per run, {budget})",
         "",
-        "| model | k | arm | lr (seed-0 grid) | seeds | final dev accuracy | steps | s/step | selection s "
-        "| time to plain MeZO's final / its run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | k | arm | lr (seed-0 grid) | grid: dev accuracy, s | seeds | final dev accuracy | steps | s/step "
+        "| selection s | time to plain MeZO's final / its run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         lr = f"{r['lr']:g}" + (" (grid edge)" if r["lr_at_grid_edge"] else "")
+        grid = f"{100 * r['grid_accuracy']:.2f}, {r['grid_seconds']:.0f}"
         if not r["seeds"]:
-            lines.append(f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | - | not run | | | | |")
+            lines.append(f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | {grid} | - | no long run | | | | |")
             continue
         ratio = r["time_to_mezo_final_vs_mezo"]
         lines.append(
-            f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | {r['seeds']} | {100 * r['final_mean']:.2f} ± "
+            f"| {r['model']} | {r['k']} | {r['arm']} | {lr} | {grid} | {r['seeds']} | {100 * r['final_mean']:.2f} ± "
             f"{100 * r['final_std']:.2f} | {r['steps']:.0f} | {r['seconds_per_step']:.2f} | "
             f"{r['selection_seconds']:.1f} | {'not reached' if ratio is None else f'{ratio:.2f}'} |"
         )

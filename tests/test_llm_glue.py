@@ -53,8 +53,18 @@ def test_plain_freezing_of_a_causal_lm_takes_a_number_of_layers(capsys, data_dir
 
 @pytest.mark.slow
 @needs_smollm2
-@pytest.mark.parametrize("depth", [[], ["--freeze-layers", "0"]], ids=["default-depth", "all-layers"])
-def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, depth):
+@pytest.mark.parametrize(
+    "options, retention, frozen, trainable",
+    [
+        # The default: 10% of all nodes, all in the top 10 of 30 layers (with their attention and norms).
+        ([], 0.1, 20, (12e6, 20e6)),
+        # 25% of all nodes fills 3/4 of the top 10 layers' FFNs; with --freeze-layers 0 it is 25% of every FFN.
+        (["--retention", "0.25"], 0.25, 20, (20e6, 35e6)),
+        (["--retention", "0.25", "--freeze-layers", "0"], 0.25, 0, (40e6, 60e6)),
+    ],
+    ids=["defaults", "retention", "all-layers"],
+)
+def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, options, retention, frozen, trainable):
     out = tmp_path / "run"
     code = main(
         [
@@ -67,8 +77,6 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, depth):
             "mezo",
             "--method",
             "far",
-            "--retention",
-            "0.25",
             "--max-steps",
             "1",
             "--batch-size",
@@ -86,20 +94,17 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, depth):
             "--output-dir",
             str(out),
             "--no-progress",
-            *depth,
+            *options,
         ]
     )
     assert code == 0, capsys.readouterr().err
     record = json.loads((out / "metrics.json").read_text())
     assert record["prompt"] == "{sentence} It was" and record["label_words"] == [" terrible", " great"]
-    assert record["steps"] == 1 and record["retention"] == 0.25 and record["freeze_embeddings"] is True
+    assert record["steps"] == 1 and record["retention"] == retention and record["freeze_embeddings"] is True
     assert record["gradient_priming_examples"] == 4
     assert 0.0 <= record["metrics"]["accuracy"] <= 1.0
-    # Learners + attention and norms, embeddings frozen: by default of the top 10 of 30 layers only (the budget of
-    # 25% of all nodes fills their FFNs), with --freeze-layers 0 of every layer (25% of each FFN).
-    trainable = (40e6, 60e6) if depth else (20e6, 35e6)
     assert trainable[0] < record["trainable_parameters"] < trainable[1] and record["total_parameters"] == 134_515_008
-    assert record["frozen_layers"] == (0 if depth else 20)
+    assert record["frozen_layers"] == frozen
     with open(out / "predictions.tsv", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert len(rows) == 8 and {r["prediction"] for r in rows} <= {"negative", "positive"}

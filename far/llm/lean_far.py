@@ -33,6 +33,8 @@ TRAINABLE = ("full", "far", "freeze-ffn")
 # (and its two passes run) only the layers above, whose input is computed once per prompt (far.llm.prefix).
 # Measured on few-shot SST-2 against plain MeZO on the clock: experiments/llm_fewshot_time.py.
 ZO_FROZEN_FRACTION = 2 / 3
+# ... and keeps this share of all FFN nodes as learners (0.3 of the nodes in the layers above), unless --retention.
+ZO_RETENTION = 0.1
 
 
 def zeroth_order_depth(n_layers: int) -> int:

@@ -69,6 +69,12 @@ RESULT_SOURCES: dict[str, str] = {
         "--cases-dir experiments/results/llm_fewshot/cases_gemma3 "
         "--output experiments/results/llm_fewshot/llm_fewshot_gemma3.json"
     ),
+    # the seed-0 grid of every arm, then the leading arms' long runs at the same CPU-seconds
+    "llm_fewshot_time/summary.json": (
+        "python experiments/llm_fewshot_time.py --phase grid --k 16; "
+        "python experiments/llm_fewshot_time.py --phase curves summary --k 16 --arms mezo far_top10 --seeds 0 1 2 "
+        "--seconds 900 --eval-seconds 150 --steps 3000"
+    ),
 }
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M", "gemma3-270m": "Gemma-3-270M"}
 

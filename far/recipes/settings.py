@@ -23,6 +23,7 @@ from far.models import DEFAULT_MODEL, RUNTIMES, lean_runtime_fits
 from far.training.plan import check_length
 
 OPTIMIZERS = ("adamw", "mezo")
+DEFAULT_RETENTION = 0.4  # the paper's; MeZO + FAR on a causal LM defaults to far.llm.lean_far.ZO_RETENTION
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
 TRAINABLE_DTYPES = ("bfloat16", "float32")
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
@@ -70,7 +71,7 @@ class RunSettings:
 
     model: str = DEFAULT_MODEL
     method: str = "far"
-    retention: float = 0.4
+    retention: float | None = None  # None: DEFAULT_RETENTION (MeZO + FAR on a causal LM has its own default)
     attention_retention: float | None = None
     optimizer: str = "adamw"
     lr: float | None = None
@@ -122,7 +123,7 @@ class RunSettings:
                 f"trainable_dtype must be one of {', '.join(TRAINABLE_DTYPES)}, got {self.trainable_dtype!r}"
             )
         far_config = METHODS[self.method].far_config(
-            self.retention,
+            DEFAULT_RETENTION if self.retention is None else self.retention,
             seed=self.seed,
             freeze_embeddings=self.freeze_embeddings,
             attention_retention=self.attention_retention,
