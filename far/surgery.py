@@ -15,157 +15,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
-from far.architectures import (
-    FFN,
-    AttentionSpec,
-    FFNSpec,
-    NodeGroup,
-    expand_nodes,
-    find_attention,
-    find_ffns,
-    projection_rows,
-)
+from far.architectures import AttentionSpec, FFNSpec, NodeGroup, find_attention, find_ffns
 from far.config import AUTO, UNSET, FARConfig, as_config
 from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.portable import check_resettable, reset_values
 from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import auto_freeze_layers, select_learners
-
-STATE_ATTRIBUTE = "far_state"
-
-
-@dataclass(frozen=True)
-class FARState:
-    """What `reconfigure` did to a model, kept on it as `model.far_state` until `restore`."""
-
-    config: FARConfig
-    frozen_embeddings: tuple[str, ...] = ()  # parameter names that FAR froze, unfrozen on restore
-    frozen_layers: int = 0  # bottom layers frozen whole (freeze_layers, "auto" resolved)
-    frozen_parameters: tuple[str, ...] = ()  # their parameters FAR froze, as the plain model names them
-
-
-def is_reconfigured(model: nn.Module) -> bool:
-    return any(isinstance(m, SplitLinear) for m in model.modules())
-
-
-def get_config(model: nn.Module) -> FARConfig | None:
-    """The `FARConfig` a model was reconfigured with, or None for a plain model."""
-    state = getattr(model, STATE_ATTRIBUTE, None)
-    return state.config if isinstance(state, FARState) else None
-
-
-def _check_model(model: object) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
-    return model
-
-
-def _few(names: list[str]) -> str:
-    return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")
-
-
-def _check_scores(scores: object, ffns: Mapping[str, FFN], argument: str = "scores") -> dict[str, Tensor]:
-    unit = "attention block" if argument == "head_scores" else "FFN"
-    if not isinstance(scores, Mapping):
-        raise TypeError(
-            f"{argument} must be a dict of {unit} name -> 1-D tensor (as Primer.{argument}() returns), "
-            f"got {type(scores).__name__}"
-        )
-    missing, extra = sorted(set(ffns) - set(scores)), sorted(set(scores) - set(ffns))
-    if missing or extra:
-        raise ValueError(
-            f"{argument} must have one entry per {unit}, keyed by the output projection's name; missing "
-            f"{_few(missing)}, unexpected {_few(extra)}. Use the scores of a Primer created on this same model"
-        )
-    checked = {}
-    for name, ffn in ffns.items():
-        s = scores[name]
-        if not isinstance(s, Tensor) or s.shape != (ffn.n_nodes,) or not s.is_floating_point():
-            shape = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
-            raise ValueError(
-                f"{argument}[{name!r}] must be a 1-D float tensor of {ffn.n_nodes} node scores, got {shape}"
-            )
-        if not torch.isfinite(s).all():
-            raise ValueError(
-                f"{argument}[{name!r}] has NaN or infinite values; priming diverged, lower the learning rate"
-            )
-        checked[name] = s.detach().cpu()
-    return checked
-
-
-def _check_learners(learners: object, ffns: Mapping[str, FFN], empty_ok: bool = False) -> dict[str, Tensor]:
-    if not isinstance(learners, Mapping) or set(learners) != set(ffns):
-        raise ValueError(
-            "learners must map every FFN name (see far.find_ffns), and every attention block's when the config "
-            "splits attention (see far.find_attention), to its learner node indices"
-        )
-    checked = {}
-    for name, ffn in ffns.items():
-        idx = torch.as_tensor(learners[name])
-        if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1 or (idx.numel() == 0 and not empty_ok):
-            raise ValueError(f"learners[{name!r}] must be a non-empty 1-D integer tensor")
-        idx = idx.long().cpu().sort().values
-        if idx.numel() and (idx[0] < 0 or idx[-1] >= ffn.n_nodes or (idx[1:] == idx[:-1]).any()):
-            raise ValueError(f"learners[{name!r}] must hold distinct node indices in [0, {ffn.n_nodes})")
-        checked[name] = idx
-    return checked
-
-
-def _watching_primer(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None) -> Primer | None:
-    """The Primer `reconfigure` reads: the one passed as `scores`, else the one attached to `model`."""
-    if isinstance(scores, Primer):
-        if not scores.watches(model):
-            raise ValueError(
-                "scores=primer: this Primer was created on another model; pass the Primer (or the scores) of "
-                "the model being reconfigured"
-            )
-        return scores
-    return primer_of(model) if scores is None else None
-
-
-def _primer_head_scores(model: nn.Module, scores: object, head_scores: object) -> object:
-    """The head scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
-    if head_scores is not None:
-        return head_scores
-    primer = _watching_primer(model, scores)
-    if primer is None or not primer.watches_heads:
-        raise ValueError(
-            "attention_retention with a score-based selection needs head priming scores: create "
-            "far.Primer(model, heads=True) before the priming steps (far.finetune does when attention_retention "
-            "is set), pass head_scores=..., or use selection='random'"
-        )
-    return primer.head_scores()
-
-
-def _primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None, config: FARConfig) -> object:
-    """The scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
-    if scores is not None and not isinstance(scores, Primer):
-        return scores
-    primer = _watching_primer(model, scores)
-    if primer is None:
-        needs, instead = (
-            ("freeze_layers='auto'", "or give freeze_layers an int")
-            if config.selection == "random"
-            else (f"selection={config.selection!r}", "or use selection='random'")
-        )
-        raise ValueError(
-            f"{needs} needs priming scores, and this model was never primed. Create "
-            "far.Primer(model) and run a few training steps first (or use far.finetune), pass "
-            f"scores=..., {instead}"
-        )
-    result = primer.scores()
-    if all(bool((s == 0).all()) for s in result.values()):
-        raise ValueError(
-            "every priming score is zero: no FFN weight changed since far.Primer(model) was created. "
-            "Run the priming training steps (optimizer.step()) before reconfiguring"
-        )
-    return result
+from far.split_state import (
+    STATE_ATTRIBUTE,
+    FARState,
+    is_reconfigured,
+    node_groups,
+    projection_learners,
+)
+from far.surgery_inputs import check_learners, check_model, check_scores, primer_head_scores, primer_scores
 
 
 def reconfigure(
@@ -225,7 +92,7 @@ def reconfigure(
         >>> far.summary(model)
     """
     config = as_config(config, **fields)
-    _check_model(model)
+    check_model(model)
     ffns = find_ffns(model, spec)
     blocks = find_attention(model, attention_spec) if config.attention_retention is not None else {}
     if is_reconfigured(model):
@@ -240,7 +107,7 @@ def reconfigure(
             check_depth(config.freeze_layers, len(layers))
     checked = None
     if config.selection != "random" or config.freeze_layers == AUTO:
-        checked = _check_scores(_primer_scores(model, scores, config), ffns)
+        checked = check_scores(primer_scores(model, scores, config), ffns)
     # "auto" is resolved once, from the FFN scores, so that the heads freeze with the same layers.
     depth = config.freeze_layers
     if depth == AUTO:
@@ -256,7 +123,7 @@ def reconfigure(
         head_config = dataclasses.replace(select_config, retention=config.attention_retention)
         head_scores_checked = None
         if config.selection != "random":
-            head_scores_checked = _check_scores(_primer_head_scores(model, scores, head_scores), blocks, "head_scores")
+            head_scores_checked = check_scores(primer_head_scores(model, scores, head_scores), blocks, "head_scores")
         block_layers = None if layer_of is None else {name: layer_of[name] for name in blocks}
         chosen |= select_learners(
             head_config,
@@ -301,13 +168,13 @@ def reconfigure_with_learners(
     For reloading a recorded layout; `config` is recorded as given (its selection is not rerun).
     With `config.attention_retention` set, `learners` also holds every attention block's learner heads.
     """
-    _check_model(model)
+    check_model(model)
     if not isinstance(config, FARConfig):
         raise TypeError(f"config must be a far.FARConfig, got {type(config).__name__}")
     groups = node_groups(model, spec, attention=config.attention_retention is not None, attention_spec=attention_spec)
     if is_reconfigured(model):
         raise ValueError("this model is already reconfigured by FAR; call far.restore(model) first")
-    checked = _check_learners(learners, groups, empty_ok=config.freeze_layers is not None)
+    checked = check_learners(learners, groups, empty_ok=config.freeze_layers is not None)
     layers, depth = None, 0
     if config.freeze_layers is not None:
         layers = find_layers(model, spec)
@@ -336,7 +203,7 @@ def resplit(
     Raises:
         ValueError: `learners` do not fit the model (checked before anything changes).
     """
-    _check_model(model)
+    check_model(model)
     state = getattr(model, STATE_ATTRIBUTE, None)
     if not isinstance(config, FARConfig) or not isinstance(state, FARState) or not is_reconfigured(model):
         return False
@@ -346,7 +213,7 @@ def resplit(
     if any(getattr(config, f) != getattr(state.config, f) for f in fields if f not in _SELECTION_FIELDS):
         return False
     groups = node_groups(model, spec)
-    checked = _check_learners(learners, groups, empty_ok=config.freeze_layers is not None)
+    checked = check_learners(learners, groups, empty_ok=config.freeze_layers is not None)
     modules = {name: model.get_submodule(name) for group in groups.values() for name in group.projections}
     if not all(isinstance(m, SplitLinear) for m in modules.values()):
         return False
@@ -378,45 +245,6 @@ def _recorded_depth(
             f"{config.freeze_layers!r}; pass the config the learners were chosen with"
         )
     return depth
-
-
-def node_groups(
-    model: nn.Module,
-    spec: FFNSpec | None = None,
-    *,
-    attention: bool | None = None,
-    attention_spec: AttentionSpec | None = None,
-) -> dict[str, NodeGroup]:
-    """The FFNs of `model`, then its attention blocks if `attention` (None: if FAR has split them)."""
-    groups = dict(find_ffns(model, spec))
-    if attention is None:
-        attention = _heads_split(model, attention_spec)
-    if attention:
-        groups.update(find_attention(model, attention_spec))
-    return groups
-
-
-def _heads_split(model: nn.Module, attention_spec: AttentionSpec | None) -> bool:
-    config = get_config(model)
-    if config is not None:
-        return config.attention_retention is not None
-    # A model split by hand or loaded without its state: look at the layers.
-    blocks = _attention_if_splittable(model, attention_spec)
-    return any(isinstance(model.get_submodule(name), SplitLinear) for name in blocks)
-
-
-def _attention_if_splittable(model: nn.Module, attention_spec: AttentionSpec | None) -> dict[str, NodeGroup]:
-    """The attention blocks of `model`, or none where its heads cannot be split (so none can be split already)."""
-    try:
-        return find_attention(model, attention_spec)
-    except ValueError:
-        return {}
-
-
-def projection_learners(model: nn.Module, group: NodeGroup, name: str, nodes: Tensor) -> Tensor:
-    """A group's learner nodes as rows of one of its projections (`name`), `width` rows a node."""
-    role = OUTPUT if name == group.output else INPUT
-    return expand_nodes(nodes, projection_rows(model.get_submodule(name), role) // group.n_nodes)
 
 
 def _split(
@@ -476,7 +304,7 @@ def restore(model: nn.Module) -> nn.Module:
     Returns:
         The same model object.
     """
-    _check_model(model)
+    check_model(model)
     splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitLinear)]
     if not splits:
         raise ValueError(
@@ -493,63 +321,9 @@ def restore(model: nn.Module) -> nn.Module:
     return model
 
 
-def learners(
-    model: nn.Module, spec: FFNSpec | None = None, *, attention_spec: AttentionSpec | None = None
-) -> dict[str, Tensor]:
-    """Sorted original indices of every FFN's learner nodes, keyed like the priming scores.
-
-    Where FAR split the attention too, the result also holds each attention block's learner heads
-    (key/value groups under grouped-query attention), keyed by its output projection's name.
-    """
-    _check_model(model)
-    result = {}
-    for group in node_groups(model, spec, attention_spec=attention_spec).values():
-        module = model.get_submodule(group.name)
-        if not isinstance(module, SplitLinear):
-            raise ValueError("this model is not reconfigured by FAR; call far.reconfigure(model, ...) first")
-        result[group.name] = _nodes_of_rows(module.learner_indices(), module.n_nodes // group.n_nodes)
-    return result
-
-
-def _nodes_of_rows(rows: Tensor, width: int) -> Tensor:
-    """Sorted row indices, `width` per node -> the node indices (the inverse of `expand_nodes`)."""
-    return rows[::width] // width
-
-
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name), child, module)
-
-
-def learners_from_state_dict(
-    model: nn.Module,
-    state_dict: Mapping[str, Tensor],
-    spec: FFNSpec | None = None,
-    *,
-    attention_spec: AttentionSpec | None = None,
-) -> dict[str, Tensor]:
-    """Learner indices recorded in the `state_dict` of a reconfigured model of `model`'s architecture.
-
-    With `reconfigure_with_learners`, this rebuilds a saved FAR layout on a plain model before
-    loading the saved weights into it. Attention blocks are included when the state dict records
-    split heads.
-    """
-    groups = node_groups(model, spec, attention=False)
-    blocks = _attention_if_splittable(model, attention_spec)
-    if any(f"{name}.node_order" in state_dict for name in blocks):
-        groups.update(blocks)
-    result = {}
-    for group in groups.values():
-        name = group.name
-        order, weight = state_dict.get(f"{name}.node_order"), state_dict.get(f"{name}.learner_weight")
-        if order is None or weight is None:
-            raise ValueError(
-                f"the state dict has no FAR layout for the {'FFN' if group.kind == 'ffn' else 'attention block'} "
-                f"{name!r} (no {name}.node_order); was it saved from a reconfigured model of this architecture?"
-            )
-        rows = order[: weight.shape[0]].sort().values  # nodes are stored as rows
-        result[name] = _nodes_of_rows(rows, order.numel() // group.n_nodes)
-    return result
 
 
 def freeze_ffns(model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:
@@ -557,7 +331,7 @@ def freeze_ffns(model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:
 
     The model is not rewritten; only `requires_grad` changes. Returns the model.
     """
-    _check_model(model)
+    check_model(model)
     ffns = find_ffns(model, spec)
     if is_reconfigured(model):
         raise ValueError(

@@ -22,6 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("split layers", ("far.split_ops", "far.layers")),
     ("FFN discovery", ("far.architectures", "far.flops", "far.freezing", "far.roofline", "far.summary")),
     ("priming and selection", ("far.priming", "far.selection", "far.portable")),
+    # the surgery's checked input, and what a reconfigured model records (read-only)
+    ("surgery's input and record", ("far.surgery_inputs", "far.split_state")),
     ("surgery", ("far.surgery",)),
     ("saving", ("far.saving",)),
     # `far` itself is the public API: core, saving and training. far.llm is the lean causal-LM runtime,

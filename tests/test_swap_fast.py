@@ -17,7 +17,8 @@ from far.saving import active_learners, learners_file
 from far.saving.digests import DigestCache, sha256_rows
 from far.saving.fingerprint import base_fingerprint
 from far.saving.learners_file import _content_hash
-from far.surgery import node_groups, resplit
+from far.split_state import node_groups
+from far.surgery import resplit
 
 LABELS = torch.tensor([0, 1, 2])
 LEARNERS = "bert.encoder.layer.0.output.dense"  # an FFN, keyed by its output projection

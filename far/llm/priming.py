@@ -24,7 +24,8 @@ from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
 from far.layers import INPUT, OUTPUT, node_rows
 from far.llm.memory import to_private_memory
-from far.surgery import is_reconfigured, reconfigure
+from far.split_state import is_reconfigured
+from far.surgery import reconfigure
 
 
 def gradient_scores(

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from far.saving.digests import DigestCache
-from far.surgery import is_reconfigured, restore
+from far.split_state import is_reconfigured
+from far.surgery import restore
 
 ACTIVE_ATTRIBUTE = "far_learners"
 

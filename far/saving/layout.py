@@ -20,7 +20,8 @@ from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import FARConfig
 from far.freezing import find_layers, layer_index
 from far.selection import learner_count
-from far.surgery import is_reconfigured, learners, learners_from_state_dict, reconfigure_with_learners
+from far.split_state import is_reconfigured, learners, learners_from_state_dict
+from far.surgery import reconfigure_with_learners
 
 # The tensors of a state dict that say which nodes are learners (the rest are weights).
 LAYOUT_SUFFIXES = (".node_order", ".learner_weight")

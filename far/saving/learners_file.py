@@ -40,15 +40,8 @@ from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.digests import DigestCache, as_rows
 from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
-from far.surgery import (
-    get_config,
-    is_reconfigured,
-    learners,
-    node_groups,
-    reconfigure_with_learners,
-    resplit,
-    restore,
-)
+from far.split_state import get_config, is_reconfigured, learners, node_groups
+from far.surgery import reconfigure_with_learners, resplit, restore
 
 FORMAT = "far.learners"
 FORMAT_VERSION = "2"

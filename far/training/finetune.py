@@ -16,7 +16,7 @@ from transformers import default_data_collator
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
 from far.llm.memory import release_freed_memory
-from far.surgery import is_reconfigured
+from far.split_state import is_reconfigured
 from far.training.budget import (
     MemoryBudgetError,
     ModelShape,
