@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from calibrate import Calibration
+from calibrate import Calibration, word_embedding
 from harness import add_output_argument, command_line, cpu, machine, results_dir, write_report
 from step_memory import peak_live_bytes, saved_for_backward_bytes
 from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -219,8 +219,8 @@ def time_cell(
     for name in rows:
         for key in ("saved_for_backward_bytes", "peak_live_bytes") if memory else ():
             rows[name][key.replace("_bytes", "_ratio")] = rows[name][key] / rows["full"][key]
-    word = max((m for m in full_model.modules() if isinstance(m, torch.nn.Embedding)), key=lambda m: m.weight.numel())
-    return {"configs": rows, "rates": asdict(rates), "embedding_elements": word.weight.numel()}
+    embedding_elements = word_embedding(full_model).weight.numel()
+    return {"configs": rows, "rates": asdict(rates), "embedding_elements": embedding_elements}
 
 
 def resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -54,6 +54,11 @@ def _adamw(shapes: list[tuple[int, ...]]) -> torch.optim.Optimizer:
     return optimizer
 
 
+def word_embedding(model: nn.Module) -> nn.Embedding:
+    """The model's word embedding: its largest `nn.Embedding`."""
+    return max((m for m in model.modules() if isinstance(m, nn.Embedding)), key=lambda m: m.weight.numel())
+
+
 class Calibration:
     """Samples of every rate for one (model, batch, length, precision); `rates()` are their medians."""
 
@@ -86,7 +91,7 @@ class Calibration:
         self.stream = _adamw([tuple(p.shape) for n, p in model.named_parameters() if n.startswith(f"{layer}.")] * 2)
         self.big = torch.zeros(MMAP_THRESHOLD // 4 + 2**20)  # above the mmap threshold, like a word embedding
         # The model's word embedding, trained alone as a step trains it: looked up, its dense gradient, AdamW.
-        word = max((m for m in model.modules() if isinstance(m, nn.Embedding)), key=lambda m: m.weight.numel())
+        word = word_embedding(model)
         self.embedding = nn.Embedding(word.num_embeddings, word.embedding_dim)
         self.embedding_optimizer = torch.optim.AdamW(self.embedding.parameters(), lr=1e-5)
         self.token_ids = torch.randint(0, word.num_embeddings, (tokens,), generator=generator)
