@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from harness import add_output_argument, case_result, machine, peak_rss_bytes, print_case, results_dir, start_case
 from llm_fewshot import k_shot_split
 
@@ -62,7 +63,7 @@ from far.llm.prefix import PrefixCache
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
 from far.models import find_gguf
-from far.recipes.causal_lm import PRIMING_MICRO_BATCH, PromptBatches, predict
+from far.recipes.causal_lm import PRIMING_MICRO_BATCH, PromptBatches
 from far.seeds import derive_seed
 
 
@@ -102,9 +103,12 @@ def case_name(model: str, k: int, arm: str, seed: int, lr: float, steps: int, se
     return f"{model}-k{k}-{arm}-seed{seed}-lr{lr:g}-" + (f"steps{steps}" if seconds is None else f"s{seconds:g}")
 
 
-def prepare(model, arm: Arm, train: PromptBatches, order: list[int], args, label_ids) -> tuple[CompactMeZO, object]:
+def prepare(
+    model, arm: Arm, train: PromptBatches, order: list[int], args, label_ids
+) -> tuple[CompactMeZO, object, PrefixCache | None]:
     """The arm's selection (priming on `args.priming_batches` batches in `order` where it scores by gradient),
-    its optimizer, and the training loss (on the frozen bottom's cached states where the arm freezes one)."""
+    its optimizer, the training loss, and the cache of the frozen bottom's states where the arm freezes one
+    (the training loss then runs on it)."""
     loss_fn = prompt_loss_fn(label_ids)
     if arm.scoring is None:
         set_trainable(model, "full")
@@ -119,7 +123,7 @@ def prepare(model, arm: Arm, train: PromptBatches, order: list[int], args, label
         prime_and_split(model, micro, loss_fn, config, scoring=arm.scoring)
     optimizer = CompactMeZO(model, args.lr, args.eps, seed=args.seed, layer_fraction=arm.layer_fraction)
     cache = PrefixCache(model) if model.lowest_trainable_layer() > 0 else None
-    return optimizer, (cache.loss_fn(label_ids) if cache is not None else loss_fn)
+    return optimizer, (cache.loss_fn(label_ids) if cache is not None else loss_fn), cache
 
 
 def run_case(args: argparse.Namespace) -> dict:
@@ -129,7 +133,6 @@ def run_case(args: argparse.Namespace) -> dict:
     gguf = find_gguf(args.model)
     tokenizer = load_gguf_tokenizer(gguf)
     label_ids = label_word_ids(tokenizer, SST2_TEMPLATE)
-    loss_fn = prompt_loss_fn(label_ids)
     glue = resolve_data_dir(args.data_dir) / "glue" / "SST-2"
     texts, labels = read_labelled_tsv(glue / "train.tsv")
     train_idx, val_idx = k_shot_split(labels, args.k, args.seed)
@@ -157,15 +160,22 @@ def run_case(args: argparse.Namespace) -> dict:
             clock["wall"] += time.perf_counter() - self.wall
 
     with timed():
-        optimizer, train_loss = prepare(model, arm, train, order, args, label_ids)
-
-    def correct(data: PromptBatches) -> float:
-        predictions = predict(model, data, label_ids, 32)
-        return sum(p == y for p, y in zip(predictions, data.labels, strict=True)) / len(data)
+        optimizer, train_loss, cache = prepare(model, arm, train, order, args, label_ids)
+    # Evaluation runs outside the clock; where the arm freezes a bottom, its states come from the cache too
+    # (the same values: a right-padded causal row does not depend on the rows beside it).
+    label_logits = cache.label_logits if cache is not None else model.label_logits
 
     @torch.no_grad()
-    def mean_loss(data: PromptBatches) -> float:
-        return float(loss_fn(model, data.batch(list(range(len(data))))))
+    def evaluate(data: PromptBatches) -> tuple[float, float]:
+        """Accuracy and mean loss over `data`, in chunks of 32 prompts of similar length (as `predict` batches)."""
+        order = sorted(range(len(data)), key=lambda i: len(data.texts[i]))
+        logits = torch.empty(len(data), len(label_ids))
+        for start in range(0, len(order), 32):
+            chunk = order[start : start + 32]
+            batch = data.batch(chunk)
+            logits[chunk] = label_logits(batch["input_ids"], batch["attention_mask"], label_ids).float()
+        labels = torch.tensor(data.labels)
+        return float((logits.argmax(dim=-1) == labels).float().mean()), float(F.cross_entropy(logits, labels))
 
     base = dict(model=args.model, k=args.k, arm=args.arm, seed=args.seed, lr=args.lr, eps=args.eps)
     rows, losses = [], []
@@ -183,14 +193,15 @@ def run_case(args: argparse.Namespace) -> dict:
             else:
                 due = step % args.eval_every == 0 or step == args.steps or out_of_time
             if due:
+                validation_accuracy, validation_loss = evaluate(validation)
                 row = {
                     **base,
                     "step": step,
                     "seconds": round(clock["cpu"], 3),
                     "wall_seconds": round(clock["wall"], 3),
-                    "accuracy": correct(dev),
-                    "validation_accuracy": correct(validation),
-                    "validation_loss": mean_loss(validation),
+                    "accuracy": evaluate(dev)[0],
+                    "validation_accuracy": validation_accuracy,
+                    "validation_loss": validation_loss,
                     "train_loss": statistics.fmean(losses[-10:]) if losses else None,
                     "dev_examples": len(dev),
                     "trainable_parameters": model.num_parameters(trainable_only=True),
