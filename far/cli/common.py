@@ -174,6 +174,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "the bottom K layers with --freeze-layers K), as the FAR paper primes the whole model; by default they are "
         "frozen from the first step, since the surgery puts their stock values back anyway",
     )
+    parser.add_argument(
+        "--cache-frozen",
+        action="store_true",
+        help="with --freeze-layers: run the frozen bottom without dropout and keep its output per training example, "
+        "so that after the first epoch a step runs only the layers above it (not with --memory-budget)",
+    )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument(
         "--trainable-dtype",

@@ -35,6 +35,7 @@ RECORDED_OPTIONS = (
     "bf16",
     "reset_frozen",
     "prime_frozen",
+    "cache_frozen",
     "seed",
     "mezo_eps",
     "mezo_directions",
@@ -93,6 +94,7 @@ class RunSettings:
     freeze_layers: int | str | None = None
     reset_frozen: bool = True
     prime_frozen: bool | None = None  # None: not when reset_frozen (far.finetune)
+    cache_frozen: bool = False  # keep the frozen bottom's output per example (far.training.frozen_bottom)
     bf16: bool = False
     trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
@@ -205,6 +207,7 @@ class RunSettings:
             checkpoint_every=self.checkpoint_every,
             reset_frozen=self.reset_frozen,
             prime_frozen=self.prime_frozen,
+            cache_frozen=self.cache_frozen,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],

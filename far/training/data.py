@@ -18,10 +18,11 @@ from far.seeds import derive_seed
 
 
 class MicroBatch(NamedTuple):
-    """A collated piece of a batch and how many examples it holds."""
+    """A collated piece of a batch, how many examples it holds, and their indices in the dataset."""
 
     batch: Any
     examples: int
+    indices: tuple[int, ...] = ()
 
 
 def example_length(example: Any) -> int | None:
@@ -110,11 +111,14 @@ class BatchStream:
                 idx = order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
                 examples = [self.dataset[i] for i in idx]
                 if self.micro_tokens is None:
-                    yield [MicroBatch(self.collate_fn(examples), len(examples))]
+                    yield [MicroBatch(self.collate_fn(examples), len(examples), tuple(idx))]
                     continue
                 lengths = [example_length(e) or self.max_length for e in examples]
                 groups = split_batch(lengths, self.micro_tokens)
-                yield [MicroBatch(self.collate_fn([examples[i] for i in group]), len(group)) for group in groups]
+                yield [
+                    MicroBatch(self.collate_fn([examples[i] for i in group]), len(group), tuple(idx[i] for i in group))
+                    for group in groups
+                ]
             epoch, offset = epoch + 1, 0
 
 

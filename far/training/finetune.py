@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,8 @@ from torch import Tensor, nn
 from transformers import default_data_collator
 
 from far.architectures import FFNSpec, find_attention, find_ffns
-from far.config import UNSET, FARConfig, as_config
+from far.config import UNSET, FARConfig
+from far.freezing import find_layers
 from far.llm.memory import release_freed_memory
 from far.split_state import is_reconfigured
 from far.training.budget import (
@@ -28,7 +28,7 @@ from far.training.budget import (
 from far.training.checkpoint import has_run, read_checkpoint
 from far.training.data import BatchStream, longest_example
 from far.training.loop import EvalFn, Loop, LossFn, default_loss
-from far.training.plan import plan_training
+from far.training.plan import plan_training, resolve_config
 from far.training.result import FinetuneResult
 
 logger = logging.getLogger(__name__)
@@ -49,44 +49,6 @@ def _check_data(train_data: object) -> int:
     if n == 0:
         raise ValueError("train_data is empty: there is nothing to train on")
     return n
-
-
-# The config's fields that far.finetune once took as keywords of its own.
-_DEPRECATED_FIELDS = ("retention", "selection", "attention_retention")
-
-
-def _resolve_config(
-    config: FARConfig | float | None, deprecated: dict[str, Any], *, seed: int, freeze_embeddings: bool
-) -> FARConfig | None:
-    """The one `FARConfig` of a run (or None), built here once from what the caller gave."""
-    unknown = sorted(set(deprecated) - set(_DEPRECATED_FIELDS))
-    if unknown:
-        raise TypeError(f"far.finetune() got unexpected keyword argument(s) {unknown}")
-    if deprecated:
-        warnings.warn(
-            f"far.finetune({', '.join(f'{k}=' for k in deprecated)}...) is deprecated; pass config=far.FARConfig(...) "
-            "(or config=None for no surgery)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if config is not UNSET:
-            raise TypeError(f"give the surgery once: config= or {sorted(deprecated)}, not both")
-        if deprecated.get("retention", 0.4) is None:
-            if deprecated.get("attention_retention") is not None:
-                raise ValueError(
-                    "attention_retention splits heads as part of FAR; give a retention too (e.g. retention=0.4)"
-                )
-            return None
-        config = as_config(seed=seed, freeze_embeddings=freeze_embeddings, **deprecated)
-    elif config is UNSET or (config is not None and not isinstance(config, FARConfig)):
-        # a number is the retention; FARConfig refuses anything else with a clear message
-        config = as_config(config, seed=seed, freeze_embeddings=freeze_embeddings)
-    elif config is not None and freeze_embeddings and not config.freeze_embeddings:
-        raise ValueError(
-            "freeze_embeddings=True beside a FARConfig: set FARConfig(freeze_embeddings=True) instead, so that the "
-            "config says the whole surgery"
-        )
-    return config
 
 
 def finetune(
@@ -126,6 +88,8 @@ def finetune(
     reset_frozen: bool = True,
     prime_frozen: bool | None = None,
     freeze_layers: int | None = None,
+    cache_frozen: bool = False,
+    cache_frozen_mib: float = 1024.0,
     memory_budget: float | None = None,
     max_length: int = 128,
     base_weights: Callable[[str], Tensor] | None = None,
@@ -201,6 +165,11 @@ def finetune(
             does there. True: primed like the rest (the FAR paper primes the whole model).
         freeze_layers: With config=None: freeze the embeddings and the bottom K layers whole
             (`far.freeze_layers`), the practitioner's baseline; with a config, set its field instead.
+        cache_frozen: Run the frozen bottom (the embeddings and the bottom K layers) without dropout and keep
+            its output per training example (`far.training.frozen_bottom`): once an example has been seen, its
+            steps run the layers above K only. Needs a frozen depth (`freeze_layers`, in the config or here),
+            batches that are right-padded mappings of tensors, and a `loss_fn` that runs the model's layers.
+        cache_frozen_mib: The most memory the kept states may take; examples beyond it are computed each time.
         memory_budget: Whole-process peak RSS to stay under, in MiB (`far.training.budget.plan_memory`):
             each batch is split into equal micro-batches with gradient accumulation (the same examples
             per optimizer step), and FAR's cheap levers are turned on as needed; a budget that cannot
@@ -231,7 +200,7 @@ def finetune(
     for name, fn in (("collate_fn", collate_fn), ("loss_fn", loss_fn), ("eval_fn", eval_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
-    config = _resolve_config(config, deprecated, seed=seed, freeze_embeddings=freeze_embeddings)
+    config = resolve_config(config, deprecated, seed=seed, freeze_embeddings=freeze_embeddings)
     plan = plan_training(
         n_examples,
         optimizer=optimizer,
@@ -260,7 +229,19 @@ def finetune(
         checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints,
         log_every=log_every,
+        cache_frozen=cache_frozen,
+        cache_frozen_mib=cache_frozen_mib,
     )
+    if plan.cache_frozen and memory_budget is not None:
+        raise ValueError(
+            "cache_frozen keeps states that the memory budget's plan does not count; use one of cache_frozen and "
+            "memory_budget"
+        )
+    if plan.cache_frozen and plan.far is None and plan.freeze_layers >= len(find_layers(model, spec)):
+        raise ValueError(
+            f"freeze_layers={plan.freeze_layers} freezes every layer, so nothing above the cached bottom trains; "
+            "freeze fewer layers, or leave cache_frozen off"
+        )
     memory = None
     if memory_budget is not None:
         # Freed tensors go back to the system from now on, so that the peak is what is live (far.llm.memory).

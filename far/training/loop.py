@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
 from far.config import AUTO
-from far.freezing import freeze_layers
+from far.freezing import freeze_layers, frozen_depth
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
 from far.surgery import freeze_ffns, reconfigure
@@ -28,6 +28,7 @@ from far.training.checkpoint import (
     save_checkpoint,
 )
 from far.training.data import BatchStream, MicroBatch, to_device
+from far.training.frozen_bottom import FrozenBottom
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
@@ -85,6 +86,7 @@ class Loop:
         self.primer: Primer | None = None
         self.optimizer: Any = None  # a torch.optim optimizer, or far.training.adamw.FusedAdamW
         self.scheduler: Any = None
+        self.frozen: FrozenBottom | None = None  # with plan.cache_frozen: the frozen bottom's kept states
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
@@ -222,6 +224,16 @@ class Loop:
         self.scheduler = run_schedule(self.optimizer, plan.total_steps, plan.warmup_steps, offset=step)
         # MeZO compares two losses of one batch, so no dropout noise between them (as MeZO's own code does).
         self.model.train(name != "mezo")
+        self.frozen = self._frozen_bottom()
+
+    def _frozen_bottom(self) -> FrozenBottom | None:
+        """The cache of this phase's frozen bottom; None without one (priming before an "auto" depth is known)."""
+        if not self.plan.cache_frozen:
+            return None
+        k, _, below_frozen = frozen_depth(self.model, self.spec)
+        if k == 0 or not below_frozen:
+            return None
+        return FrozenBottom(self.model, self.spec, max_bytes=int(self.plan.cache_frozen_mib * 2**20))
 
     def _step(self, step: int, batches: list[list[MicroBatch]]) -> dict:
         t = time.perf_counter()
@@ -230,7 +242,7 @@ class Loop:
         # Every micro-batch's mean loss weighs as its share of the step's examples: the step's mean loss.
         pieces = [piece for batch in batches for piece in batch]
         total = sum(piece.examples for piece in pieces)
-        weighted = [(to_device(piece.batch, self.device), piece.examples / total) for piece in pieces]
+        weighted = [(to_device(piece.batch, self.device), piece.examples / total, piece.indices) for piece in pieces]
         if isinstance(self.optimizer, MeZO):
             loss = self.optimizer.step(lambda: self._mean_loss(weighted))
         else:
@@ -240,22 +252,26 @@ class Loop:
         self.final_loss = loss
         return {"step": step + 1, "phase": phase, "loss": loss if math.isfinite(loss) else None, "lr": lr}
 
-    def _loss(self, batch: Any) -> Tensor:
+    def _loss(self, batch: Any, keys: tuple[int, ...]) -> Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.plan.bf16):
-            loss = self.loss_fn(self.model, batch)
+            if self.frozen is None:
+                loss = self.loss_fn(self.model, batch)
+            else:  # the bottom layers hand back the examples' kept states
+                with self.frozen.serving(self.loss_fn, batch, keys):
+                    loss = self.loss_fn(self.model, batch)
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
         return loss.float()
 
-    def _mean_loss(self, weighted: list[tuple[Any, float]]) -> float:
-        return sum(float(self._loss(batch)) * weight for batch, weight in weighted)
+    def _mean_loss(self, weighted: list[tuple[Any, float, tuple[int, ...]]]) -> float:
+        return sum(float(self._loss(batch, keys)) * weight for batch, weight, keys in weighted)
 
-    def _first_order_step(self, weighted: list[tuple[Any, float]]) -> float:
+    def _first_order_step(self, weighted: list[tuple[Any, float, tuple[int, ...]]]) -> float:
         optimizer = self.optimizer
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for batch, weight in weighted:
-            loss = self._loss(batch)
+        for batch, weight, keys in weighted:
+            loss = self._loss(batch, keys)
             (loss * weight).backward()  # gradient accumulation: the mean over the step's examples
             total += float(loss.detach()) * weight
         if not math.isfinite(total):

@@ -4,17 +4,62 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
-from far.config import AUTO, FARConfig
+from far.config import AUTO, UNSET, FARConfig, as_config
 
 DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
 OPTIMIZERS = tuple(DEFAULT_LR)
 
 # Options that do not change the trajectory: a resumed run may change them.
-_FREE_ON_RESUME = {"eval_every", "checkpoint_every", "keep_checkpoints", "log_every"}
+_FREE_ON_RESUME = {"eval_every", "checkpoint_every", "keep_checkpoints", "log_every", "cache_frozen_mib"}
 # What a checkpoint written before an option existed ran with.
-_BEFORE_THE_OPTION = {"reset_frozen": False, "freeze_layers": None, "frozen_from_start": False}
+_BEFORE_THE_OPTION = {
+    "reset_frozen": False,
+    "freeze_layers": None,
+    "frozen_from_start": False,
+    "cache_frozen": False,
+}
+
+
+# The config's fields that far.finetune once took as keywords of its own.
+_DEPRECATED_FIELDS = ("retention", "selection", "attention_retention")
+
+
+def resolve_config(
+    config: FARConfig | float | None, deprecated: dict[str, Any], *, seed: int, freeze_embeddings: bool
+) -> FARConfig | None:
+    """The one `FARConfig` of a run (or None), built here once from what the caller gave."""
+    unknown = sorted(set(deprecated) - set(_DEPRECATED_FIELDS))
+    if unknown:
+        raise TypeError(f"far.finetune() got unexpected keyword argument(s) {unknown}")
+    if deprecated:
+        warnings.warn(
+            f"far.finetune({', '.join(f'{k}=' for k in deprecated)}...) is deprecated; pass config=far.FARConfig(...) "
+            "(or config=None for no surgery)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if config is not UNSET:
+            raise TypeError(f"give the surgery once: config= or {sorted(deprecated)}, not both")
+        if deprecated.get("retention", 0.4) is None:
+            if deprecated.get("attention_retention") is not None:
+                raise ValueError(
+                    "attention_retention splits heads as part of FAR; give a retention too (e.g. retention=0.4)"
+                )
+            return None
+        config = as_config(seed=seed, freeze_embeddings=freeze_embeddings, **deprecated)
+    elif config is UNSET or (config is not None and not isinstance(config, FARConfig)):
+        # a number is the retention; FARConfig refuses anything else with a clear message
+        config = as_config(config, seed=seed, freeze_embeddings=freeze_embeddings)
+    elif config is not None and freeze_embeddings and not config.freeze_embeddings:
+        raise ValueError(
+            "freeze_embeddings=True beside a FARConfig: set FARConfig(freeze_embeddings=True) instead, so that the "
+            "config says the whole surgery"
+        )
+    return config
 
 
 def _is_int(value: object) -> bool:
@@ -111,6 +156,9 @@ class TrainingPlan:
     # What the FARConfig freezes up front (its embeddings, a fixed freeze_layers) is frozen from the first
     # priming step instead of at the surgery: see `frozen_from_start`.
     frozen_from_start: bool = False
+    # The frozen bottom runs without dropout and its output is kept per example (far.training.frozen_bottom).
+    cache_frozen: bool = False
+    cache_frozen_mib: float = 1024.0
 
     def optimizer_at(self, step: int) -> str:
         """The optimizer that takes step `step` (0-based)."""
@@ -181,6 +229,8 @@ def plan_training(
     checkpoint_every: int | None,
     keep_checkpoints: int | None,
     log_every: int,
+    cache_frozen: bool = False,
+    cache_frozen_mib: float = 1024.0,
 ) -> TrainingPlan:
     """Check every option and resolve the step counts; raises ValueError/TypeError naming the bad one."""
     optimizer = _optimizer_name("optimizer", optimizer)
@@ -208,13 +258,20 @@ def plan_training(
             "('auto' reads FAR's priming scores: use it in a FARConfig)"
         )
     flags = (("freeze_embeddings", freeze_embeddings), ("freeze_ffn", freeze_ffn), ("reset_frozen", reset_frozen))
-    for name, flag in (*flags, ("bf16", bf16)):
+    for name, flag in (*flags, ("bf16", bf16), ("cache_frozen", cache_frozen)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if prime_frozen is not None and not isinstance(prime_frozen, bool):
         raise TypeError(f"prime_frozen must be True, False or None (decided by reset_frozen), got {prime_frozen!r}")
     if not _is_int(seed):
         raise TypeError(f"seed must be an int, got {seed!r}")
+    depth = far.freeze_layers if far is not None else freeze_layers
+    if cache_frozen and (depth is None or depth == 0):
+        raise ValueError(
+            "cache_frozen keeps the output of the frozen bottom layers, and this run freezes none: freeze some "
+            "(FARConfig(freeze_layers=K or 'auto'), or freeze_layers=K without a config, K >= 1)"
+        )
+    cache_frozen_mib = _float("cache_frozen_mib", cache_frozen_mib, low=0.0, hint="the MiB the kept states may take")
     batch_size = _int("batch_size", batch_size, 1)
     grad_accum = _int("grad_accum", grad_accum, 1, "the number of batches per optimizer step")
     if max_steps is not None:
@@ -272,4 +329,6 @@ def plan_training(
         else _int("keep_checkpoints", keep_checkpoints, 1, "or None to keep all"),
         log_every=_int("log_every", log_every, 1),
         frozen_from_start=frozen_from_start(far, priming_steps, reset_frozen, prime_frozen),
+        cache_frozen=cache_frozen,
+        cache_frozen_mib=cache_frozen_mib,
     )
