@@ -68,7 +68,17 @@ METHODS: dict[str, list[str]] = {
     ],  # fmt: skip
     # The baselines a practitioner tries first, and FAR with depth: backward stops at the lowest trainable layer.
     "full+frozen-emb": ["--method", "full", "--freeze-embeddings"],
+    "full+frozen-bottom-2": ["--method", "full", "--freeze-layers", "2"],
     "full+frozen-bottom-3": ["--method", "full", "--freeze-layers", "3"],
+    "far-0.2+frozen-emb+bottom-2": [
+        "--method",
+        "far",
+        "--retention",
+        "0.2",
+        "--freeze-embeddings",
+        "--freeze-layers",
+        "2",
+    ],
     "far-0.2+frozen-emb+bottom-3": [
         "--method",
         "far",
@@ -79,6 +89,18 @@ METHODS: dict[str, list[str]] = {
         "3",
     ],
     "far-0.2+depth-auto": ["--method", "far", "--retention", "0.2", "--freeze-embeddings", "--freeze-layers", "auto"],
+    # The frozen bottom run once per example and kept (--cache-frozen): later epochs run the layers above it only.
+    "full+frozen-bottom-2+cache": ["--method", "full", "--freeze-layers", "2", "--cache-frozen"],
+    "far-0.2+frozen-emb+bottom-2+cache": [
+        "--method",
+        "far",
+        "--retention",
+        "0.2",
+        "--freeze-embeddings",
+        "--freeze-layers",
+        "2",
+        "--cache-frozen",
+    ],
     # What portable files cost: the frozen nodes and embeddings keep their primed values instead.
     "far-0.2+frozen-emb+keep-primed": [
         "--method",
