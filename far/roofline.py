@@ -121,7 +121,9 @@ def step_bytes(model: nn.Module, batch_size: int, seq_len: int, *, bf16: bool = 
     timed_whole = {
         id(m.weight)
         for m in model.modules()
-        if isinstance(m, nn.Embedding) and m.weight.requires_grad and m.weight.numel() * 4 > MMAP_THRESHOLD
+        if isinstance(m, nn.Embedding)
+        and m.weight.requires_grad
+        and m.weight.numel() * m.weight.element_size() > MMAP_THRESHOLD
     }
     for p in model.parameters():
         if not p.requires_grad:
