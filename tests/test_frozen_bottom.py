@@ -7,6 +7,7 @@ import torch
 from conftest import ARCHITECTURES, assert_state, state, tiny_examples, tiny_model
 
 import far
+from far.encoder import LeanBertForSequenceClassification
 from far.training.frozen_bottom import FrozenBottom
 from far.training.loop import default_loss
 
@@ -127,6 +128,19 @@ def test_served_states_give_the_models_own_loss_and_gradients(arch):
     for name, grad in grads.items():
         torch.testing.assert_close(model.get_parameter(name).grad, grad, msg=name)
     assert frozen.computed_rows == 5 and frozen.bytes > 0
+
+
+def test_the_lean_bert_runtime_is_served_too():
+    torch.manual_seed(0)
+    model = LeanBertForSequenceClassification(tiny_model("bert").config).eval()
+    far.freeze_layers(model, 1)
+    batch = pad(ragged_examples(5, seed=4))
+    expected = default_loss(model, batch)
+    frozen = FrozenBottom(model)
+    for _ in range(2):
+        with frozen.serving(default_loss, batch, keys=range(5)):
+            torch.testing.assert_close(default_loss(model, batch), expected)
+    assert frozen.computed_rows == 5
 
 
 def test_mezo_with_the_cache_takes_the_same_steps():
