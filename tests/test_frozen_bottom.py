@@ -82,12 +82,14 @@ def test_a_cached_run_trains_as_an_uncached_one(config, options, computed_rows):
     # Without dropout anywhere, the cache changes nothing but where the bottom's states come from.
     cached, plain = deep(), deep()
     examples = ragged_examples()
-    far.finetune(plain, examples, config, collate_fn=pad, **RUN, **options)
-    far.finetune(cached, examples, config, collate_fn=pad, cache_frozen=True, **RUN, **options)
+    assert far.finetune(plain, examples, config, collate_fn=pad, **RUN, **options).frozen_cache_bytes == 0
+    result = far.finetune(cached, examples, config, collate_fn=pad, cache_frozen=True, **RUN, **options)
     assert_same_training(cached, plain)
     if config is None or config.freeze_layers != "auto":  # auto may freeze nothing on a tiny model
         # 9 steps of 4 examples; the bottom saw each of the 12 examples once per phase (priming, then training).
         assert sum(computed_rows) <= 2 * len(examples) < 9 * 4
+        tokens = sum(len(e["input_ids"]) for e in examples)
+        assert result.frozen_cache_bytes == tokens * cached.config.hidden_size * 4  # every example, unpadded, fp32
 
 
 def test_the_cached_bottom_runs_without_dropout_and_the_top_with_it():

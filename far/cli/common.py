@@ -347,5 +347,7 @@ def report(run: TrainingRun) -> int:
     out: Path = run.output_dir
     print(f"wrote {out / METRICS_FILE}, predictions and the training log to {out}")
     budget = run.settings.memory_budget
-    print(f"peak RSS {peak_rss_mib()} MiB" + ("" if budget is None else f" (budget {budget:g} MiB)"), flush=True)
+    kept = record.get("frozen_cache_bytes") or 0
+    cached = f"; the frozen bottom's kept states {kept / 2**20:.0f} MiB of it" if kept else ""
+    print(f"peak RSS {peak_rss_mib()} MiB" + ("" if budget is None else f" (budget {budget:g} MiB)") + cached, flush=True)
     return 0

@@ -324,6 +324,7 @@ class Loop:
             log_path=None if log_path is None else str(log_path),
             final_loss=self.final_loss,
             checkpoint=None if self.checkpoint is None else str(self.checkpoint),
+            frozen_cache_bytes=0 if self.frozen is None else self.frozen.bytes,
             history=self.history,
         )
         if self.output_dir is not None:

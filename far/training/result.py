@@ -23,6 +23,7 @@ class FinetuneResult:
         log_path: The JSON-lines log, or None without an `output_dir`.
         final_loss: The loss of the last step.
         checkpoint: The last checkpoint written, or None.
+        frozen_cache_bytes: Memory the kept states of the frozen bottom took at the end (`cache_frozen`; else 0).
     """
 
     metrics: dict[str, float]
@@ -38,6 +39,7 @@ class FinetuneResult:
     log_path: str | None = None
     final_loss: float | None = None
     checkpoint: str | None = None
+    frozen_cache_bytes: int = 0
     history: list[dict] = field(default_factory=list, repr=False)  # every eval: {"step": s, **metrics}
 
     def to_dict(self) -> dict:
