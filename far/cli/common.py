@@ -348,6 +348,8 @@ def report(run: TrainingRun) -> int:
     print(f"wrote {out / METRICS_FILE}, predictions and the training log to {out}")
     budget = run.settings.memory_budget
     kept = record.get("frozen_cache_bytes") or 0
-    cached = f"; the frozen bottom's kept states {kept / 2**20:.0f} MiB of it" if kept else ""
-    print(f"peak RSS {peak_rss_mib()} MiB" + ("" if budget is None else f" (budget {budget:g} MiB)") + cached, flush=True)
+    notes = ([] if budget is None else [f"budget {budget:g} MiB"]) + (
+        [f"{kept / 2**20:.0f} MiB of it the frozen bottom's kept states"] if kept else []
+    )
+    print(f"peak RSS {peak_rss_mib()} MiB" + (f" ({'; '.join(notes)})" if notes else ""), flush=True)
     return 0
