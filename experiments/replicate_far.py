@@ -91,6 +91,16 @@ METHODS: dict[str, list[str]] = {
     "far-0.2+depth-auto": ["--method", "far", "--retention", "0.2", "--freeze-embeddings", "--freeze-layers", "auto"],
     # The frozen bottom run once per example and kept (--cache-frozen): later epochs run the layers above it only.
     "full+frozen-bottom-2+cache": ["--method", "full", "--freeze-layers", "2", "--cache-frozen"],
+    "far-0.2+depth-auto+cache": [
+        "--method",
+        "far",
+        "--retention",
+        "0.2",
+        "--freeze-embeddings",
+        "--freeze-layers",
+        "auto",
+        "--cache-frozen",
+    ],
     "far-0.2+frozen-emb+bottom-2+cache": [
         "--method",
         "far",
