@@ -54,7 +54,7 @@ def measure(arm_name: str, args: argparse.Namespace) -> dict:
     model = load_lean_model(gguf)
     args.seed, args.lr = 0, 1e-4
     with torch.enable_grad():
-        optimizer, loss = prepare(model, ARMS[arm_name], train, order, args, label_ids)
+        optimizer, loss, _ = prepare(model, ARMS[arm_name], train, order, args, label_ids)
     batch = train.batch(order[: args.batch])
     perturbation = model.perturbation
     projected, seconds = [], []
