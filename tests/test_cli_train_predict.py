@@ -108,6 +108,16 @@ def test_train_every_method_and_optimizer(tiny_model_dir, tmp_path, extra):
     assert (out / "model" / "config.json").exists()
 
 
+def test_train_with_the_frozen_bottom_kept(tiny_model_dir, tmp_path, capsys):
+    train, dev = write(tmp_path / "t.csv", _rows(24, 0)), write(tmp_path / "d.csv", _rows(8, 1))
+    out = tmp_path / "run"
+    extra = ["--method", "far", "--freeze-layers", "1", "--cache-frozen", "--max-steps", "8"]
+    assert _train(tiny_model_dir, train, dev, out, *extra) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["hyperparameters"]["cache_frozen"] is True and record["frozen_cache_bytes"] > 0
+    assert "MiB of it the frozen bottom's kept states" in capsys.readouterr().out
+
+
 def test_train_pairs_and_regression(tiny_model_dir, tmp_path, capsys):
     rows = [{**r, "score": f"{i % 5 + 0.5}"} for i, r in enumerate(_rows(24, 0, pairs=True))]
     path = write(tmp_path / "sim.jsonl", [{k: v for k, v in r.items() if k != "label"} for r in rows])
@@ -223,6 +233,14 @@ def test_predict_user_errors(trained, tmp_path, capsys, case, argv, message):
         ("empty file", [], None, [], "is empty"),
         ("non-UTF-8", b"text,label\n\xff,positive\n", None, [], "is not UTF-8 text"),
         ("missing file", "missing", None, [], "does not exist"),
+        ("nothing frozen to keep", None, None, ["--cache-frozen"], "add --freeze-layers K"),
+        (
+            "kept states over a budget",
+            None,
+            None,
+            ["--cache-frozen", "--freeze-layers", "1", "--memory-budget", "900"],
+            "use one of the two",
+        ),
     ],
 )
 def test_train_user_errors_exit_2_before_anything(

@@ -146,6 +146,13 @@ class RunSettings:
                 "--method lora wraps a transformers model with PEFT; the lean runtime runs full, far, random and "
                 "freeze-ffn: use --runtime transformers (or auto) with LoRA"
             )
+        if self.cache_frozen and self.freeze_layers in (None, 0):
+            raise ValueError(
+                "--cache-frozen keeps the output of the frozen bottom layers, and none are frozen: add "
+                "--freeze-layers K (K >= 1) or --freeze-layers auto"
+            )
+        if self.cache_frozen and self.memory_budget is not None:
+            raise ValueError("--cache-frozen keeps states that --memory-budget does not plan for: use one of the two")
         counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
         for name in (*counts, "checkpoint_every"):
             value = getattr(self, name)
