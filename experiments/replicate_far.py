@@ -71,6 +71,8 @@ METHODS: dict[str, list[str]] = {
     "full+frozen-bottom-2+cache": ["--method", "full", "--freeze-layers", "2", "--cache-frozen"],
     "far-0.2+depth-auto+cache": [*FAR_02, "--freeze-layers", "auto", "--cache-frozen"],
     "far-0.2+frozen-emb+bottom-2+cache": [*FAR_02, "--freeze-layers", "2", "--cache-frozen"],
+    "full+frozen-bottom-3+cache": ["--method", "full", "--freeze-layers", "3", "--cache-frozen"],
+    "far-0.2+frozen-emb+bottom-3+cache": [*FAR_02, "--freeze-layers", "3", "--cache-frozen"],
     # What portable files cost: the frozen nodes and embeddings keep their primed values instead.
     "far-0.2+frozen-emb+keep-primed": [*FAR_02, "--keep-primed-frozen"],
     # PEFT's LoRA defaults (r=8, alpha 8, query and value); its learning rate is experiments/lr_sweep.py's choice.
