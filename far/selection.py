@@ -77,16 +77,12 @@ def _positions(names: Mapping[str, object], layer_of: Mapping[str, int] | None) 
     return {name: int(layer_of[name]) for name in names}
 
 
-def auto_freeze_layers(scores: Mapping[str, Tensor], layer_of: Mapping[str, int] | None = None) -> int:
-    """How many bottom layers `freeze_layers="auto"` freezes, from the FFNs' priming scores.
-
-    Each layer's change is the mean score of its nodes; K is the largest count such that the
-    bottom K layers' changes add up to less than `AUTO_FREEZE_MASS` of all layers' changes,
-    capped so that at least one layer stays trainable.
+def layer_changes(scores: Mapping[str, Tensor], layer_of: Mapping[str, int] | None = None) -> Tensor:
+    """Each layer's change during priming: the mean score of its FFN nodes, (L,) float64, bottom layer first.
 
     Example:
-        >>> auto_freeze_layers({"a": torch.tensor([0.1, 0.1]), "b": torch.ones(2), "c": torch.ones(2)})
-        1
+        >>> layer_changes({"a": torch.tensor([0.1, 0.3]), "b": torch.ones(2)})
+        tensor([0.2000, 1.0000], dtype=torch.float64)
     """
     layers = _positions(scores, layer_of)
     n_layers = max(layers.values()) + 1
@@ -95,7 +91,22 @@ def auto_freeze_layers(scores: Mapping[str, Tensor], layer_of: Mapping[str, int]
     for name, s in scores.items():
         total[layers[name]] += s.double().sum()
         nodes[layers[name]] += s.numel()
-    change = total / nodes.clamp(min=1)  # (L,) mean node score per layer
+    return total / nodes.clamp(min=1)  # wide and narrow layers weigh alike
+
+
+def auto_freeze_layers(scores: Mapping[str, Tensor], layer_of: Mapping[str, int] | None = None) -> int:
+    """How many bottom layers `freeze_layers="auto"` freezes, from the FFNs' priming scores.
+
+    Each layer's change is the mean score of its nodes (`layer_changes`); K is the largest count
+    such that the bottom K layers' changes add up to less than `AUTO_FREEZE_MASS` of all layers'
+    changes, capped so that at least one layer stays trainable.
+
+    Example:
+        >>> auto_freeze_layers({"a": torch.tensor([0.1, 0.1]), "b": torch.ones(2), "c": torch.ones(2)})
+        1
+    """
+    change = layer_changes(scores, layer_of)  # (L,)
+    n_layers = change.numel()
     below = change.cumsum(0)  # (L,) change of the bottom 1, 2, ... L layers
     threshold = AUTO_FREEZE_MASS * float(change.sum())
     k = max((i + 1 for i in range(n_layers) if float(below[i]) < threshold), default=0)

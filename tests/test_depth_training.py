@@ -94,3 +94,10 @@ def test_priming_trains_everything_when_asked_or_when_primed_values_are_kept(opt
 def test_prime_frozen_is_checked():
     with pytest.raises(TypeError, match="prime_frozen must be True, False or None"):
         far.finetune(deep(), tiny_examples(), far.FARConfig(0.4), prime_frozen="yes", **RUN)
+
+
+def test_a_run_reports_each_layers_share_of_primings_change():
+    result = far.finetune(deep(), tiny_examples(), far.FARConfig(0.4, freeze_layers="auto"), priming=2, **RUN)
+    shares = result.priming_layer_change
+    assert len(shares) == 3 and abs(sum(shares) - 1) < 1e-3 and all(s > 0 for s in shares)
+    assert far.finetune(deep(), tiny_examples(), None, **RUN).priming_layer_change is None

@@ -16,9 +16,10 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
 from far.config import AUTO
-from far.freezing import freeze_layers, frozen_depth
+from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
+from far.selection import layer_changes
 from far.surgery import freeze_ffns, reconfigure
 from far.training.checkpoint import (
     Checkpoint,
@@ -87,6 +88,7 @@ class Loop:
         self.optimizer: Any = None  # a torch.optim optimizer, or far.training.adamw.FusedAdamW
         self.scheduler: Any = None
         self.frozen: FrozenBottom | None = None  # with plan.cache_frozen: the frozen bottom's kept states
+        self.layer_change: list[float] | None = None  # each layer's share of priming's change
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
@@ -131,6 +133,7 @@ class Loop:
             log.write(record)
         if self._checkpoint_due(done):
             state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
+            state["layer_change"] = self.layer_change
             self.checkpoint = save_checkpoint(
                 self.output_dir,
                 done,
@@ -189,6 +192,7 @@ class Loop:
         load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
         self.metrics = dict(checkpoint.trainer_state.get("metrics", {}))
+        self.layer_change = checkpoint.trainer_state.get("layer_change")
         return checkpoint.step
 
     def _reconfigure(self, step: int) -> int:
@@ -199,6 +203,7 @@ class Loop:
         """
         t = time.perf_counter()
         scores = self.primer.scores()
+        self.layer_change = self._layer_change(scores)
         head_scores = self.primer.head_scores() if self.primer.watches_heads else None
         self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
         # The Primer stays attached to the model until reconfigure has put the frozen values back from it.
@@ -207,6 +212,14 @@ class Loop:
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))
+
+    def _layer_change(self, scores: dict[str, Tensor]) -> list[float] | None:
+        try:
+            layer_of = layer_index(scores, find_layers(self.model, self.spec))
+        except ValueError:  # FFNs outside a numbered stack of layers: no depth to report
+            return None
+        change = layer_changes(scores, layer_of)  # (L,)
+        return [round(float(share), 4) for share in change / change.sum().clamp(min=1e-30)]
 
     def _build(self, step: int) -> None:
         """The optimizer and scheduler of the phase that takes step `step`."""
@@ -325,6 +338,7 @@ class Loop:
             final_loss=self.final_loss,
             checkpoint=None if self.checkpoint is None else str(self.checkpoint),
             frozen_cache_bytes=0 if self.frozen is None else self.frozen.bytes,
+            priming_layer_change=self.layer_change,
             history=self.history,
         )
         if self.output_dir is not None:

@@ -24,6 +24,9 @@ class FinetuneResult:
         final_loss: The loss of the last step.
         checkpoint: The last checkpoint written, or None.
         frozen_cache_bytes: Memory the kept states of the frozen bottom took at the end (`cache_frozen`; else 0).
+        priming_layer_change: Each layer's share of the change priming measured in the FFNs (its nodes' mean
+            score over the layers' sum), bottom layer first: what `freeze_layers="auto"` reads. None without
+            priming, or for a model whose layers cannot be told apart.
     """
 
     metrics: dict[str, float]
@@ -40,6 +43,7 @@ class FinetuneResult:
     final_loss: float | None = None
     checkpoint: str | None = None
     frozen_cache_bytes: int = 0
+    priming_layer_change: list[float] | None = None
     history: list[dict] = field(default_factory=list, repr=False)  # every eval: {"step": s, **metrics}
 
     def to_dict(self) -> dict:
