@@ -162,12 +162,13 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
         row = summary.setdefault(task, {}).setdefault(method, {"metric": [], "train_seconds": [], "total_seconds": []})
         row["metric"].append(record["metrics"][TASKS[task]["metric"]])
         # End to end: priming (with the surgery) + training; evaluation is the same for every method. Times of
-        # this session's runs and of an earlier session's are kept apart: only one kind makes the row's time.
+        # this session's runs and of an earlier session's are kept apart: only one kind makes the row's times
+        # (wall and whole-process CPU seconds alike: an earlier session may have run on other cores and threads).
         times = row.setdefault("earlier_times" if record.get("earlier_session") else "session_times", [])
-        times.append((record["priming_seconds"] + record["training_seconds"], record["total_seconds"]))
+        train = record["priming_seconds"] + record["training_seconds"]
+        times.append((train, record["total_seconds"], record.get("process_cpu_seconds")))
         row["trainable_parameters"] = record["trainable_parameters"]
         row.setdefault("peak_rss_bytes", []).append(record.get("peak_rss_bytes"))
-        row.setdefault("process_cpu_seconds", []).append(record.get("process_cpu_seconds"))
         if record.get("earlier_session"):
             row["earlier_session"] = record["earlier_session"]
     for methods in summary.values():
@@ -176,21 +177,22 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
             if times is None:  # only runs of an earlier session: their times, marked
                 times, row["times_from"] = row["earlier_times"], row["earlier_session"]
             row.pop("earlier_times", None)
-            row["train_seconds"] = [train for train, _ in times]
-            row["total_seconds"] = [total for _, total in times]
+            row["train_seconds"] = [train for train, _, _ in times]
+            row["total_seconds"] = [total for _, total, _ in times]
+            cpu = [seconds for _, _, seconds in times]
             for key in ("metric", "train_seconds", "total_seconds"):
                 row[key] = _mean_std(row[key])
             rss = [b for b in row["peak_rss_bytes"] if b is not None]
             row["peak_rss_bytes"] = max(rss) if rss else None
-            cpu = row.pop("process_cpu_seconds")
             if cpu and None not in cpu:  # whole-process CPU seconds, recorded by runs made since they were
                 row["process_cpu_seconds"] = _mean_std(cpu)
         full = methods.get("full")  # deltas once every row is summarized, whatever the methods' order
         for row in methods.values():
             if full:
                 row["metric_delta_vs_full"] = row["metric"]["mean"] - full["metric"]["mean"]
-                if bool(row.get("times_from")) == bool(full.get("times_from")):  # times of one session only
-                    row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
+                if bool(row.get("times_from")) != bool(full.get("times_from")):
+                    continue  # savings compare times of one session only
+                row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
                 if "process_cpu_seconds" in row and "process_cpu_seconds" in full:
                     mean = row["process_cpu_seconds"]["mean"]
                     row["cpu_saving_vs_full"] = 1 - mean / full["process_cpu_seconds"]["mean"]
@@ -216,12 +218,13 @@ def markdown(summary: dict, kept: dict | None = None) -> str:
             delta = row.get("metric_delta_vs_full")
             saving = row.get("time_saving_vs_full")
             cpu, cpu_saving = row.get("process_cpu_seconds"), row.get("cpu_saving_vs_full")
-            cpu_time = "" if cpu is None else f"{cpu['mean']:.0f} ± {cpu['std']:.0f}"
+            marked = " †" if row.get("times_from") else ""
+            cpu_time = "" if cpu is None else f"{cpu['mean']:.0f} ± {cpu['std']:.0f}{marked}"
             cpu_cells = f"{cpu_time} | {'' if cpu_saving is None else f'{100 * cpu_saving:.1f}%'}"
             lines.append(
                 f"| {task} | {TASKS[task]['metric']} | {method} | {scale * m['mean']:.2f} ± {scale * m['std']:.2f} | "
                 f"{'' if delta is None else f'{scale * delta:+.2f}'} | {t['mean']:.0f} ± {t['std']:.0f}"
-                f"{' †' if row.get('times_from') else ''} | {'' if saving is None else f'{100 * saving:.1f}%'} | "
+                f"{marked} | {'' if saving is None else f'{100 * saving:.1f}%'} | "
                 f"{cpu_cells} | {m['n']} | {row['trainable_parameters']:,} | {_mib(row.get('peak_rss_bytes'))} | "
                 f"{_mib((kept or {}).get(method, {}).get('bytes'))} |"
             )

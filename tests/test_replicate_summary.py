@@ -128,3 +128,17 @@ def test_summary_shows_whole_process_cpu_seconds_and_their_saving(replicate_far)
     }
     table = replicate_far.markdown(replicate_far.summarize(records))
     assert "| 90 ± 0 | 10.0% | 90 ± 7 | 10.0% | 2 | 18 |" in table
+
+
+def test_cpu_seconds_of_an_earlier_session_stay_out_of_this_sessions_row(replicate_far):
+    # An earlier session's runs give the row their metric, not their CPU seconds (other cores, other threads).
+    records = {
+        ("cola", "full", 0): {**record(0.25, 0, 100, 22), "process_cpu_seconds": 100.0},
+        ("cola", "full", 1): {**record(0.27, 0, 50, 22), "process_cpu_seconds": 40.0, "earlier_session": "old"},
+        ("cola", "far", 0): {**record(0.25, 10, 80, 18), "process_cpu_seconds": 60.0, "earlier_session": "old"},
+    }
+    summary = replicate_far.summarize(records)["cola"]
+    assert summary["full"]["process_cpu_seconds"]["values"] == [100.0]
+    assert summary["full"]["metric"]["n"] == 2
+    assert "cpu_saving_vs_full" not in summary["far"] and "time_saving_vs_full" not in summary["far"]
+    assert "60 ± 0 †" in replicate_far.markdown({"cola": summary})
