@@ -9,7 +9,7 @@ never picked up, and `reconfigure` detaches the Primer (freeing its snapshot) on
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -168,33 +168,6 @@ class Primer:
         if bad:
             raise ValueError(f"the saved Primer snapshot has other shapes or dtypes ({bad[:3]}) than this model")
         self._snapshot = {k: t.to("cpu") for k, t in state.items()}
-
-    @torch.no_grad()
-    def put_back(self, model: nn.Module, names: Iterable[str]) -> None:
-        """Copy the pre-priming values of the parameters `names` back into `model` (this Primer's, unsplit).
-
-        For a bottom frozen mid-priming (`freeze_layers="auto"`): what it learnt so far goes, as it
-        would at the surgery, so that the rest of priming adapts to the values the file's users have.
-        A parameter that did not train during priming never moved and is left alone.
-
-        Raises:
-            ValueError: a parameter that trained and whose value this Primer did not keep.
-        """
-        names = list(names)
-        lost = [n for n in names if n in self.trainable and self.snapshot(n) is None]
-        if lost:
-            raise ValueError(
-                f"the Primer did not keep the pre-priming values of {lost[:2]}{' ...' if len(lost) > 2 else ''}; "
-                "create far.Primer(model, everything=True) to put whole layers back"
-            )
-        for name in names:
-            before = self.snapshot(name)
-            if before is None:
-                continue
-            _, role = self._roles[name]
-            parameter = model.get_parameter(name)
-            target = node_rows(self._modules[name.rsplit(".", 1)[0]], role, parameter) if role else parameter
-            target.copy_(before.to(target.device))
 
     @property
     def watches_heads(self) -> bool:

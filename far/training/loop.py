@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -17,10 +16,10 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec
 from far.atomic import atomic_file
 from far.config import AUTO
-from far.freezing import depth_parameters, find_layers, freeze_layers, frozen_depth, layer_index
+from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
-from far.selection import auto_freeze_layers, layer_changes
+from far.selection import layer_changes
 from far.surgery import freeze_ffns, reconfigure
 from far.training.checkpoint import (
     Checkpoint,
@@ -90,7 +89,6 @@ class Loop:
         self.scheduler: Any = None
         self.frozen: FrozenBottom | None = None  # with plan.cache_frozen: the frozen bottom's kept states
         self.layer_change: list[float] | None = None  # each layer's share of priming's change
-        self.depth: int | None = None  # freeze_layers="auto": the depth chosen at plan.depth_step
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
@@ -125,20 +123,17 @@ class Loop:
     def _after_step(self, done: int, record: dict, log: RunLog) -> None:
         """Surgery at the end of priming, evaluation, the log line and the checkpoint of step `done`."""
         plan = self.plan
-        if done == plan.depth_step:
-            record["frozen_layers"] = self._choose_depth(done)
         if done == plan.priming_steps:
             record["trainable_parameters"] = self._reconfigure(done)
         if self.eval_fn is not None and (done == plan.total_steps or (plan.eval_every and done % plan.eval_every == 0)):
             record["eval"] = self._evaluate(done)
         self._tick()
         record.update(elapsed=round(self.seconds["total"], 3), peak_rss_bytes=peak_rss_bytes())
-        marks = {"eval", "trainable_parameters", "frozen_layers"}
-        if done % plan.log_every == 0 or done == plan.total_steps or record.keys() & marks:
+        if done % plan.log_every == 0 or done == plan.total_steps or record.keys() & {"eval", "trainable_parameters"}:
             log.write(record)
         if self._checkpoint_due(done):
             state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
-            state["layer_change"], state["depth"] = self.layer_change, self.depth
+            state["layer_change"] = self.layer_change
             self.checkpoint = save_checkpoint(
                 self.output_dir,
                 done,
@@ -191,17 +186,8 @@ class Loop:
     def _resume(self, checkpoint: Checkpoint) -> int:
         load_model_state(self.model, checkpoint, self.spec)
         if checkpoint.step < self.plan.priming_steps:  # killed during priming: the Primer's snapshot too
-            snapshot = load_primer_state(checkpoint)
-            self.depth = checkpoint.trainer_state.get("depth")
-            if self.depth:
-                # The Primer is made as at the start, when the bottom chosen since was trainable (its
-                # snapshot names what was); the checkpoint holds that bottom's put-back values.
-                for name in depth_parameters(self.model, find_layers(self.model, self.spec), self.depth):
-                    self.model.get_parameter(name).requires_grad_(name in snapshot)
             self.primer = self._primer()
-            self.primer.load_state(snapshot)
-            if self.depth:
-                self._freeze_depth(self.depth)
+            self.primer.load_state(load_primer_state(checkpoint))
         self._build(checkpoint.step)
         load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
@@ -217,48 +203,15 @@ class Loop:
         """
         t = time.perf_counter()
         scores = self.primer.scores()
-        far_config, reset = self.plan.far, self.plan.reset_frozen
-        if self.depth is None:
-            self.layer_change = self._layer_change(scores)
-        else:  # chosen early: the frozen bottom has not moved since, so the scores now would not choose it
-            far_config = dataclasses.replace(far_config, freeze_layers=self.depth)
+        self.layer_change = self._layer_change(scores)
         head_scores = self.primer.head_scores() if self.primer.watches_heads else None
         self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
         # The Primer stays attached to the model until reconfigure has put the frozen values back from it.
+        far_config, reset = self.plan.far, self.plan.reset_frozen
         reconfigure(self.model, far_config, scores=scores, head_scores=head_scores, spec=self.spec, reset_frozen=reset)
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
         return sum(p.numel() for _, p in trainable_parameters(self.model))
-
-    def _choose_depth(self, step: int) -> int:
-        """freeze_layers="auto" at `plan.depth_step`: choose the depth from the scores so far, put that bottom
-        back to its pre-priming values and freeze it for the rest of priming; returns the depth.
-
-        The priming optimizer goes on with the tensors above (their AdamW moments kept); the frozen
-        bottom's states are kept per example from here on, as after the surgery.
-        """
-        t = time.perf_counter()
-        scores = self.primer.scores()
-        self.layer_change = self._layer_change(scores)
-        layers = find_layers(self.model, self.spec)
-        self.depth = auto_freeze_layers(scores, layer_index(scores, layers))
-        if self.depth:
-            self.primer.put_back(self.model, depth_parameters(self.model, layers, self.depth))
-            self._freeze_depth(self.depth)
-            previous = self.optimizer
-            self._build(step)
-            kept = getattr(previous, "state", {})
-            for _, p in trainable_parameters(self.model):
-                if p in kept:
-                    self.optimizer.state[p] = kept[p]
-        self.seconds["priming"] += time.perf_counter() - t
-        return self.depth
-
-    def _freeze_depth(self, k: int) -> None:
-        for name in depth_parameters(self.model, find_layers(self.model, self.spec), k):
-            parameter = self.model.get_parameter(name)
-            parameter.requires_grad_(False)
-            parameter.grad = None
 
     def _layer_change(self, scores: dict[str, Tensor]) -> list[float] | None:
         try:

@@ -21,13 +21,7 @@ _BEFORE_THE_OPTION = {
     "freeze_layers": None,
     "frozen_from_start": False,
     "cache_frozen": False,
-    "depth_step": None,
 }
-# freeze_layers="auto" reads the depth off the scores of the first quarter of priming, then freezes that
-# bottom for the rest of it: layers move nearly alike under AdamW from the first steps (far.selection), so
-# the early scores choose the depth the whole priming would, and three quarters of priming cost what
-# training does (backward stops at layer K, the frozen bottom's states are kept).
-AUTO_DEPTH_AT = 0.25
 
 
 # The config's fields that far.finetune once took as keywords of its own.
@@ -162,9 +156,6 @@ class TrainingPlan:
     # What the FARConfig freezes up front (its embeddings, a fixed freeze_layers) is frozen from the first
     # priming step instead of at the surgery: see `frozen_from_start`.
     frozen_from_start: bool = False
-    # freeze_layers="auto": the priming step after which the depth is chosen and that bottom frozen (put back
-    # to its pre-priming values) for the rest of priming; None: chosen at the surgery from all of priming.
-    depth_step: int | None = None
     # The frozen bottom runs without dropout and its output is kept per example (far.training.frozen_bottom).
     cache_frozen: bool = False
     cache_frozen_mib: float = 1024.0
@@ -200,30 +191,13 @@ def frozen_from_start(
     have adapted to values it then loses. Frozen from the first step, priming costs what training
     after the surgery costs there (no embedding gradient, backward stops at layer K). `prime_frozen`
     True trains them during priming all the same (the FAR paper primes the whole model); None decides
-    by `reset_frozen`. A depth chosen from the scores (`"auto"`) is frozen from `depth_step` on.
+    by `reset_frozen`. A depth chosen from the scores (`"auto"`) is known only after priming.
     """
     if config is None or not priming_steps:
         return False
     up_front = config.freeze_embeddings or (config.freeze_layers is not None and config.freeze_layers != AUTO)
-    return up_front and not _primes_frozen(reset_frozen, prime_frozen)
-
-
-def _primes_frozen(reset_frozen: bool, prime_frozen: bool | None) -> bool:
-    return (not reset_frozen) if prime_frozen is None else prime_frozen
-
-
-def depth_step(
-    config: FARConfig | None, priming_steps: int, reset_frozen: bool, prime_frozen: bool | None
-) -> int | None:
-    """The priming step after which `freeze_layers="auto"` chooses the depth and freezes it (`AUTO_DEPTH_AT`).
-
-    None where the depth is fixed or absent, where priming trains what the surgery freezes (`prime_frozen`, or
-    `reset_frozen=False`: the FAR paper's whole-model priming), and where priming is too short to split.
-    """
-    if config is None or config.freeze_layers != AUTO or _primes_frozen(reset_frozen, prime_frozen):
-        return None
-    step = max(1, math.ceil(AUTO_DEPTH_AT * priming_steps))
-    return step if step < priming_steps else None
+    prime = (not reset_frozen) if prime_frozen is None else prime_frozen
+    return up_front and not prime
 
 
 def plan_training(
@@ -355,7 +329,6 @@ def plan_training(
         else _int("keep_checkpoints", keep_checkpoints, 1, "or None to keep all"),
         log_every=_int("log_every", log_every, 1),
         frozen_from_start=frozen_from_start(far, priming_steps, reset_frozen, prime_frozen),
-        depth_step=depth_step(far, priming_steps, reset_frozen, prime_frozen),
         cache_frozen=cache_frozen,
         cache_frozen_mib=cache_frozen_mib,
     )

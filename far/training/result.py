@@ -25,8 +25,7 @@ class FinetuneResult:
         checkpoint: The last checkpoint written, or None.
         frozen_cache_bytes: Memory the kept states of the frozen bottom took at the end (`cache_frozen`; else 0).
         priming_layer_change: Each layer's share of the change priming measured in the FFNs (its nodes' mean
-            score over the layers' sum), bottom layer first: what `freeze_layers="auto"` reads (at the step it chose
-            the depth, a quarter into priming, where it chose early). None without
+            score over the layers' sum), bottom layer first: what `freeze_layers="auto"` reads. None without
             priming, or for a model whose layers cannot be told apart.
     """
 
