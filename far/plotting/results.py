@@ -52,6 +52,15 @@ RESULT_SOURCES: dict[str, str] = {
         "full+frozen-bottom-3 far-0.2+frozen-emb far-0.2+frozen-emb+keep-primed far-0.2+depth-auto "
         "far-0.2+frozen-emb+bottom-3 --output experiments/results/replicate_far/depth --name depth --summarize-only"
     ),
+    # One thread per run; CoLA's seeds 1 and 2 of the older rows come from earlier sessions (metric only).
+    "replicate_far/one_thread/one_thread.json": (
+        "cd experiments && python replicate_far.py --tasks cola sst2 stsb --seeds 0 1 2 --methods full "
+        "full+frozen-emb full+frozen-bottom-2 full+frozen-bottom-2+cache full+frozen-bottom-3+cache far "
+        "far-0.2+frozen-emb far-0.2+frozen-emb+bottom-2 far-0.2+depth-auto+cache lora lora-lr2e-3 "
+        "--output results/replicate_far/one_thread --name one_thread --summarize-only --earlier-runs "
+        "results/replicate_far/portable results/replicate_far/practitioner results/replicate_far/depth "
+        "results/replicate_far/replication_heads_lora results/replicate_far"
+    ),
     "bench_memory/memory_minilm.json": "python experiments/bench_memory.py",
     "bench_memory/llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
     "llm_sst2/llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
