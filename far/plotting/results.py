@@ -54,12 +54,13 @@ RESULT_SOURCES: dict[str, str] = {
     ),
     # One thread per run; CoLA's seeds 1 and 2 of the older rows come from earlier sessions (metric only).
     "replicate_far/one_thread/one_thread.json": (
-        "cd experiments && python replicate_far.py --tasks cola sst2 stsb --seeds 0 1 2 --methods full "
+        "python experiments/replicate_far.py --tasks cola sst2 stsb --seeds 0 1 2 --methods full "
         "full+frozen-emb full+frozen-bottom-2 full+frozen-bottom-2+cache full+frozen-bottom-3+cache far "
-        "far-0.2+frozen-emb far-0.2+frozen-emb+bottom-2 far-0.2+depth-auto+cache lora lora-lr2e-3 "
-        "--output results/replicate_far/one_thread --name one_thread --summarize-only --earlier-runs "
-        "results/replicate_far/portable results/replicate_far/practitioner results/replicate_far/depth "
-        "results/replicate_far/replication_heads_lora results/replicate_far"
+        "far-0.2+frozen-emb far-0.2+frozen-emb+bottom-2 far-0.2+frozen-emb+bottom-2+cache "
+        "far-0.2+depth-auto+cache lora lora-lr2e-3 --output experiments/results/replicate_far/one_thread "
+        "--name one_thread --summarize-only --earlier-runs experiments/results/replicate_far/portable "
+        "experiments/results/replicate_far/practitioner experiments/results/replicate_far/depth "
+        "experiments/results/replicate_far/replication_heads_lora experiments/results/replicate_far"
     ),
     "bench_memory/memory_minilm.json": "python experiments/bench_memory.py",
     "bench_memory/llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
@@ -82,7 +83,8 @@ RESULT_SOURCES: dict[str, str] = {
     "llm_fewshot_time/summary.json": (
         "python experiments/llm_fewshot_time.py --phase grid --k 16; "
         "python experiments/llm_fewshot_time.py --phase curves summary --k 16 --arms mezo far_top10 --seeds 0 1 2 "
-        "--seconds 900 --eval-seconds 150 --steps 3000"
+        "--seconds 900 --eval-seconds 150 --steps 3000; the same two phases with --model gemma3-270m (grid --lrs 3e-7 "
+        "1e-6 3e-6 1e-5 3e-5) and with --k 512 (seed 0; see docs/llm.md)"
     ),
 }
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M", "gemma3-270m": "Gemma-3-270M"}
