@@ -11,9 +11,9 @@ MiniLM (all-MiniLM-L6-v2, 2-class head, fp32; batch 64 x 128 random token ids, s
 depend on the text): the training cases run `far.finetune`; mezo_far primes with one MeZO step.
 
 SmolLM2-135M (the packaged GGUF, fp32; real SST-2 training prompts, k=512 per class): mezo_far primes
-from gradients (`far.llm.priming`), freezes the embeddings, and reports the priming's and the
+from gradients (`far.training.gradient_priming`), freezes the embeddings, and reports the priming's and the
 training's peaks apart; with lean memory (default) glibc returns freed blocks and the frozen
-embedding keeps only the rows in use (`far.llm.memory`).
+embedding keeps only the rows in use (`far.training.memory`).
 
     python experiments/bench_memory.py                          # -> experiments/results/bench_memory/memory_minilm.json
     python experiments/bench_memory.py --model smollm2-135m     # -> experiments/results/bench_memory/llm_memory.json
@@ -55,15 +55,15 @@ from far.data.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
-from far.llm import (
+from far.models import load_causal_lm, resolve_model
+from far.training import (
     ffn_parameter_names,
     gradient_scores,
     page_out_after_forward,
     release_freed_memory,
     to_private_memory,
 )
-from far.models import load_causal_lm, resolve_model
-from far.training.data import BatchStream
+from far.training.batches import BatchStream
 
 CASES = ("runtime", "inference", "mezo", "mezo_far", "adamw")
 MIB = 2**20
@@ -131,7 +131,7 @@ def smollm2_case(args: argparse.Namespace) -> dict:
             optimizer.zero_grad(set_to_none=True)
     else:
         if args.case == "mezo_far":
-            # Priming and surgery as far.llm.prime_and_reconfigure does them, with the peak read in between.
+            # Priming and surgery as far.training.prime_and_reconfigure does them, with the peak read in between.
             to_private_memory(model, ffn_parameter_names(model))
             scores = gradient_scores(model, priming, loss_fn)
             result.update(priming_peak_rss_bytes=peak_rss_bytes(), priming_seconds=time.perf_counter() - start)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--no-lean-memory", dest="lean_memory", action="store_false", help="SmolLM2: see far.llm.memory"
+        "--no-lean-memory", dest="lean_memory", action="store_false", help="SmolLM2: see far.training.memory"
     )
     parser.add_argument("--mmap-threshold", type=int, help="run the cases with MALLOC_MMAP_THRESHOLD_ set to this")
     add_output_argument(

@@ -1,4 +1,4 @@
-"""Calibrate the step roofline (far.roofline.Rates) on this machine, in the process that times the steps.
+"""Calibrate the step roofline (far.analysis.roofline.Rates) on this machine, in the process that times the steps.
 
 Each rate is timed on what a step runs: the model's own projection shapes at the step's token count (forward, input
 gradient and weight gradient products, fp32 or bf16), attention's batched products at its head shape, torch's AdamW
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from far.analysis.roofline import ADAMW_PASSES, MMAP_THRESHOLD, Rates
 from far.freezing import find_layers
 from far.layers import PROJECTION_TYPES
-from far.roofline import ADAMW_PASSES, MMAP_THRESHOLD, Rates
 
 KINDS = ("forward", "input_grad", "weight_grad")
 

@@ -5,7 +5,7 @@ train to train on and another k per class, disjoint, to validate on, both sample
 the prompt `<sentence> It was` with the label words ` terrible` / ` great`; the test set is SST-2
 dev (all 872 sentences). MeZO: batch 16, eps 1e-3, one direction per step, the learning rate
 decaying linearly to zero; `mezo` trains every weight (the paper's setting), `mezo_far` primes from
-gradients on the training set (`far.llm.prime_and_reconfigure`, r=0.4, embeddings frozen) and trains
+gradients on the training set (`far.training.prime_and_reconfigure`, r=0.4, embeddings frozen) and trains
 the learners and the attention and norm weights; `mezo_far_emb` is `mezo_far` with the embedding (tied
 to the LM head, so the label words' output rows too) trained as well.
 
@@ -72,8 +72,8 @@ from far.data.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
-from far.llm import prime_and_reconfigure
 from far.models import load_causal_lm, resolve_model
+from far.training import prime_and_reconfigure
 
 ARMS = ("mezo", "mezo_far", "mezo_far_emb")
 RESULTS = results_dir(__file__)

@@ -56,8 +56,8 @@ from far.data.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
-from far.llm import prime_and_reconfigure
 from far.models import load_causal_lm
+from far.training import prime_and_reconfigure
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 
 Arms, each in its own process (so each reports its own peak RSS):
 - zero_shot: accuracy of the pretrained model (the baseline);
-- mezo_far: gradient priming (`far.llm.prime_and_reconfigure`, embeddings frozen), then
+- mezo_far: gradient priming (`far.training.prime_and_reconfigure`, embeddings frozen), then
   MeZO on the learners and the attention/norm weights through `far.finetune`;
 - mezo: MeZO on every weight (the MeZO paper's setting), the same steps, batches and schedule.
 
@@ -47,8 +47,8 @@ from far.data.prompts import (
     read_labelled_tsv,
     sample_k_shot,
 )
-from far.llm import page_out_after_forward, prime_and_reconfigure, release_freed_memory
 from far.models import load_causal_lm, resolve_model
+from far.training import page_out_after_forward, prime_and_reconfigure, release_freed_memory
 
 ARMS = ("zero_shot", "mezo_far", "mezo")
 

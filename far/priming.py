@@ -47,7 +47,7 @@ class Primer:
     caller's own. The snapshot holds only the FFN projections, on CPU, in the model's dtype, plus,
     with `heads=True`, the attention projections, whose heads `head_scores()` then scores, and,
     with `embeddings=True`, the trainable embedding matrices. `far.reconfigure` puts the nodes,
-    heads and embeddings it freezes back to these pre-priming values (see `far.portable`), so that
+    heads and embeddings it freezes back to these pre-priming values (see `far.surgery.portable`), so that
     a learners file applies to the stock model.
 
     Args:

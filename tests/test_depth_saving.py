@@ -10,6 +10,7 @@ from test_learners_file import assert_same, snapshot
 
 import far
 from far.saving.layout import inferred_config
+from far.surgery import learners_from_state_dict, reconfigure_with_learners
 from far.training.checkpoint import load_model_state, read_checkpoint, save_checkpoint
 
 LABELS = torch.tensor([0, 1, 2])
@@ -90,7 +91,7 @@ def test_checkpoint_round_trip(arch, tmp_path):
 def test_reconfigure_with_learners_rebuilds_layout_and_freezing(freeze_layers):
     model = trained("llama", freeze_layers)
     fresh = tiny_model("llama", seed=3, num_hidden_layers=4)
-    far.reconfigure_with_learners(fresh, far.learners_from_state_dict(fresh, model.state_dict()), far.get_config(model))
+    reconfigure_with_learners(fresh, learners_from_state_dict(fresh, model.state_dict()), far.get_config(model))
     fresh.load_state_dict(model.state_dict(), strict=True)
     assert_same(snapshot(fresh), snapshot(model))
     same_depth(fresh, model)
@@ -101,12 +102,12 @@ def test_reconfigure_with_learners_that_disagree_with_the_config_is_refused():
     chosen = far.learners(model)
     fresh = base("bert")
     with pytest.raises(ValueError, match="leave the bottom 2 layers empty, but the config says freeze_layers=1"):
-        far.reconfigure_with_learners(fresh, chosen, far.FARConfig(0.4, freeze_layers=1))
+        reconfigure_with_learners(fresh, chosen, far.FARConfig(0.4, freeze_layers=1))
     with pytest.raises(ValueError, match="non-empty"):  # without freeze_layers, empty learners are wrong
-        far.reconfigure_with_learners(fresh, chosen, far.FARConfig(0.4))
+        reconfigure_with_learners(fresh, chosen, far.FARConfig(0.4))
     holes = dict(chosen, **{"bert.encoder.layer.3.output.dense": torch.empty(0, dtype=torch.long)})
     with pytest.raises(ValueError, match=r"exactly the bottom frozen layers empty .* empty layers \[0, 1, 3\]"):
-        far.reconfigure_with_learners(fresh, holes, far.FARConfig(0.4, freeze_layers="auto"))
+        reconfigure_with_learners(fresh, holes, far.FARConfig(0.4, freeze_layers="auto"))
     assert not far.is_reconfigured(fresh)
 
 

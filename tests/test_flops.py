@@ -5,8 +5,8 @@ import torch
 from conftest import tiny_model
 
 import far
-from far.flops import backward_reach, step_flops
-from far.roofline import ACTIVATION_PASSES, ADAMW_PASSES, MMAP_THRESHOLD, Rates, step_bytes, step_seconds
+from far.analysis.flops import backward_reach, step_flops
+from far.analysis.roofline import ACTIVATION_PASSES, ADAMW_PASSES, MMAP_THRESHOLD, Rates, step_bytes, step_seconds
 
 
 def test_full_step_is_three_forwards_of_linear_work_and_far_saves_frozen_weight_grads():

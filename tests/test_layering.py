@@ -20,11 +20,14 @@ PACKAGE = ROOT / "far"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("far.atomic", "far.config", "far.lazy", "far.seeds")),
     ("split layers", ("far.split_ops", "far.layers")),
-    ("FFN discovery", ("far.architectures", "far.flops", "far.freezing", "far.roofline", "far.summary")),
-    ("priming and selection", ("far.priming", "far.selection", "far.portable")),
-    # the surgery's checked input, and what a reconfigured model records (read-only)
-    ("surgery's input and record", ("far.surgery_inputs", "far.split_state")),
-    ("surgery", ("far.surgery",)),
+    ("FFN discovery", ("far.architectures", "far.freezing", "far.summary")),
+    # cost models read a model's shapes and split layers; experiments use them
+    ("analysis", ("far.analysis",)),
+    ("priming and selection", ("far.priming", "far.selection")),
+    # FAR's core: the surgery's checked input and what a reconfigured model records (read-only), then the
+    # verbs that rewrite the model; `far.surgery` itself is a lazy face that imports nothing
+    ("surgery's input and record", ("far.surgery", "far.surgery.inputs", "far.surgery.state", "far.surgery.portable")),
+    ("surgery", ("far.surgery.reconfigure",)),
     ("saving", ("far.saving",)),
     # `far` itself is the public API: core, saving and training. far.llm is the lean causal-LM runtime,
     # far.encoder the lean BERT runtime.
@@ -32,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("far.data",)),
     ("evaluation", ("far.evaluation",)),
     ("models and methods", ("far.methods", "far.models")),
-    ("recipes", ("far.recipes", "far.plotting", "far.tasks")),
+    ("recipes", ("far.recipes", "far.plotting")),
     ("command line", ("far.cli",)),
 ]
 

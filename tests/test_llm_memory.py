@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_causal_lm
 from transformers import AutoModelForCausalLM
 
-from far.llm.memory import page_out, page_out_after_forward, release_freed_memory, to_private_memory
+from far.training.memory import page_out, page_out_after_forward, release_freed_memory, to_private_memory
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise/mallopt hints are Linux/glibc only")
 

@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_causal_lm
 
 import far
-from far.llm.priming import gradient_scores
+from far.training.gradient_priming import gradient_scores
 
 
 def model_and_batches(seed: int = 0):
@@ -102,7 +102,7 @@ def test_head_scores_sum_each_key_value_groups_gradient_rows_and_columns():
 
 def test_prime_and_reconfigure_splits_heads_from_gradient_scores():
     model, batches = model_and_batches()
-    far.llm.prime_and_reconfigure(model, batches, lm_loss, retention=0.5, attention_retention=0.5)
+    far.training.prime_and_reconfigure(model, batches, lm_loss, retention=0.5, attention_retention=0.5)
     chosen = far.learners(model)
     assert all(chosen[name].numel() == 1 for name in far.find_attention(model))
     assert not model.get_input_embeddings().weight.requires_grad

@@ -16,6 +16,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import far
 from far.config import FARConfig
+from far.training.batches import split_batch
 from far.training.budget import (
     BASE_MIB,
     RECOMPUTE_LAYERS_TIME,
@@ -25,7 +26,6 @@ from far.training.budget import (
     estimate_mib,
     plan_memory,
 )
-from far.training.data import split_batch
 
 MINILM = ModelShape.from_config(
     dict(

@@ -10,6 +10,7 @@ from conftest import ARCHITECTURES, tiny_batch, tiny_model
 
 import far
 from far.layers import SplitLinear
+from far.surgery import learners_from_state_dict, reconfigure_with_learners
 
 
 def _logits(model, batch):
@@ -301,7 +302,7 @@ def test_reconfigure_with_learners_rebuilds_a_saved_layout():
     model = far.reconfigure(tiny_model("opt"), 0.4, scores=_scores(tiny_model("opt")))
     state = model.state_dict()
     fresh = tiny_model("opt", seed=3)
-    far.reconfigure_with_learners(fresh, far.learners_from_state_dict(fresh, state), far.get_config(model))
+    reconfigure_with_learners(fresh, learners_from_state_dict(fresh, state), far.get_config(model))
     fresh.load_state_dict(state, strict=True)
     assert torch.equal(_logits(fresh, tiny_batch()), _logits(model, tiny_batch()))
     assert {k: v.tolist() for k, v in far.learners(fresh).items()} == {
@@ -319,7 +320,7 @@ def test_reconfigure_with_learners_rebuilds_a_saved_layout():
 def test_reconfigure_with_bad_learners_is_refused(learners, message):
     model = tiny_model("bert")
     with pytest.raises(ValueError, match=message):
-        far.reconfigure_with_learners(model, learners, far.FARConfig())
+        reconfigure_with_learners(model, learners, far.FARConfig())
     assert not far.is_reconfigured(model)
 
 
@@ -327,10 +328,10 @@ def test_reconfigure_with_out_of_range_learners_is_refused():
     model = tiny_model("bert")
     bad = {name: torch.tensor([0, 40]) for name in far.find_ffns(model)}
     with pytest.raises(ValueError, match=r"distinct node indices in \[0, 40\)"):
-        far.reconfigure_with_learners(model, bad, far.FARConfig())
+        reconfigure_with_learners(model, bad, far.FARConfig())
     dup = {name: torch.tensor([3, 3]) for name in far.find_ffns(model)}
     with pytest.raises(ValueError, match="distinct"):
-        far.reconfigure_with_learners(model, dup, far.FARConfig())
+        reconfigure_with_learners(model, dup, far.FARConfig())
     assert not far.is_reconfigured(model)
 
 

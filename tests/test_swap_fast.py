@@ -17,8 +17,8 @@ from far.saving import active_learners, learners_file
 from far.saving.digests import DigestCache, sha256_rows
 from far.saving.fingerprint import base_fingerprint
 from far.saving.learners_file import _content_hash
-from far.split_state import node_groups
-from far.surgery import resplit
+from far.surgery.reconfigure import resplit
+from far.surgery.state import node_groups
 
 LABELS = torch.tensor([0, 1, 2])
 LEARNERS = "bert.encoder.layer.0.output.dense"  # an FFN, keyed by its output projection

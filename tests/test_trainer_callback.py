@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import far
+from far.surgery import learners_from_state_dict, reconfigure_with_learners
 
 
 def arguments(output_dir, max_steps: int = 6, **kwargs) -> TrainingArguments:
@@ -53,7 +54,7 @@ def test_a_reconfigured_model_trains_and_saves_through_trainer(tmp_path):
     trainer.save_model(str(tmp_path / "saved"))
     state = load_file(str(tmp_path / "saved" / "model.safetensors"))
     reloaded = tiny_model("bert", seed=7)
-    far.reconfigure_with_learners(reloaded, far.learners_from_state_dict(reloaded, state), far.get_config(model))
+    reconfigure_with_learners(reloaded, learners_from_state_dict(reloaded, state), far.get_config(model))
     reloaded.load_state_dict(state)
     for (name, a), b in zip(model.state_dict().items(), reloaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name

@@ -16,7 +16,6 @@ from typing import TypeVar
 
 from far.config import AUTO
 from far.data.locate import DATA_DIR_ENV
-from far.llm.memory import release_freed_memory
 from far.methods import METHODS
 from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES, is_causal_lm, resolve_model
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
@@ -31,6 +30,7 @@ from far.training.budget import (
     peak_rss_mib,
     plan_memory,
 )
+from far.training.memory import release_freed_memory
 from far.training.plan import check_length
 
 T = TypeVar("T")
@@ -290,7 +290,7 @@ def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping], reads
     shrink the evaluation batch to the plan's; far.finetune plans the training side again with the model."""
     if is_causal_lm(settings.model):
         raise UsageError("--memory-budget plans encoder runs; the lean causal-LM runtime has its own memory use")
-    # From here on, freed tensors go back to the system: the peak is what is live (far.llm.memory).
+    # From here on, freed tensors go back to the system: the peak is what is live (far.training.memory).
     release_freed_memory()
     hparams = settings.hyperparameters(defaults)
     try:

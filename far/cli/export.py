@@ -13,8 +13,8 @@ from pathlib import Path
 from far.atomic import atomic_dir
 from far.saving.learners_file import save_learners
 from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
-from far.split_state import is_reconfigured
-from far.surgery import restore
+from far.surgery.reconfigure import restore
+from far.surgery.state import is_reconfigured
 
 # Tokenizer files a Hugging Face folder may hold; copied as they are by --merge.
 TOKENIZER_FILES = (

@@ -31,7 +31,7 @@ from far.atomic import atomic_dir
 from far.encoder.bert import check_config, check_model_type
 from far.encoder.heads import LeanBertForQuestionAnswering, LeanBertForSequenceClassification
 from far.encoder.tasks import task_overrides
-from far.split_state import is_reconfigured
+from far.surgery.state import is_reconfigured
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

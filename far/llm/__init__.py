@@ -1,12 +1,12 @@
-"""FAR and MeZO for causal LMs within about the memory of inference.
+"""The lean causal-LM runtime: GGUF models run and trained in plain torch, without transformers' model code.
 
-GGUF files as cached Hugging Face folders (`far.llm.gguf`), resident-memory control
-(`far.llm.memory`) and priming from gradient magnitudes instead of a weight snapshot
-(`far.llm.priming`). The one causal-LM run of a GLUE task is `far.recipes.causal_lm`;
-prompts are in `far.data.prompts`, model aliases in `far.models`.
+GGUF files as cached Hugging Face folders (`far.llm.gguf`), the GGUF reader and the lean model
+(`gguf_file`, `lean_model`, `lean_config`), FAR on it (`lean_far`), MeZO for it (`zo`), its prefix
+cache and its saving. What transformers causal LMs use (gradient priming, resident-memory control)
+is in `far.training`; the causal-LM run of a GLUE task is `far.recipes.causal_lm`.
 
-    >>> from far.llm import prime_and_reconfigure
-    >>> prime_and_reconfigure(model, batches, loss_fn, far.FARConfig(0.4, freeze_embeddings=True))
+    >>> from far.llm import ensure_gguf_cache
+    >>> folder = ensure_gguf_cache(gguf_path)  # a dequantised Hugging Face folder, built once
 """
 
 from __future__ import annotations
@@ -19,24 +19,8 @@ _LAZY = {
     "default_cache_dir": "far.llm.gguf",
     "ensure_gguf_cache": "far.llm.gguf",
     "gguf_cache_path": "far.llm.gguf",
-    "page_out_after_forward": "far.llm.memory",
-    "release_freed_memory": "far.llm.memory",
-    "to_private_memory": "far.llm.memory",
-    "ffn_parameter_names": "far.llm.priming",
-    "gradient_scores": "far.llm.priming",
-    "prime_and_reconfigure": "far.llm.priming",
 }
 
-__all__ = [
-    "default_cache_dir",
-    "ensure_gguf_cache",
-    "ffn_parameter_names",
-    "gguf_cache_path",
-    "gradient_scores",
-    "page_out_after_forward",
-    "prime_and_reconfigure",
-    "release_freed_memory",
-    "to_private_memory",
-]
+__all__ = sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -6,7 +6,7 @@ frozen nodes (bf16) after, concatenated into the fp32 temporary each layer compu
 permutation (learners first) is the same for an FFN's three projections, so it cancels and the
 outputs are unchanged (`far.layers.SplitLinear` does the same for Hugging Face models).
 
-Scores are `far.llm.priming`'s: the L1 norm of each node's weight gradients over a few batches,
+Scores are `far.training.gradient_priming`'s: the L1 norm of each node's weight gradients over a few batches,
 folded in as backward produces them (`CompactLinear.grad_sink`), never stored whole; selection is
 `far.selection.select_learners`.
 

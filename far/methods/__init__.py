@@ -10,8 +10,8 @@ for its surgery, its options, what it does to the model and what it saves (see `
 from __future__ import annotations
 
 from far.methods.base import FreezeFFN, Method, Saved
+from far.methods.far import Surgery
 from far.methods.lora import Lora, LoraSettings
-from far.methods.surgery import Surgery
 
 METHODS: dict[str, Method] = {
     m.name: m

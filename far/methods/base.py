@@ -8,7 +8,7 @@ things, always in this order, and never branches on the method's name itself:
     apply(model, ..)  what it does to the model before training (LoRA wraps it), and a record
     save(model, ..)   the files it writes after training, and their sizes
 
-`Method` itself is full fine-tuning; FAR's surgery (`far.methods.surgery`) and LoRA
+`Method` itself is full fine-tuning; FAR's surgery (`far.methods.far`) and LoRA
 (`far.methods.lora`) override what differs.
 """
 

@@ -45,13 +45,13 @@ from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
 from far.llm.lean_model import LeanCausalLM
 from far.llm.lean_saving import load_trained, save_trained
-from far.llm.memory import release_freed_memory
 from far.llm.prefix import PrefixCache
 from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.seeds import derive_seed
+from far.training.memory import release_freed_memory
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
 GLUE_FOLDERS = {"sst2": ("SST-2", ("negative", "positive"))}

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from far.saving.digests import DigestCache
-from far.split_state import is_reconfigured
-from far.surgery import restore
+from far.surgery.reconfigure import restore
+from far.surgery.state import is_reconfigured
 
 ACTIVE_ATTRIBUTE = "far_learners"
 

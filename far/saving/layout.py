@@ -3,7 +3,7 @@
 A reconfigured model's tensors record its layout (each split FFN's `node_order` and learner
 block). FAR checkpoints (`far.from_pretrained`), `far.finetune` checkpoints and Trainer checkpoints
 under `far.FARCallback` all come back through `rebuild_layout`, which reads the learners with
-`far.surgery.learners_from_state_dict` and splits the model with `reconfigure_with_learners`, so
+`far.surgery.reconfigure.learners_from_state_dict` and splits the model with `reconfigure_with_learners`, so
 that the model can then load the saved weights.
 """
 
@@ -20,8 +20,8 @@ from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import FARConfig
 from far.freezing import find_layers, layer_index
 from far.selection import learner_count
-from far.split_state import is_reconfigured, learners, learners_from_state_dict
-from far.surgery import reconfigure_with_learners
+from far.surgery.reconfigure import reconfigure_with_learners
+from far.surgery.state import is_reconfigured, learners, learners_from_state_dict
 
 # The tensors of a state dict that say which nodes are learners (the rest are weights).
 LAYOUT_SUFFIXES = (".node_order", ".learner_weight")

@@ -40,8 +40,8 @@ from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.digests import DigestCache, as_rows
 from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
-from far.split_state import get_config, is_reconfigured, learners, node_groups
-from far.surgery import reconfigure_with_learners, resplit, restore
+from far.surgery.reconfigure import reconfigure_with_learners, resplit, restore
+from far.surgery.state import get_config, is_reconfigured, learners, node_groups
 
 FORMAT = "far.learners"
 FORMAT_VERSION = "2"
@@ -395,7 +395,7 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     Swapping users is made cheap without skipping a check: the model keeps the digests of its base
     values (rehashed only where a tensor was written since, see `far.saving.digests`) and the
     identity of the files it verified (an unchanged file is not hashed again), and when only the
-    learners differ, each projection's rows move within its own storage (`far.surgery.resplit`).
+    learners differ, each projection's rows move within its own storage (`far.surgery.reconfigure.resplit`).
 
     Args:
         model: The base model the file was trained from (plain, reconfigured the same way, or

@@ -25,7 +25,7 @@ from far.atomic import atomic_dir
 from far.config import FARConfig
 from far.saving.layout import rebuild_layout
 from far.saving.stock import weight_files
-from far.split_state import get_config, is_reconfigured
+from far.surgery.state import get_config, is_reconfigured
 
 FAR_KEY = "far"  # config.json entry of a FAR checkpoint
 FORMAT_VERSION = 2  # 2: split projections stored node-major (one row per node)

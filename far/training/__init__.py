@@ -15,20 +15,18 @@ _LAZY = {
     "FARCallback": "far.training.callback",
     "retarget_optimizer": "far.training.callback",
     "finetune": "far.training.finetune",
+    "ffn_parameter_names": "far.training.gradient_priming",
+    "gradient_scores": "far.training.gradient_priming",
+    "prime_and_reconfigure": "far.training.gradient_priming",
+    "page_out_after_forward": "far.training.memory",
+    "release_freed_memory": "far.training.memory",
+    "to_private_memory": "far.training.memory",
     "MeZO": "far.training.mezo",
     "FinetuneResult": "far.training.result",
     "WarmupLinear": "far.training.schedule",
     "warmup_linear": "far.training.schedule",
 }
 
-__all__ = [
-    "FARCallback",
-    "FinetuneResult",
-    "MeZO",
-    "WarmupLinear",
-    "finetune",
-    "retarget_optimizer",
-    "warmup_linear",
-]
+__all__ = sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -14,7 +14,7 @@ calibrated constants (`BASE_MIB`); `far.finetune` plans with the model loaded, f
 resident memory at that moment.
 
 The levers, cheapest first: micro-batches of at most so many padded tokens, accumulated (the same
-examples per optimizer step; `far.training.data.split_batch`), frozen embeddings from the first step
+examples per optimizer step; `far.training.batches.split_batch`), frozen embeddings from the first step
 (FAR with `freeze_embeddings` already does it), recomputed learner activations
 (`FARConfig.recompute_activations`), then recomputed layers (each layer's activations rebuilt in
 backward: ~1.4x the step) and smaller evaluation batches. The plan is the one that fits with the least
@@ -37,7 +37,7 @@ from far.config import FARConfig
 
 MIB = 2**20
 # Calibration (MiniLM, `far train` on STS-B pairs, AMD EPYC with avx512_bf16, torch 2.13, glibc's mmap
-# threshold pinned as `far.llm.memory.release_freed_memory` pins it; experiments/results/memory_budget): the
+# threshold pinned as `far.training.memory.release_freed_memory` pins it; experiments/results/memory_budget): the
 # process without the model's weights, once training has begun with far's AdamW. transformers' model code
 # imports torch._dynamo itself.
 BASE_MIB = {"transformers": 420.0, "lean": 330.0}

@@ -14,8 +14,8 @@ from far.architectures import FFNSpec
 from far.config import AUTO, UNSET, FARConfig, as_config
 from far.priming import Primer
 from far.saving.layout import read_layout, rebuild_layout
-from far.split_state import is_reconfigured
-from far.surgery import reconfigure
+from far.surgery.reconfigure import reconfigure
+from far.surgery.state import is_reconfigured
 from far.training.plan import check_length, length_in_steps
 
 

@@ -40,8 +40,8 @@ from far.atomic import atomic_dir, atomic_file
 from far.config import FARConfig
 from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
-from far.split_state import get_config, is_reconfigured
-from far.surgery import restore
+from far.surgery.reconfigure import restore
+from far.surgery.state import get_config, is_reconfigured
 from far.training.adamw import FusedAdamW
 from far.training.schedule import RunSchedule
 

@@ -15,8 +15,8 @@ from transformers import default_data_collator
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig
 from far.freezing import find_layers
-from far.llm.memory import release_freed_memory
-from far.split_state import is_reconfigured
+from far.surgery.state import is_reconfigured
+from far.training.batches import BatchStream, longest_example
 from far.training.budget import (
     MemoryBudgetError,
     ModelShape,
@@ -26,8 +26,8 @@ from far.training.budget import (
     resident_mib,
 )
 from far.training.checkpoint import has_run, read_checkpoint
-from far.training.data import BatchStream, longest_example
 from far.training.loop import EvalFn, Loop, LossFn, default_loss
+from far.training.memory import release_freed_memory
 from far.training.plan import plan_training, resolve_config
 from far.training.result import FinetuneResult
 
@@ -244,7 +244,7 @@ def finetune(
         )
     memory = None
     if memory_budget is not None:
-        # Freed tensors go back to the system from now on, so that the peak is what is live (far.llm.memory).
+        # Freed tensors go back to the system from now on, so that the peak is what is live (far.training.memory).
         release_freed_memory()
         seq_len = longest_example(train_data, max_length)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -20,7 +20,8 @@ from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
 from far.selection import layer_changes
-from far.surgery import freeze_ffns, reconfigure
+from far.surgery.reconfigure import freeze_ffns, reconfigure
+from far.training.batches import BatchStream, MicroBatch, to_device
 from far.training.checkpoint import (
     Checkpoint,
     load_model_state,
@@ -28,7 +29,6 @@ from far.training.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
-from far.training.data import BatchStream, MicroBatch, to_device
 from far.training.frozen_bottom import FrozenBottom
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.mezo import MeZO

@@ -9,7 +9,7 @@ shapes) or a streaming op (bound by bandwidth); ops do not overlap each other. T
 rates (`Rates`) are measured in the process that runs the step (experiments/calibrate.py); what
 this module counts from the model's shapes is pure:
 
-- **FLOPs** (`far.flops.step_flops`, with backward's depth), in four kinds: projections' forward,
+- **FLOPs** (`far.analysis.flops.step_flops`, with backward's depth), in four kinds: projections' forward,
   input gradient and weight gradient, and attention's batched (T, T) products.
 - **Optimizer bytes**: torch's AdamW on CPU runs per tensor (no foreach kernels there): 20 passes
   over fp32 elements per trainable parameter (`ADAMW_PASSES`), and a fixed cost per tensor.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from far.flops import StepFlops, backward_reach, step_flops
+from far.analysis.flops import StepFlops, backward_reach, step_flops
 from far.layers import PROJECTION_TYPES, SplitLinear
 
 ADAMW_PASSES = 20  # mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div 2, add_ 2, addcdiv_ 4 (read or write, fp32)

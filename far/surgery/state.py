@@ -1,6 +1,6 @@
 """What a reconfigured model holds: the record of its surgery, its node groups and their learner nodes.
 
-Read-only: nothing here changes a model. `far.surgery` writes what these functions read.
+Read-only: nothing here changes a model. `far.surgery.reconfigure` writes what these functions read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from far.architectures import (
 )
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.surgery_inputs import check_model
+from far.surgery.inputs import check_model
 
 STATE_ATTRIBUTE = "far_state"
 

@@ -22,17 +22,17 @@ from far.architectures import AttentionSpec, FFNSpec, NodeGroup, find_attention,
 from far.config import AUTO, UNSET, FARConfig, as_config
 from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.portable import check_resettable, reset_values
 from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import auto_freeze_layers, select_learners
-from far.split_state import (
+from far.surgery.inputs import check_learners, check_model, check_scores, primer_head_scores, primer_scores
+from far.surgery.portable import check_resettable, reset_values
+from far.surgery.state import (
     STATE_ATTRIBUTE,
     FARState,
     is_reconfigured,
     node_groups,
     projection_learners,
 )
-from far.surgery_inputs import check_learners, check_model, check_scores, primer_head_scores, primer_scores
 
 
 def reconfigure(

@@ -23,9 +23,9 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
 from far.layers import INPUT, OUTPUT, node_rows
-from far.llm.memory import to_private_memory
-from far.split_state import is_reconfigured
-from far.surgery import reconfigure
+from far.surgery.reconfigure import reconfigure
+from far.surgery.state import is_reconfigured
+from far.training.memory import to_private_memory
 
 
 def gradient_scores(

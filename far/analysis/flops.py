@@ -2,7 +2,7 @@
 
 The *FLOP-bound ratio* of a configuration is its count divided by full fine-tuning's: the speed-up
 FAR could reach if a step cost nothing but its matrix products. What it leaves out (optimizer,
-embeddings, norms, activations, memory traffic) is why a measured ratio sits above it; `far.roofline`
+embeddings, norms, activations, memory traffic) is why a measured ratio sits above it; `far.analysis.roofline`
 adds those bytes.
 
 Backward has a depth: autograd computes a product's input gradient only where something below it
