@@ -111,7 +111,7 @@ def prepare(
     (the training loss then runs on it)."""
     loss_fn = prompt_loss_fn(label_ids)
     if arm.scoring is None:
-        set_trainable(model, "full")
+        set_trainable(model, "all")
     else:
         n = len(train)
         examples = [order[i % n] for i in range(args.priming_batches * args.batch)]

@@ -104,6 +104,8 @@ BUILTIN_SPECS: dict[str, FFNSpec] = {
     "qwen2": _GATED,
     "gemma3_text": _GATED,  # Gemma-3's decoder as transformers loads it (e.g. from a GGUF file)
 }
+# The causal LMs among them: each token sees only those before it (no whole-sequence encoder estimates).
+CAUSAL_LM_TYPES = frozenset({"gpt2", "opt", "llama", "mistral", "qwen2", "gemma3_text"})
 
 _BERT_ATTENTION = AttentionSpec(
     query="attention.self.query",

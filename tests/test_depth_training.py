@@ -50,7 +50,7 @@ def test_plain_freezing_of_the_bottom_layers_without_surgery():
 def test_freeze_layers_is_said_once():
     with pytest.raises(ValueError, match=r"set FARConfig\(freeze_layers=...\)"):
         far.finetune(deep(), tiny_examples(), far.FARConfig(0.4), freeze_layers=1, **RUN)
-    with pytest.raises(ValueError, match="'auto' reads FAR's priming scores"):
+    with pytest.raises(ValueError, match="'auto' picks the depth from FAR's priming scores"):
         far.finetune(deep(), tiny_examples(), None, freeze_layers="auto", **RUN)
 
 

@@ -173,7 +173,7 @@ def test_cache_frozen_needs_a_frozen_bottom_and_refuses_before_touching_the_mode
         (dict(config=far.FARConfig(0.4)), "this run freezes none"),
         (dict(config=None, freeze_layers=0), "this run freezes none"),
         (dict(config=None, freeze_layers=3), "freezes every layer"),
-        (dict(config=None, freeze_layers=1, memory_budget=4096), "use one of cache_frozen and memory_budget"),
+        (dict(config=None, freeze_layers=1, memory_budget=4096), "does not plan for: use one of the two"),
     ]
     for options, message in cases:
         with pytest.raises(ValueError, match=message):

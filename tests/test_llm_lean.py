@@ -120,7 +120,7 @@ def test_mezo_step_moves_only_trainable_weights_and_replays(dtype):
         return torch.nn.functional.cross_entropy(model.label_logits(ids, mask, label_ids), labels)
 
     for model in models:
-        set_trainable(model, "freeze-ffn", dtype)
+        set_trainable(model, "none", dtype)
         frozen = {id(w): w.stored.detach().clone() for w in model.compact_weights() if not w.trainable}
         trained = {id(w): w.stored.detach().clone() for w in model.trainable_weights()}
         optimizer = CompactMeZO(model, lr=1e-2, eps=1e-3, seed=7)
@@ -164,7 +164,7 @@ def test_far_split_keeps_outputs_and_trains_learners_and_the_rest():
     assert all(w.stored.dtype == torch.bfloat16 for w in frozen_ffn)
     with pytest.raises(ValueError, match="already split"):
         split_ffns(model, {f"layers.{i}.mlp.down_proj": torch.tensor([0]) for i in range(3)})
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="ffn must be one of"):
         set_trainable(model, "lora")
 
 

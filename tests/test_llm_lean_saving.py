@@ -38,7 +38,7 @@ def trained_model(gguf, method: str, dtype: torch.dtype):
     if method == "far":
         prime_and_split(model, [batch], loss_fn, FARConfig(0.25, seed=0), dtype)
     else:
-        set_trainable(model, method, dtype)
+        set_trainable(model, {"full": "all"}[method], dtype)
     optimizer = CompactMeZO(model, 1e-2, 1e-3, seed=0)
     for _ in range(3):
         optimizer.step(lambda: loss_fn(model, batch))

@@ -34,11 +34,11 @@ def layer_weights(model, i: int) -> list[CompactWeight]:
 
 def test_frozen_layers_freeze_everything_below_and_far_with_depth_does_it_from_the_scores():
     model = lean()
-    set_trainable(model, "full", frozen_layers=1)
+    set_trainable(model, "all", frozen_layers=1)
     assert model.lowest_trainable_layer() == 1
     assert not any(w.trainable for w in layer_weights(model, 0)) and all(w.trainable for w in layer_weights(model, 1))
     with pytest.raises(ValueError, match="one layer left to train"):
-        set_trainable(model, "full", frozen_layers=3)
+        set_trainable(model, "all", frozen_layers=3)
     model = lean()
     prime_and_split(model, [batch()], prompt_loss_fn(LABEL_IDS), FARConfig(0.2, freeze_layers=2))
     assert model.lowest_trainable_layer() == 2
@@ -47,7 +47,7 @@ def test_frozen_layers_freeze_everything_below_and_far_with_depth_does_it_from_t
 
 def test_the_cached_bottom_gives_the_plain_loss_bit_for_bit_and_is_computed_once():
     model = lean()
-    set_trainable(model, "full", frozen_layers=2)
+    set_trainable(model, "all", frozen_layers=2)
     cache = PrefixCache(model)
     cached, plain = cache.loss_fn(LABEL_IDS), prompt_loss_fn(LABEL_IDS)
     with torch.no_grad():
@@ -57,7 +57,7 @@ def test_the_cached_bottom_gives_the_plain_loss_bit_for_bit_and_is_computed_once
     assert cache.computed_rows == 6
     optimizer = CompactMeZO(model, lr=1e-2, eps=1e-3, seed=3)
     twin = lean()
-    set_trainable(twin, "full", frozen_layers=2)
+    set_trainable(twin, "all", frozen_layers=2)
     twin_optimizer = CompactMeZO(twin, lr=1e-2, eps=1e-3, seed=3)
     b = batch()
     optimizer.step(lambda: cached(model, b))
@@ -68,7 +68,7 @@ def test_the_cached_bottom_gives_the_plain_loss_bit_for_bit_and_is_computed_once
 
 def test_a_cache_refuses_trainable_layers_under_it_and_a_full_cache_still_works():
     model = lean()
-    set_trainable(model, "full", frozen_layers=1)
+    set_trainable(model, "all", frozen_layers=1)
     with pytest.raises(ValueError, match="layer 1 holds a trainable weight"):
         PrefixCache(model, n_layers=2)
     cache = PrefixCache(model, max_bytes=0)  # keeps nothing, computes every time
@@ -77,14 +77,14 @@ def test_a_cache_refuses_trainable_layers_under_it_and_a_full_cache_still_works(
         loss(model, batch())
         loss(model, batch())
     assert cache.bytes == 0 and cache.computed_rows == 6
-    set_trainable(model, "full")
+    set_trainable(model, "all")
     with pytest.raises(RuntimeError, match="became trainable after the PrefixCache was built"):
         cache.hidden(batch()["input_ids"], batch()["attention_mask"])
 
 
 def test_layer_sparse_steps_move_only_the_drawn_layers_and_replay():
     model = lean("llama")
-    set_trainable(model, "full")
+    set_trainable(model, "all")
     optimizer = CompactMeZO(model, lr=1e-2, eps=1e-3, seed=5, layer_fraction=0.5)
     active = optimizer.active_weights(0)
     assert active == optimizer.active_weights(0) and active is not None

@@ -12,7 +12,7 @@ folded in as backward produces them (`CompactLinear.grad_sink`), never stored wh
 
     >>> scores = gradient_scores(model, batches, loss_fn)
     >>> split_ffns(model, select_learners(FARConfig(0.4), scores=scores))
-    >>> set_trainable(model, "far")
+    >>> set_trainable(model, "learners")
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from far.llm.lean_model import LeanCausalLM
 from far.selection import select_learners
 
 INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
-TRAINABLE = ("full", "far", "freeze-ffn")
+# What of the FFNs trains: every weight, the learner blocks of split FFNs, or nothing.
+FFN_TRAINING = ("all", "learners", "none")
 # MeZO + FAR freezes this share of the bottom layers unless told otherwise: a zeroth-order step then perturbs
 # (and its two passes run) only the layers above, whose input is computed once per prompt (far.llm.prefix).
 # Measured on few-shot SST-2 against plain MeZO on the clock: experiments/llm_fewshot_time.py.
@@ -147,12 +148,12 @@ def split_ffns(
     return model
 
 
-def set_trainable(model: LeanCausalLM, method: str, dtype: torch.dtype = torch.float32, frozen_layers: int = 0) -> int:
+def set_trainable(model: LeanCausalLM, ffn: str, dtype: torch.dtype = torch.float32, frozen_layers: int = 0) -> int:
     """Mark what MeZO trains, and store it in `dtype`; the embedding (and tied head) stays frozen.
 
     Args:
-        method: "full" (every weight but the embedding), "far" (the learners of split FFNs and
-            everything outside the FFNs) or "freeze-ffn" (everything outside the FFNs).
+        ffn: What of the FFNs trains, beside everything outside them: "all" (every weight but the
+            embedding: full fine-tuning), "learners" (the learner blocks of split FFNs: FAR) or "none".
         dtype: Storage of trainable weights (fp32, or bf16 with stochastically rounded updates).
         frozen_layers: The bottom layers frozen whole (attention and norms too), so that their output
             can be computed once per prompt (`far.llm.prefix.PrefixCache`).
@@ -160,22 +161,22 @@ def set_trainable(model: LeanCausalLM, method: str, dtype: torch.dtype = torch.f
     Returns:
         The number of trainable values.
     """
-    if method not in TRAINABLE:
-        raise ValueError(f"method must be one of {', '.join(TRAINABLE)}, got {method!r}")
+    if ffn not in FFN_TRAINING:
+        raise ValueError(f"ffn must be one of {', '.join(FFN_TRAINING)}, got {ffn!r}")
     n_layers = len(model.layers)
     if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) or not 0 <= frozen_layers < n_layers:
         raise ValueError(
             f"frozen_layers must be an int in [0, {n_layers - 1}] (one layer left to train), got {frozen_layers!r}"
         )
     split = any(len(layer.mlp.down_proj.parts) == 2 for layer in model.layers)
-    if method == "far" and not split:
-        raise ValueError("method 'far' needs split FFNs: run split_ffns (after gradient_scores) first")
+    if ffn == "learners" and not split:
+        raise ValueError("ffn='learners' needs split FFNs: run split_ffns (after gradient_scores) first")
     ffn_weights = {id(w) for layer in model.layers for w in layer.mlp.modules() if isinstance(w, CompactWeight)}
     learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in (*INPUTS, OUTPUT)}
     below = {id(w) for layer in model.layers[:frozen_layers] for w in layer.modules() if isinstance(w, CompactWeight)}
     for weight in model.compact_weights():
         in_ffn = id(weight) in ffn_weights
-        trainable = not in_ffn or method == "full" or (method == "far" and id(weight) in learner_blocks and split)
+        trainable = not in_ffn or ffn == "all" or (ffn == "learners" and id(weight) in learner_blocks and split)
         weight.trainable = trainable and id(weight) not in below
         if weight.trainable and weight.stored.dim() >= 2 and weight.stored.dtype != dtype:
             weight.stored = torch.nn.Parameter(weight.stored.detach().to(dtype), requires_grad=False)
@@ -217,5 +218,5 @@ def prime_and_split(
     split_ffns(model, chosen, learner_dtype)
     # With `config.freeze_layers`, the bottom layers have no learners: freeze them whole.
     frozen = frozen_bottom(chosen, ffn_names(model)) if config.freeze_layers is not None else 0
-    set_trainable(model, "far", learner_dtype, frozen_layers=frozen)
+    set_trainable(model, "learners", learner_dtype, frozen_layers=frozen)
     return scores

@@ -18,7 +18,12 @@ METHODS: dict[str, Method] = {
     for m in (
         Method("full", "full fine-tuning"),
         Surgery("far", "FAR: learners chosen by priming", selection="per_layer"),
-        Surgery("random", "FAR's surgery with learners drawn at random (the paper's baseline)", selection="random"),
+        Surgery(
+            "random",
+            "FAR's surgery with learners drawn at random (the paper's baseline)",
+            lean_ffn=None,
+            selection="random",
+        ),
         FreezeFFN("freeze-ffn", "every FFN weight frozen (an ablation)"),
         Lora("lora", "LoRA adapters (Hugging Face PEFT) on a frozen base, the task head trained"),
     )

@@ -4,7 +4,7 @@ A method is one row of `far.methods.METHODS`, reached by its `--method` name. A 
 things, always in this order, and never branches on the method's name itself:
 
     far_config(...)   the surgery `far.finetune` makes (a `far.FARConfig`), or None
-    train_options()   further `far.finetune` options (e.g. the freeze-FFN ablation)
+    freezes_ffn, lean_ffn, wraps_model   what the runs ask of it, so that none branches on its name
     apply(model, ..)  what it does to the model before training (LoRA wraps it), and a record
     save(model, ..)   the files it writes after training, and their sizes
 
@@ -21,7 +21,8 @@ from typing import Any
 from torch import nn
 
 import far
-from far.config import AUTO, FARConfig
+from far.config import FARConfig
+from far.training.options import check_plain_depth
 
 LEARNERS_FILE = "learners.safetensors"
 
@@ -57,6 +58,14 @@ class Method:
 
     name: str
     help: str
+    # What of the FFNs a GGUF causal LM trains under this method, in the lean runtime's words
+    # (`far.llm.lean_far.set_trainable`); None: the lean causal-LM runtime does not run the method.
+    lean_ffn: str | None = "all"
+    # Whether the method wraps the model in another library's modules (PEFT), which far's lean runtimes,
+    # running their own plain-torch copy of a model, cannot do.
+    wraps_model: bool = False
+    # Whether every FFN weight stays frozen (the freeze-FFN ablation of full fine-tuning).
+    freezes_ffn: bool = False
 
     def far_config(
         self,
@@ -72,18 +81,10 @@ class Method:
         Without surgery, `freeze_layers` is plain freezing (`far.freeze_layers`), which needs a number:
         "auto" reads FAR's priming scores.
         """
-        if freeze_layers == AUTO:
-            raise ValueError(
-                f"freeze_layers='auto' picks the layers from FAR's priming scores; method {self.name!r} has none: "
-                "give a number of bottom layers (e.g. 2)"
-            )
+        check_plain_depth(freeze_layers)
         if attention_retention is not None:
             raise ValueError(f"attention_retention splits heads with FAR's surgery; method {self.name!r} has none")
         return None
-
-    def train_options(self) -> dict:
-        """`far.finetune` options of this method beyond the surgery."""
-        return {}
 
     def apply(self, model: nn.Module, *, base_model: str, lora: Any = None) -> tuple[nn.Module, dict]:
         """The model to train (the same one, or a wrapper of it) and fields for the run's record."""
@@ -104,5 +105,5 @@ class Method:
 class FreezeFFN(Method):
     """Every FFN weight frozen, the rest trained: the paper's ablation."""
 
-    def train_options(self) -> dict:
-        return {"freeze_ffn": True}
+    lean_ffn: str | None = "none"
+    freezes_ffn: bool = True

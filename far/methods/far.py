@@ -12,6 +12,7 @@ from far.methods.base import Method
 class Surgery(Method):
     """FAR: split every FFN, keeping `retention` of its nodes trainable, chosen by `selection`."""
 
+    lean_ffn: str | None = "learners"
     selection: str = "per_layer"
 
     def far_config(

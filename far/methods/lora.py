@@ -239,6 +239,9 @@ ADAPTER_DIR = "adapter"
 class Lora(Method):
     """`--method lora`: PEFT's adapters on a frozen base, the task head trained; no FAR surgery."""
 
+    lean_ffn: str | None = None
+    wraps_model: bool = True
+
     def apply(self, model: nn.Module, *, base_model: str, lora: LoraSettings | None = None) -> tuple[nn.Module, dict]:
         # Wrapped before the run is built, so that a bad target module fails before any training.
         model = add_lora(model, lora or LoraSettings(), base_model=base_model)

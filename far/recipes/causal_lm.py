@@ -48,6 +48,7 @@ from far.llm.lean_saving import load_trained, save_trained
 from far.llm.prefix import PrefixCache
 from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
+from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.seeds import derive_seed
@@ -160,10 +161,9 @@ def lean_prompted_run(
         )
     if settings.optimizer != "mezo":
         raise ValueError("a GGUF causal LM trains with --optimizer mezo (the lean runtime keeps no gradients)")
-    if settings.method not in ("full", "far", "freeze-ffn"):
-        raise ValueError(
-            f"--method {settings.method} is not available for a GGUF causal LM; use full, far or freeze-ffn"
-        )
+    if settings.method_spec.lean_ffn is None:
+        runnable = ", ".join(name for name, method in METHODS.items() if method.lean_ffn is not None)
+        raise ValueError(f"--method {settings.method} is not available for a GGUF causal LM; use one of {runnable}")
     if settings.bf16:
         raise ValueError("--bf16 is autocast; a GGUF causal LM already stores bf16 and computes in fp32 (drop --bf16)")
     unsupported = [
@@ -247,7 +247,7 @@ def lean_prompted_run(
         del micro
     else:
         # Plain freezing of the bottom layers (--freeze-layers K without FAR's surgery).
-        set_trainable(model, settings.method, trainable_dtype, frozen_layers=settings.freeze_layers or 0)
+        set_trainable(model, settings.method_spec.lean_ffn, trainable_dtype, frozen_layers=settings.freeze_layers or 0)
     # Below the lowest trainable layer nothing changes: its output is computed once per prompt.
     train_loss = PrefixCache(model).loss_fn(label_ids) if train and model.lowest_trainable_layer() > 0 else loss_fn
     release_freed_memory()

@@ -136,7 +136,7 @@ def train_and_report(run: TrainingRun) -> dict:
         metrics, the hyper-parameters, `run.extra`, the files and their sizes.
     """
     settings, out, model = run.settings, run.output_dir, run.model
-    options = settings.finetune_options(run.hyperparameters)
+    options = settings.train_options(run.hyperparameters)
     with run_log(out):
         logger.info(
             "far %s: model %s, optimizer %s, %d training examples; hyper-parameters %s",
@@ -152,13 +152,13 @@ def train_and_report(run: TrainingRun) -> dict:
             model,
             run.train_data,
             base_weights=base_weights,
+            options=options,
             collate_fn=run.collate_fn,
             loss_fn=run.loss_fn,
             eval_fn=run.evaluator,
             output_dir=out,
             # A killed run goes on from its newest intact checkpoint, to the same end as an uninterrupted one.
             resume_from=out if settings.resume else None,
-            **options,
         )
         metrics = dict(result.metrics or {}) or run.evaluator(model)  # no evaluation ran yet: do it here
         logger.info("%s: %s", run.title, metrics)
@@ -181,7 +181,7 @@ def train_and_report(run: TrainingRun) -> dict:
         "metrics": metrics,
         "hyperparameters": {
             **run.hyperparameters,
-            **{k: options[k] for k in RECORDED_OPTIONS if k in options},
+            **{k: getattr(options, k) for k in RECORDED_OPTIONS},
             "attention_retention": None if far_config is None else far_config.attention_retention,
             "freeze_embeddings": settings.freeze_embeddings,
             "freeze_layers": settings.freeze_layers,

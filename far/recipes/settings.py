@@ -2,12 +2,13 @@
 
 `RunSettings` is what the `far` command's flags fill in (and what a script or notebook may build
 itself); the method comes from the one table `far.methods.METHODS`. Its `FARConfig` is built once,
-when the settings are (`RunSettings.far`), and travels whole to `far.finetune` and the surgery.
-Hyper-parameters left None take the task's defaults for the optimizer (`GLUE_DEFAULTS`, ...),
-resolved by `RunSettings.hyperparameters`.
+when the settings are (`RunSettings.far`). Hyper-parameters left None take the task's defaults for
+the optimizer (`GLUE_DEFAULTS`, ...), resolved by `RunSettings.hyperparameters`; with them the
+settings give `far.finetune` one checked `TrainOptions` (`RunSettings.train_options`), which the
+command line's memory plan reads too.
 
     >>> settings = RunSettings(method="far", retention=0.4, max_steps=100)
-    >>> settings.finetune_options(settings.hyperparameters(GLUE_DEFAULTS))["config"] is settings.far
+    >>> settings.train_options(settings.hyperparameters(GLUE_DEFAULTS)).config is settings.far
     True
 """
 
@@ -19,8 +20,9 @@ from pathlib import Path
 
 from far.config import FARConfig
 from far.methods import METHODS, LoraSettings, Method
-from far.models import DEFAULT_MODEL, RUNTIMES, lean_runtime_fits
-from far.training.plan import check_length
+from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
+from far.training.budget import ENCODERS_ONLY
+from far.training.options import TrainOptions, check_cache_frozen, check_int, check_length
 
 OPTIMIZERS = ("adamw", "mezo")
 DEFAULT_RETENTION = 0.4  # the paper's; MeZO + FAR on a causal LM defaults to far.llm.lean_far.ZO_RETENTION
@@ -141,23 +143,19 @@ class RunSettings:
         check_length("priming", self.priming)
         if self.runtime not in ("auto", *RUNTIMES):
             raise ValueError(f"runtime must be one of auto, {', '.join(RUNTIMES)}, got {self.runtime!r}")
-        if self.runtime == "lean" and self.method == "lora":
+        if self.runtime == "lean" and self.method_spec.wraps_model:
+            runnable = ", ".join(name for name, method in METHODS.items() if not method.wraps_model)
             raise ValueError(
-                "--method lora wraps a transformers model with PEFT; the lean runtime runs full, far, random and "
-                "freeze-ffn: use --runtime transformers (or auto) with LoRA"
+                f"--method {self.method} wraps a transformers model (PEFT); the lean runtime runs {runnable}: use "
+                "--runtime transformers (or auto) with it"
             )
-        if self.cache_frozen and self.freeze_layers in (None, 0):
-            raise ValueError(
-                "--cache-frozen keeps the output of the frozen bottom layers, and none are frozen: add "
-                "--freeze-layers K (K >= 1) or --freeze-layers auto"
-            )
-        if self.cache_frozen and self.memory_budget is not None:
-            raise ValueError("--cache-frozen keeps states that --memory-budget does not plan for: use one of the two")
+        check_cache_frozen(self.cache_frozen, self.freeze_layers, self.memory_budget)
+        if self.memory_budget is not None and is_causal_lm(self.model):
+            raise ValueError(ENCODERS_ONLY)
         counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
         for name in (*counts, "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
 
     @property
     def method_spec(self) -> Method:
@@ -169,7 +167,7 @@ class RunSettings:
         under a memory budget where it runs the model (a local BERT folder; not LoRA), else transformers."""
         if self.runtime != "auto":
             return self.runtime
-        lean = self.memory_budget is not None and self.method != "lora" and lean_runtime_fits(self.model)
+        lean = self.memory_budget is not None and not self.method_spec.wraps_model and lean_runtime_fits(self.model)
         return "lean" if lean else "transformers"
 
     def lora_settings(self) -> LoraSettings:
@@ -187,24 +185,16 @@ class RunSettings:
         for key, value in defaults[self.optimizer].items():
             if chosen.get(key) is None and not (user_length and key in ("epochs", "max_steps")):
                 chosen[key] = value
-        checks = [
-            ("lr", chosen["lr"] > 0),
-            ("batch_size", chosen["batch_size"] >= 1),
-            ("max_length", chosen["max_length"] >= 8),
-            ("epochs", chosen["epochs"] is None or chosen["epochs"] > 0),
-            ("max_steps", chosen["max_steps"] is None or chosen["max_steps"] >= 1),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise ValueError(f"{name} {chosen[name]} is out of range")
-        check_length("warmup", chosen["warmup"])
         if chosen["epochs"] is None and chosen["max_steps"] is None:
             raise ValueError("give epochs or max_steps")
+        if chosen["max_length"] is None or chosen["max_length"] < 8:
+            raise ValueError(f"max_length {chosen['max_length']} is out of range: give at least 8 tokens")
+        self.train_options(chosen)  # the options check their own ranges (lr, batch size, length, warmup)
         return chosen
 
-    def finetune_options(self, hyperparameters: Mapping) -> dict:
-        """Keyword arguments for `far.finetune` from the method, optimizer and hyper-parameters."""
-        return dict(
+    def train_options(self, hyperparameters: Mapping) -> TrainOptions:
+        """What `far.finetune` is asked to do, from the method, the optimizer and the hyper-parameters."""
+        return TrainOptions(
             config=self.far,
             optimizer=self.optimizer,
             priming=self.priming,
@@ -228,12 +218,10 @@ class RunSettings:
             mezo_eps=self.mezo_eps,
             mezo_directions=self.mezo_directions,
             progress=self.progress,
-            **(
-                {}
-                if self.memory_budget is None
-                else {"memory_budget": self.memory_budget, "max_length": hyperparameters["max_length"]}
-            ),
-            **self.method_spec.train_options(),
+            memory_budget=self.memory_budget,
+            max_length=hyperparameters["max_length"],
+            eval_batch_size=self.eval_batch_size,
+            freeze_ffn=self.method_spec.freezes_ffn,
         )
 
     def output_path(self, name: str) -> Path:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from far.config import FARConfig
+from far.training.options import TrainOptions
 
 MIB = 2**20
 # Calibration (MiniLM, `far train` on STS-B pairs, AMD EPYC with avx512_bf16, torch 2.13, glibc's mmap
@@ -59,6 +60,13 @@ STATE_BYTES = {"adamw": 12, "sgd": 4, "mezo": 0}
 # full fine-tuning, one thread); and the factor of recomputing every layer in backward.
 TOKEN_TIME = ((4096, 1.0), (1024, 1.15), (512, 1.32), (256, 1.43), (128, 1.47))
 RECOMPUTE_LAYERS_TIME = 1.4
+
+
+# The estimate's parts are an encoder's (BERT-style config fields, one pass over the whole sequence).
+ENCODERS_ONLY = (
+    "the memory budget (--memory-budget) plans encoder runs; a causal LM runs on the lean causal-LM runtime, which "
+    "keeps its own memory low: leave the budget out for this model"
+)
 
 
 class MemoryBudgetError(ValueError):
@@ -119,6 +127,7 @@ class MemoryPlan:
     estimate_mib: int
 
     def describe(self) -> str:
+        """One line: the budget, how batches are split, the evaluation batch, the levers and the estimate."""
         levers = [
             name
             for name, on in (
@@ -338,6 +347,33 @@ def plan_memory(
         f"--memory-budget {budget_mib:g} MiB cannot fit this run (model of {shape.params:,} parameters, "
         f"{seq_len}-token sequences) even one example at a time; the smallest that fits is {minimum} MiB",
         minimum,
+    )
+
+
+def plan_run_memory(
+    options: TrainOptions, shape: ModelShape, *, base_mib: float, seq_len: int, primer_copy: bool
+) -> MemoryPlan:
+    """The memory plan of a run with these options: the one call that the command line (before anything
+    loads) and `far.finetune` (with the model loaded) both make, so that they plan the same run.
+
+    What priming trains comes from the options' own rules (`TrainOptions.primes`, `frozen_from_start`);
+    `options.memory_budget` must be set.
+    """
+    if options.memory_budget is None:
+        raise ValueError("plan_run_memory needs options with a memory_budget")
+    return plan_memory(
+        options.memory_budget,
+        shape,
+        base_mib=base_mib,
+        batch_size=options.batch_size,
+        seq_len=seq_len,
+        far=options.config,
+        freeze_embeddings=options.embeddings_frozen,
+        optimizer=options.optimizer,
+        priming_optimizer=options.active_priming_optimizer,
+        eval_batch_size=options.eval_batch_size,
+        early_frozen_embeddings=options.frozen_from_start,
+        primer_copy=primer_copy,
     )
 
 

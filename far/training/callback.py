@@ -16,7 +16,8 @@ from far.priming import Primer
 from far.saving.layout import read_layout, rebuild_layout
 from far.surgery.reconfigure import reconfigure
 from far.surgery.state import is_reconfigured
-from far.training.plan import check_length, length_in_steps
+from far.training.options import check_length
+from far.training.plan import length_in_steps
 
 
 def retarget_optimizer(optimizer: Optimizer, model: nn.Module, group_of: dict[str, int]) -> None:

@@ -12,23 +12,25 @@ from typing import Any
 from torch import Tensor, nn
 from transformers import default_data_collator
 
-from far.architectures import FFNSpec, find_attention, find_ffns
+from far.architectures import CAUSAL_LM_TYPES, FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig
 from far.freezing import find_layers
 from far.surgery.state import is_reconfigured
 from far.training.batches import BatchStream, longest_example
 from far.training.budget import (
+    ENCODERS_ONLY,
     MemoryBudgetError,
     ModelShape,
     imports_dynamo,
-    plan_memory,
+    plan_run_memory,
     process_base_mib,
     resident_mib,
 )
 from far.training.checkpoint import has_run, read_checkpoint
 from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.memory import release_freed_memory
-from far.training.plan import plan_training, resolve_config
+from far.training.options import OPTION_NAMES, TrainOptions
+from far.training.plan import plan_training
 from far.training.result import FinetuneResult
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ def finetune(
     train_data: Any,
     config: FARConfig | float | None = UNSET,
     *,
+    options: TrainOptions | None = None,
     optimizer: str = "adamw",
     priming: float | int = 0.1,
     priming_optimizer: str = "adamw",
@@ -92,6 +95,7 @@ def finetune(
     cache_frozen_mib: float = 1024.0,
     memory_budget: float | None = None,
     max_length: int = 128,
+    eval_batch_size: int = 64,
     base_weights: Callable[[str], Tensor] | None = None,
     **deprecated: Any,
 ) -> FinetuneResult:
@@ -121,6 +125,8 @@ def finetune(
             `FARConfig(retention, seed=seed, freeze_embeddings=freeze_embeddings)`), or None for no
             surgery (full fine-tuning: no priming, the same loop otherwise). Left out: `FARConfig()`.
             The config travels whole to the surgery; its `selection="random"` needs no priming.
+        options: Every option below at once, as a `far.training.TrainOptions` built (and checked)
+            beforehand, the config included; then no other option may be given.
         priming: Priming length: a fraction of the run's steps in [0, 1), or a number of steps.
         priming_optimizer: "adamw" (default), "sgd" or "mezo".
         priming_lr: Base LR of priming; default `lr` if the optimizers match, else the priming
@@ -177,6 +183,8 @@ def finetune(
             should evaluate in batches of at most the plan's `eval_batch_size` (the log says it).
         max_length: With `memory_budget`: the longest sequence a batch may hold; the plan sizes
             micro-batches for the longest example of `train_data`, at most this.
+        eval_batch_size: With `memory_budget`: the batch `eval_fn` evaluates in, which the plan counts
+            (and lowers where it must; the log says to what).
         base_weights: `base_weights(parameter_name)` -> the value the model was loaded with, read from
             its file (`far.saving.stock_reader`): priming then keeps no copy of the FFNs (a third of
             an encoder's weights) and reads them back to score nodes and to reset what it freezes.
@@ -200,67 +208,26 @@ def finetune(
     for name, fn in (("collate_fn", collate_fn), ("loss_fn", loss_fn), ("eval_fn", eval_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
-    config = resolve_config(config, deprecated, seed=seed, freeze_embeddings=freeze_embeddings)
-    plan = plan_training(
-        n_examples,
-        optimizer=optimizer,
-        config=config,
-        priming=priming,
-        priming_optimizer=priming_optimizer,
-        priming_lr=priming_lr,
-        freeze_embeddings=freeze_embeddings if config is None else False,
-        freeze_ffn=freeze_ffn,
-        freeze_layers=freeze_layers,
-        reset_frozen=reset_frozen,
-        prime_frozen=prime_frozen,
-        epochs=epochs,
-        max_steps=max_steps,
-        lr=lr,
-        batch_size=batch_size,
-        warmup=warmup,
-        weight_decay=weight_decay,
-        grad_accum=grad_accum,
-        max_grad_norm=max_grad_norm,
-        bf16=bf16,
-        seed=seed,
-        mezo_eps=mezo_eps,
-        mezo_directions=mezo_directions,
-        eval_every=eval_every,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        log_every=log_every,
-        cache_frozen=cache_frozen,
-        cache_frozen_mib=cache_frozen_mib,
-    )
-    if plan.cache_frozen and memory_budget is not None:
-        raise ValueError(
-            "cache_frozen keeps states that the memory budget's plan does not count; use one of cache_frozen and "
-            "memory_budget"
-        )
-    if plan.cache_frozen and plan.far is None and plan.freeze_layers >= len(find_layers(model, spec)):
-        raise ValueError(
-            f"freeze_layers={plan.freeze_layers} freezes every layer, so nothing above the cached bottom trains; "
-            "freeze fewer layers, or leave cache_frozen off"
-        )
+    keywords = {name: value for name, value in locals().items() if name in OPTION_NAMES}
+    options = TrainOptions.from_call(options, config, keywords, deprecated)
+    plan = plan_training(n_examples, options)
     memory = None
-    if memory_budget is not None:
+    if options.memory_budget is not None and getattr(getattr(model, "config", None), "model_type", None) in (
+        CAUSAL_LM_TYPES
+    ):
+        raise ValueError(ENCODERS_ONLY)
+    if options.memory_budget is not None:
         # Freed tensors go back to the system from now on, so that the peak is what is live (far.training.memory).
         release_freed_memory()
-        seq_len = longest_example(train_data, max_length)
+        seq_len = longest_example(train_data, options.max_length)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        memory = plan_memory(
-            memory_budget,
+        memory = plan_run_memory(
+            options,
             ModelShape.from_config(getattr(model, "config", None)),
             base_mib=process_base_mib(
                 resident_mib(), model_bytes, imports_dynamo(plan.optimizer, plan.priming_optimizer)
             ),
-            batch_size=plan.batch_size,
             seq_len=seq_len,
-            far=plan.far,
-            freeze_embeddings=plan.freeze_embeddings,
-            optimizer=plan.optimizer,
-            priming_optimizer=plan.priming_optimizer,
-            early_frozen_embeddings=plan.frozen_from_start,
             primer_copy=base_weights is None,
         )
         logger.info("%s", memory.describe())
@@ -272,10 +239,15 @@ def finetune(
         )
         if memory.recompute_layers and not callable(getattr(model, "gradient_checkpointing_enable", None)):
             raise MemoryBudgetError(
-                f"--memory-budget {memory_budget:g} MiB needs each layer recomputed in backward, and this model has "
-                "no gradient_checkpointing_enable(); give a larger budget",
+                f"--memory-budget {options.memory_budget:g} MiB needs each layer recomputed in backward, and this "
+                "model has no gradient_checkpointing_enable(); give a larger budget",
                 memory.estimate_mib,
             )
+    if plan.cache_frozen and plan.far is None and plan.freeze_layers >= len(find_layers(model, spec)):
+        raise ValueError(
+            f"freeze_layers={plan.freeze_layers} freezes every layer, so nothing above the cached bottom trains; "
+            "freeze fewer layers, or leave cache_frozen off"
+        )
     if plan.eval_every is not None and eval_fn is None:
         raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
     if plan.far is not None or plan.freeze_ffn:
@@ -291,6 +263,7 @@ def finetune(
                 "resume_from needs the options of the run it continues; these differ: " + "; ".join(changed)
             )
         output_dir = checkpoint.run_dir if output_dir is None else output_dir
+        logger.info("resuming from %s (step %d of %d)", checkpoint.path, checkpoint.step, plan.total_steps)
     else:
         if (plan.far is not None or plan.freeze_ffn) and is_reconfigured(model):
             raise ValueError(
@@ -314,7 +287,7 @@ def finetune(
         collate_fn or default_data_collator,
         plan.seed,
         micro_tokens=None if memory is None else memory.micro_tokens,
-        max_length=max_length if memory is None else memory.seq_len,
+        max_length=options.max_length if memory is None else memory.seq_len,
     )
     loop = Loop(
         model,
@@ -324,7 +297,7 @@ def finetune(
         eval_fn=eval_fn,
         output_dir=None if output_dir is None else Path(output_dir),
         spec=spec,
-        progress=progress,
+        progress=options.progress,
         base_weights=base_weights,
     )
     recompute_layers = memory is not None and memory.recompute_layers and not _checkpointing(model)
@@ -332,6 +305,8 @@ def finetune(
         model.gradient_checkpointing_enable()
     try:
         result = loop.run(checkpoint)
+        if memory is not None:
+            result = dataclasses.replace(result, memory_plan=dataclasses.asdict(memory))
     finally:
         if recompute_layers:  # the model goes back as it came
             model.gradient_checkpointing_disable()

@@ -24,6 +24,8 @@ class FinetuneResult:
         final_loss: The loss of the last step.
         checkpoint: The last checkpoint written, or None.
         frozen_cache_bytes: Memory the kept states of the frozen bottom took at the end (`cache_frozen`; else 0).
+        memory_plan: With a memory budget, the plan the run trained by (`far.training.budget.MemoryPlan`'s
+            fields: micro-batches, the levers turned on, the estimate); else None.
         priming_layer_change: Each layer's share of the change priming measured in the FFNs (its nodes' mean
             score over the layers' sum), bottom layer first: what `freeze_layers="auto"` reads. None without
             priming, or for a model whose layers cannot be told apart.
@@ -44,6 +46,7 @@ class FinetuneResult:
     checkpoint: str | None = None
     frozen_cache_bytes: int = 0
     priming_layer_change: list[float] | None = None
+    memory_plan: dict | None = None
     history: list[dict] = field(default_factory=list, repr=False)  # every eval: {"step": s, **metrics}
 
     def to_dict(self) -> dict:
