@@ -233,7 +233,7 @@ def test_predict_user_errors(trained, tmp_path, capsys, case, argv, message):
         ("empty file", [], None, [], "is empty"),
         ("non-UTF-8", b"text,label\n\xff,positive\n", None, [], "is not UTF-8 text"),
         ("missing file", "missing", None, [], "does not exist"),
-        ("nothing frozen to keep", None, None, ["--cache-frozen"], "add --freeze-layers K"),
+        ("nothing frozen to keep", None, None, ["--cache-frozen"], "--freeze-layers K or --freeze-layers auto"),
         (
             "kept states over a budget",
             None,
@@ -294,15 +294,15 @@ def test_predict_serves_several_users_from_one_process(tiny_model_dir, tmp_path,
         assert [float(line.split(",")[2]) for line in served] == pytest.approx([r["score"] for r in alone], abs=1e-6)
 
 
-def test_several_users_with_a_bad_file_write_nothing(trained, tiny_model_dir, tmp_path, capsys):
+def test_several_users_with_a_bad_file_skip_it_and_exit_1(trained, tiny_model_dir, tmp_path, capsys):
     users = tmp_path / "users"
     users.mkdir()
     (users / "a.safetensors").write_bytes((trained / "learners.safetensors").read_bytes())
     (users / "b.safetensors").write_bytes(b"not a learners file")
     inputs = write(tmp_path / "in.csv", [{"text": "Good."}])
     argv = ["predict", "--model", str(tiny_model_dir), "--learners", str(users), "--input", str(inputs)]
-    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
-    assert "b.safetensors" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 1
+    assert "skipped " + str(users / "b.safetensors") in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.jsonl"]
     assert main([*argv, "--output", str(tmp_path / "one.jsonl")]) == 2
     assert "--output-dir" in capsys.readouterr().err

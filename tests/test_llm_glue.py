@@ -48,7 +48,7 @@ def test_the_lean_runtime_refuses_what_it_cannot_do(capsys, data_dir, flags):
 def test_plain_freezing_of_a_causal_lm_takes_a_number_of_layers(capsys, data_dir):
     argv = ["glue", "--task", "sst2", "--model", "smollm2-135m", "--optimizer", "mezo", "--data-dir", str(data_dir)]
     assert main([*argv, "--method", "full", "--freeze-layers", "auto"]) == 2
-    assert "method 'full' has none: give a number of bottom layers" in capsys.readouterr().err
+    assert "without FAR's surgery must be a number of bottom layers" in capsys.readouterr().err
 
 
 @pytest.mark.slow

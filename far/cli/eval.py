@@ -1,7 +1,7 @@
 """`far eval`: score a saved fine-tuned model (plain or FAR) on its GLUE or SQuAD dev data.
 
-far eval --checkpoint runs/cola-far/model
-far eval --checkpoint runs/squad-far/model --holdout-articles 10 --output-dir runs/squad-far/eval
+far eval --checkpoint runs/cola-minilm-far/model
+far eval --checkpoint runs/squad-minilm-far/model --holdout-articles 10 --output-dir runs/squad-minilm-far/eval
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import far
 from far.cli.common import UsageError, add_data_arguments, print_metrics
 from far.cli.squad import add_squad_arguments, squad_settings
 from far.data.glue import GLUE_TASKS, load_glue
+from far.data.locate import locate_data_dir
 from far.models import check_max_length, load_trained_model
 from far.recipes.report import write_json
 from far.recipes.runs import glue_evaluator, squad_evaluator
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
         description="Score a model saved by `far glue`/`far squad` (or any far.save_pretrained folder) on its task's "
         "dev data. The task defaults to the one recorded in the checkpoint's config.",
     )
-    parser.add_argument("--checkpoint", required=True, help="model folder (e.g. runs/cola-far/model)")
+    parser.add_argument("--checkpoint", required=True, help="model folder (e.g. runs/cola-minilm-far/model)")
     parser.add_argument(
         "--task",
         choices=[*GLUE_TASKS, *SQUAD_TASKS],
@@ -50,6 +51,9 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
+    if args.eval_file is None:  # before the model loads: without data the run stops here, saying what to pass
+        root = locate_data_dir(args.data_dir)
+        args.data_dir = None if root is None else str(root)
     model, tokenizer = load_trained_model(checkpoint)
     task = args.task or getattr(model.config, "finetuning_task", None)
     if task not in GLUE_TASKS and task not in SQUAD_TASKS:

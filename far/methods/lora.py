@@ -12,8 +12,8 @@ PEFT is imported only when a LoRA function runs, so `import far` and `import far
 
     >>> model = add_lora(model, LoraSettings(r=8))
     >>> far.finetune(model, train, config=None)
-    >>> save_lora(model, tokenizer, adapter_dir="runs/cola-lora/adapter", model_dir="runs/cola-lora/model")
-    >>> model = load_lora_adapter("runs/cola-lora/adapter", base_path)   # merged, ready to evaluate
+    >>> save_lora(model, tokenizer, adapter_dir="runs/cola/adapter", model_dir="runs/cola/model")
+    >>> model = load_lora_adapter("runs/cola/adapter", base_path)   # merged, ready to evaluate
 """
 
 from __future__ import annotations

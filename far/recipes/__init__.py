@@ -6,7 +6,7 @@ A run is built from `RunSettings` (what the `far` command's flags fill in) by `g
 >>> from far.recipes import RunSettings, glue_run, train_and_report
 >>> record = train_and_report(glue_run(RunSettings(method="far", max_steps=100), "stsb"))
 >>> record = train_and_report(glue_run(RunSettings(method="lora", lora_r=8, lr=1e-3), "stsb"))  # PEFT's LoRA
->>> predict("runs/stsb-far/model", [("A man plays a guitar.", "Someone plays music.")])
+>>> predict("runs/stsb-minilm-far/model", [("A man plays a guitar.", "Someone plays music.")])
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def load_lean_lm(
         trained: A fine-tune of this model (`trained.safetensors` of a `far glue` run) to apply.
 
     Example:
-        >>> model, tokenizer = load_lean_lm("smollm2-135m", trained="runs/sst2-far/trained.safetensors")
+        >>> model, tokenizer = load_lean_lm("smollm2-135m", trained="runs/sst2-smollm2-135m-far/trained.safetensors")
         >>> label_ids = label_word_ids(tokenizer, SST2_TEMPLATE)
         >>> model.label_logits(input_ids, attention_mask, label_ids)   # (B, 2)
     """
@@ -195,7 +195,7 @@ def lean_prompted_run(
         gguf_path = find_gguf(settings.model) if not settings.model.endswith(".gguf") else Path(settings.model)
     except ModuleNotFoundError as e:
         raise ValueError(str(e)) from None
-    out = settings.output_path(f"{task_name}-{settings.method}")
+    settings.check_output(task_name)
     release_freed_memory()
 
     tokenizer = load_gguf_tokenizer(gguf_path)
@@ -275,7 +275,7 @@ def lean_prompted_run(
     accuracy = sum(p == y for p, y in zip(predictions, dev_set.labels, strict=True)) / len(dev_set)
     memory.mark("evaluation")
 
-    out.mkdir(parents=True, exist_ok=True)
+    out = settings.claim_output(task_name)
     _write_predictions(out / "predictions.tsv", predictions, dev_set.labels, names)
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     files = {"predictions": "predictions.tsv", "step_log": "log.jsonl"}

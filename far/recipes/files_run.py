@@ -31,6 +31,7 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
         >>> record = train_and_report(text_files_run(RunSettings(method="far"), files))
     """
     hparams = settings.hyperparameters(FILE_DEFAULTS)
+    settings.check_output(files.name)
     labels = files.labels
     train_raw, dev_raw = train_and_eval_splits(settings, files.train, files.validation)
     columns = {COLUMNS_KEY: {"text": list(files.text_columns), "label": files.label_column}}

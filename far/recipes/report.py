@@ -77,7 +77,7 @@ class TrainingRun:
 
     @property
     def output_dir(self) -> Path:
-        return self.settings.output_path(f"{self.task}-{self.settings.method}")
+        return self.settings.output_path(self.task)
 
 
 @contextmanager
@@ -135,8 +135,9 @@ def train_and_report(run: TrainingRun) -> dict:
         The record that metrics.json holds: the task, method, `far.FinetuneResult`'s fields, the
         metrics, the hyper-parameters, `run.extra`, the files and their sizes.
     """
-    settings, out, model = run.settings, run.output_dir, run.model
+    settings, model = run.settings, run.model
     options = settings.train_options(run.hyperparameters)
+    out = settings.claim_output(run.task)
     with run_log(out):
         logger.info(
             "far %s: model %s, optimizer %s, %d training examples; hyper-parameters %s",

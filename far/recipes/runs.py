@@ -105,6 +105,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
     """A GLUE task's run with an encoder model: fine-tune on its train split, score its dev split."""
     task = GLUE_TASKS[task_name]
     hparams = settings.hyperparameters(GLUE_DEFAULTS)
+    settings.check_output(task.name)
     splits = load_glue(task.name, settings.data_dir)
     train_raw, dev_raw = train_and_eval_splits(settings, splits["train"], splits["validation"])
     model, tokenizer, method_record = task_model(
@@ -139,6 +140,7 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
 def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
     """A SQuAD run: fine-tune for extractive QA, score exact match / F1 on the held-out questions."""
     hparams = settings.hyperparameters(SQUAD_DEFAULTS)
+    settings.check_output(squad.task)
     if settings.validation_from_train is not None:
         raise ValueError(
             "SQuAD holds out whole articles, not a fraction of the questions (which would share contexts with "

@@ -21,6 +21,7 @@ from pathlib import Path
 from far.config import FARConfig
 from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
+from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.training.budget import ENCODERS_ONLY
 from far.training.options import TrainOptions, check_cache_frozen, check_int, check_length
 
@@ -68,7 +69,7 @@ class RunSettings:
     """Everything a training run of a task is asked for; checked when built, before anything loads.
 
     Hyper-parameters (`HYPERPARAMETERS`) left None take the task's defaults. Paths: `output_dir`
-    (default `runs/<task>-<method>`) gets metrics.json, predictions and logs; the model is saved
+    (default `runs/<task>-<model>-<method>`) gets metrics.json, predictions and logs; the model is saved
     to `model_dir` (default `<output_dir>/model`) unless `save_model` is False.
     """
 
@@ -112,6 +113,7 @@ class RunSettings:
     progress: bool = True
     checkpoint_every: int | None = None
     resume: bool = False
+    overwrite: bool = False  # replace the run that output_dir holds (far.recipes.outputs)
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
     # Derived, built once from the fields above: the run's surgery (None: the method makes none).
@@ -224,9 +226,26 @@ class RunSettings:
             freeze_ffn=self.method_spec.freezes_ffn,
         )
 
-    def output_path(self, name: str) -> Path:
-        """Where the run of `name` (e.g. "cola-far") writes its outputs."""
-        return Path(self.output_dir) if self.output_dir else Path("runs") / name
+    def output_path(self, task: str) -> Path:
+        """Where the run of `task` writes its outputs: `output_dir`, or `runs/<task>-<model>-<method>`."""
+        if self.output_dir:
+            return Path(self.output_dir)
+        model = Path(self.model.rstrip("/\\")).name.removesuffix(".gguf") or "model"
+        return Path("runs") / f"{task}-{model}-{self.method}"
+
+    def run_identity(self, task: str) -> dict:
+        """What the run of `task` is, as its output folder records it (`far.recipes.outputs`)."""
+        return {"task": task, "model": self.model, "method": self.method, "optimizer": self.optimizer}
+
+    def check_output(self, task: str) -> None:
+        """Refuse, before anything loads or changes, an output folder that holds another run (`far.recipes.outputs`)."""
+        check_output_dir(self.output_path(task), self.run_identity(task), resume=self.resume, overwrite=self.overwrite)
+
+    def claim_output(self, task: str) -> Path:
+        """The run's output folder, made its own just before training (its old run removed with `overwrite`)."""
+        return claim_output_dir(
+            self.output_path(task), self.run_identity(task), resume=self.resume, overwrite=self.overwrite
+        )
 
     def model_path(self, output: Path) -> Path | None:
         """Where the fine-tuned model goes; None when it is not saved."""
