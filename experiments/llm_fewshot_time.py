@@ -56,14 +56,14 @@ from llm_fewshot import k_shot_split
 
 import far
 from far.data.locate import resolve_data_dir
-from far.data.prompts import SST2_TEMPLATE, label_word_ids, prompt_loss_fn, read_labelled_tsv
+from far.data.prompts import SST2_TEMPLATE, PromptBatches, label_word_ids, prompt_loss_fn, read_labelled_tsv
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import prime_and_split, set_trainable
 from far.llm.prefix import PrefixCache
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
 from far.models import find_gguf
-from far.recipes.causal_lm import PRIMING_MICRO_BATCH, PromptBatches
+from far.recipes.causal_lm import PRIMING_MICRO_BATCH
 from far.seeds import derive_seed
 
 

@@ -29,11 +29,10 @@ from llm_fewshot import k_shot_split
 from llm_fewshot_time import ARMS, prepare
 
 from far.data.locate import resolve_data_dir
-from far.data.prompts import SST2_TEMPLATE, label_word_ids, read_labelled_tsv
+from far.data.prompts import SST2_TEMPLATE, PromptBatches, label_word_ids, read_labelled_tsv
 from far.llm.gguf_file import load_lean_model
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
-from far.recipes.causal_lm import PromptBatches
 from far.seeds import derive_seed
 
 RESULTS = results_dir(__file__)

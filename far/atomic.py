@@ -6,12 +6,15 @@ version of the target stays intact, because the target is only ever replaced by 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def _fsync_dir(path: Path) -> None:
@@ -71,3 +74,22 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _json_safe(value: Any) -> Any:
+    # NaN/inf (e.g. Pearson of constant predictions) are not JSON: write null.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as indented JSON, atomically (NaN and infinities become null, paths strings)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

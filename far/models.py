@@ -11,11 +11,12 @@ one table to extend.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,10 @@ from far import encoder as lean_encoder
 from far.data.locate import hub_offline
 from far.encoder.tasks import TASK_KINDS, task_overrides
 from far.llm.gguf import ensure_gguf_cache
+from far.llm.gguf_file import load_lean_model
+from far.llm.lean_model import LeanCausalLM
+from far.llm.lean_saving import load_trained
+from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.methods.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded: a GGUF alias's lean run never needs it
@@ -203,6 +208,7 @@ def load_model_and_tokenizer(
     finetuning_task: str | None = None,
     seed: int = 0,
     runtime: str = "transformers",
+    head_replaced: bool = False,
 ) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
     """A fp32 model with a fresh task head, and its tokenizer (given a pad token if it has none).
 
@@ -214,6 +220,8 @@ def load_model_and_tokenizer(
         finetuning_task: recorded in the config (so `far eval` knows the task of a saved model).
         seed: seeds the new head's initialisation (a forked RNG: the global one is left alone).
         runtime: "transformers", or "lean" for far's own BERT (`far.encoder`; BERT folders only).
+        head_replaced: the caller replaces the fresh head at once (a learners file's), so transformers'
+            report that it was newly initialised is not logged.
 
     Raises:
         ValueError: unknown task kind, a model that cannot be found, or one with no head for the task.
@@ -262,10 +270,25 @@ def load_model_and_tokenizer(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the new head's weights, reproducibly, without touching the caller's RNG
         # A checkpoint with another task's head (say 2 classes, now 1 output) gets a fresh head.
-        model = auto_class.from_pretrained(path, config=config, dtype=torch.float32, ignore_mismatched_sizes=True)
+        with _load_report_silenced() if head_replaced else contextlib.nullcontext():
+            model = auto_class.from_pretrained(path, config=config, dtype=torch.float32, ignore_mismatched_sizes=True)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _load_report_silenced() -> Iterator[None]:
+    """Transformers' warnings held back while a model loads: its load report (the head's weights newly
+    initialised) among them. Through its verbosity: its own loggers' levels steer what it checks."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _padding_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:
@@ -323,7 +346,7 @@ def load_trained_model(folder: str | os.PathLike) -> tuple[torch.nn.Module, tran
     if not folder.is_dir() or not (folder / "config.json").is_file():
         raise ValueError(
             f"checkpoint {folder} is not a model folder (no config.json there); pass the model "
-            "folder a training run saved, e.g. runs/cola-far/model"
+            "folder a training run saved, e.g. runs/cola-minilm-far/model"
         )
     tokenizer = _load_tokenizer(folder, folder)
     return far.from_pretrained(folder), tokenizer
@@ -375,3 +398,23 @@ def load_causal_lm(
     tokenizer.padding_side = "right"  # the answer position is found from the attention mask
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).eval()
     return model, tokenizer
+
+
+def load_lean_lm(
+    name: str, dtype: torch.dtype = torch.bfloat16, trained: str | Path | None = None
+) -> tuple[LeanCausalLM, LeanTokenizer]:
+    """A GGUF causal LM on the lean runtime and its tokenizer, by alias (`smollm2-135m`, `gemma3-270m`) or path.
+
+    Args:
+        trained: A fine-tune of this model (`trained.safetensors` of a `far glue` run) to apply.
+
+    Example:
+        >>> model, tokenizer = load_lean_lm("smollm2-135m", trained="runs/sst2-smollm2-135m-far/trained.safetensors")
+        >>> label_ids = far.data.prompts.label_word_ids(tokenizer, far.data.prompts.SST2_TEMPLATE)
+        >>> model.label_logits(input_ids, attention_mask, label_ids)   # (B, 2)
+    """
+    path = Path(name) if str(name).endswith(".gguf") else find_gguf(name)
+    model = load_lean_model(path, dtype)
+    if trained is not None:
+        load_trained(model, trained, base=path)
+    return model, load_gguf_tokenizer(path)

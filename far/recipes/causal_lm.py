@@ -30,80 +30,35 @@ from pathlib import Path
 
 import torch
 
-from far.atomic import atomic_file
+from far.atomic import atomic_file, write_json
+from far.data.glue import GLUE_TASKS
 from far.data.locate import resolve_data_dir
 from far.data.prompts import (
     SST2_TEMPLATE,
-    PromptCollator,
+    PromptBatches,
     PromptTemplate,
     label_word_ids,
-    predict_batches,
+    predict_labels,
     prompt_loss_fn,
     read_labelled_tsv,
 )
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
-from far.llm.lean_model import LeanCausalLM
-from far.llm.lean_saving import load_trained, save_trained
+from far.llm.lean_saving import save_trained
 from far.llm.prefix import PrefixCache
-from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
+from far.llm.tokenizer import load_gguf_tokenizer
 from far.llm.zo import CompactMeZO
 from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.seeds import derive_seed
-from far.training.memory import release_freed_memory
+from far.training.memory import PhaseMemory, release_freed_memory
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
-GLUE_FOLDERS = {"sst2": ("SST-2", ("negative", "positive"))}
 PRIMING_MICRO_BATCH = 4
 MAX_PRIMING_BATCHES = 16
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-MIB = 2**20
 TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
-
-
-class PhaseMemory:
-    """Resident memory after each phase of a run: current RSS and the process's peak so far (MiB)."""
-
-    def __init__(self) -> None:
-        self.phases: list[dict] = []
-
-    def mark(self, phase: str) -> None:
-        with open("/proc/self/statm") as f:
-            current = int(f.read().split()[1]) * resource.getpagesize()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        self.phases.append({"phase": phase, "rss_mib": round(current / MIB, 1), "peak_mib": round(peak / MIB, 1)})
-
-
-class PromptBatches:
-    """Sentences and labels, tokenised only when a batch of them is asked for."""
-
-    def __init__(
-        self, tokenizer: LeanTokenizer, template: PromptTemplate, texts: Sequence[str], labels: Sequence[int], n: int
-    ):
-        self.tokenizer, self.template, self.max_length = tokenizer, template, n
-        self.texts, self.labels = list(texts), [int(x) for x in labels]
-        self.collate = PromptCollator(tokenizer.pad_token_id)
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        ids = self.tokenizer.encode_batch([self.template.format(self.texts[i]) for i in indices])
-        rows = zip(ids, indices, strict=True)
-        examples = [{"input_ids": row[-self.max_length :], "labels": self.labels[i]} for row, i in rows]
-        return self.collate(examples)
-
-
-def predict(model: LeanCausalLM, data: PromptBatches, label_ids: torch.Tensor, chunk: int) -> list[int]:
-    """Predicted label of every example, batched by text length in chunks of `chunk` prompts, tokenised per chunk."""
-    return predict_batches(model, [len(t) for t in data.texts], data.batch, label_ids, chunk).tolist()
-
-
-def _write_json(path: Path, obj: object) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
 def _write_predictions(path: Path, predictions: list[int], labels: list[int], names: Sequence[str]) -> None:
@@ -112,26 +67,6 @@ def _write_predictions(path: Path, predictions: list[int], labels: list[int], na
             f"{i}\t{names[p]}\t{names[y]}" for i, (p, y) in enumerate(zip(predictions, labels, strict=True))
         ]
         tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
-
-
-def load_lean_lm(
-    name: str, dtype: torch.dtype = torch.bfloat16, trained: str | Path | None = None
-) -> tuple[LeanCausalLM, LeanTokenizer]:
-    """A GGUF causal LM on the lean runtime and its tokenizer, by alias (`smollm2-135m`, `gemma3-270m`) or path.
-
-    Args:
-        trained: A fine-tune of this model (`trained.safetensors` of a `far glue` run) to apply.
-
-    Example:
-        >>> model, tokenizer = load_lean_lm("smollm2-135m", trained="runs/sst2-smollm2-135m-far/trained.safetensors")
-        >>> label_ids = label_word_ids(tokenizer, SST2_TEMPLATE)
-        >>> model.label_logits(input_ids, attention_mask, label_ids)   # (B, 2)
-    """
-    path = Path(name) if str(name).endswith(".gguf") else find_gguf(name)
-    model = load_lean_model(path, dtype)
-    if trained is not None:
-        load_trained(model, trained, base=path)
-    return model, load_gguf_tokenizer(path)
 
 
 def priming_batches(priming: float | int, max_steps: int) -> int:
@@ -189,7 +124,7 @@ def lean_prompted_run(
     hparams = settings.hyperparameters(PROMPT_DEFAULTS)
     steps = hparams["max_steps"] or 1
     trainable_dtype = DTYPES[settings.trainable_dtype]
-    folder, names = GLUE_FOLDERS[task_name]
+    folder, names = GLUE_TASKS[task_name].folder, GLUE_TASKS[task_name].label_names
     root = resolve_data_dir(settings.data_dir) / "glue" / folder
     try:
         gguf_path = find_gguf(settings.model) if not settings.model.endswith(".gguf") else Path(settings.model)
@@ -270,7 +205,7 @@ def lean_prompted_run(
     memory.mark("mezo_steps")
 
     eval_started = time.perf_counter()
-    predictions = predict(model, dev_set, label_ids, min(settings.eval_batch_size, batch_size))
+    predictions = predict_labels(model, dev_set, label_ids, min(settings.eval_batch_size, batch_size))
     eval_seconds = time.perf_counter() - eval_started
     accuracy = sum(p == y for p, y in zip(predictions, dev_set.labels, strict=True)) / len(dev_set)
     memory.mark("evaluation")
@@ -318,5 +253,5 @@ def lean_prompted_run(
         "trained_file_bytes": trained_bytes,
         "base_model_file": str(gguf_path),
     }
-    _write_json(out / "metrics.json", record)
+    write_json(out / "metrics.json", record)
     return record

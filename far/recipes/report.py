@@ -17,11 +17,8 @@ Nothing here prints; the caller shows the returned record as it likes.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 import far
-from far.atomic import atomic_file
+from far.atomic import write_json
 from far.models import resolve_model
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
 from far.saving.stock import stock_reader
@@ -99,25 +96,6 @@ def run_log(directory: Path) -> Iterator[Path]:
         root.removeHandler(handler)
         root.setLevel(previous_level)
         handler.close()
-
-
-def _json_safe(value: Any) -> Any:
-    # NaN/inf (e.g. Pearson of constant predictions) are not JSON: write null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON atomically (NaN and infinities become null)."""
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(_json_safe(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def frozen_layers(model: nn.Module) -> int | None:

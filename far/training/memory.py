@@ -28,6 +28,7 @@ import array
 import ctypes
 import ctypes.util
 import functools
+import resource
 import sys
 from collections.abc import Iterable
 
@@ -181,3 +182,16 @@ def page_out_after_forward(module: nn.Module) -> RemovableHandle:
             page_out(param)
 
     return module.register_forward_hook(hook)
+
+
+class PhaseMemory:
+    """Resident memory after each phase of a run: current RSS and the process's peak so far (MiB)."""
+
+    def __init__(self) -> None:
+        self.phases: list[dict] = []
+
+    def mark(self, phase: str) -> None:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[1]) * resource.getpagesize()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.phases.append({"phase": phase, "rss_mib": round(current / 2**20, 1), "peak_mib": round(peak / 2**20, 1)})
