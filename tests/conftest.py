@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -176,3 +178,21 @@ def tiny_model_dir(tmp_path_factory, minilm_path):
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def kill_writer_mid_write(script: str, target: str | os.PathLike) -> None:
+    """Run `script` (given `target` as argv[1]) in a child that prints "half written" once its writer has
+    written part of a file and hangs; SIGKILL it there, as a phone kills an app, and check that it died so."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(target)],
+        cwd=Path(__file__).parent,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    try:
+        assert child.stdout.readline().strip() == "half written"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL

@@ -285,6 +285,7 @@ def test_configs_the_lean_runtime_cannot_run_are_refused(overrides, message):
         LeanBertForSequenceClassification(bert_config(**overrides))
 
 
+@pytest.mark.slow
 def test_loading_training_and_saving_leave_transformers_model_code_out(tmp_path):
     BertModel(bert_config()).save_pretrained(tmp_path / "base")  # here, so that the child need not
     code = f"""

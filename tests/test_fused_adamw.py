@@ -81,6 +81,7 @@ def test_options_and_tensors_the_kernel_cannot_take_are_refused():
         FusedAdamW([torch.zeros(3, dtype=torch.long)], lr=1e-3)
 
 
+@pytest.mark.slow
 def test_finetune_imports_no_dynamo():
     code = (
         "import sys, torch\n"

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_batch, tiny_model
+from conftest import kill_writer_mid_write, tiny_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 import far
@@ -260,19 +256,7 @@ def test_killed_mid_write_leaves_the_previous_file_intact(tmp_path):
     model = trained()
     path = far.save_learners(model, tmp_path / "l.safetensors")
     previous = path.read_bytes()
-    child = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(path)],
-        cwd=Path(__file__).parent,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    try:
-        assert child.stdout.readline().strip() == "half written"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-    assert child.returncode == -signal.SIGKILL
+    kill_writer_mid_write(_KILLED_WRITER, path)
     assert path.read_bytes() == previous
     assert list(tmp_path.glob(".l.safetensors.tmp-*"))  # the half-written temp file, never renamed
     base = tiny_model()

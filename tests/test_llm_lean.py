@@ -272,6 +272,7 @@ def test_gemma_alias_names_its_package():
         find_gguf("gemma3-270m", find_spec=lambda name: None)
 
 
+@pytest.mark.slow
 def test_the_llm_command_path_imports_neither_datasets_nor_transformers():
     code = (
         "import sys, far, far.cli.main, far.cli.glue, far.recipes.causal_lm; "

@@ -119,6 +119,7 @@ def test_the_cache_is_a_plain_dense_checkpoint_of_the_gguf(smollm2):
         assert tokenizer.decode(model(**enc).logits[0, -1].argmax()) == " Paris"
 
 
+@pytest.mark.slow
 def test_a_second_load_reuses_the_cache(smollm2):
     cache, folder, _, _ = smollm2
     weights = cache / folder.rsplit("/", 1)[-1] / "model.safetensors"

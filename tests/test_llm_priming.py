@@ -48,6 +48,7 @@ def test_scores_are_summed_node_l1_norms_of_the_ffn_gradients(checkpointing):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # weights untouched
 
 
+@pytest.mark.slow
 def test_everything_is_put_back_and_no_gradient_is_kept():
     model, batches = model_and_batches()
     model.model.embed_tokens.weight.requires_grad_(False)
@@ -81,6 +82,7 @@ def test_selection_from_the_scores_and_a_failing_loss_leaves_the_model_as_it_was
     assert not model.is_activation_checkpointing
 
 
+@pytest.mark.slow
 def test_head_scores_sum_each_key_value_groups_gradient_rows_and_columns():
     model, batches = model_and_batches()
     blocks = far.find_attention(model)
@@ -100,6 +102,7 @@ def test_head_scores_sum_each_key_value_groups_gradient_rows_and_columns():
         torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_prime_and_reconfigure_splits_heads_from_gradient_scores():
     model, batches = model_and_batches()
     far.training.prime_and_reconfigure(model, batches, lm_loss, retention=0.5, attention_retention=0.5)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from conftest import tiny_model
 
 import far
 from far.config import FARConfig
@@ -113,19 +113,18 @@ def test_split_batch_keeps_every_example_once_under_the_token_cap():
 
 
 def _tiny():
-    config = BertConfig(
-        vocab_size=50,
+    # conftest's tiny BERT, narrower (its activations then dominate the estimate) and without dropout
+    return tiny_model(
+        "bert",
+        num_labels=2,
         hidden_size=16,
-        num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=32,
+        vocab_size=50,
         max_position_embeddings=32,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
-        num_labels=2,
     )
-    torch.manual_seed(0)
-    return BertForSequenceClassification(config)
 
 
 def _examples(n: int = 16, lengths=(8,)):
@@ -174,6 +173,7 @@ def test_micro_batches_give_the_batch_update(monkeypatch, lengths):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_small_budget_fast(tmp_path):
     train = tmp_path / "train.csv"
     train.write_text("sentence1,sentence2,label\na b,c d,1.5\ne f,g h,2.5\n")

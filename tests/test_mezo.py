@@ -178,6 +178,7 @@ def test_weight_decay_skips_1d_tensors():
     assert not torch.allclose(layer.weight.detach(), w, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_sparse_mezo_after_far_leaves_frozen_weights_bit_identical():
     model = far.reconfigure(tiny_model("bert"), retention=0.3, selection="random")
     before = _snapshot(model)
@@ -206,6 +207,7 @@ def test_loss_falls_on_a_learnable_task():
     assert sum(losses[-20:]) / 20 < 0.1 * sum(losses[:20]) / 20
 
 
+@pytest.mark.slow
 def test_state_dict_resumes_exactly():
     batch, labels = tiny_batch(), torch.tensor([0, 1, 2])
 

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_CONFIGS, tiny_batch, tiny_model
+from conftest import TINY_CONFIGS, kill_writer_mid_write, tiny_batch, tiny_model
 from test_learners_file import assert_same, logits, snapshot, trained
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -160,18 +155,6 @@ far.save_pretrained(far.reconfigure(tiny_model(seed=5), 0.4, selection="random")
 def test_killed_mid_write_leaves_the_previous_checkpoint_intact(tmp_path):
     model = trained()
     far.save_pretrained(model, tmp_path / "ckpt")
-    child = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path / "ckpt")],
-        cwd=Path(__file__).parent,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    try:
-        assert child.stdout.readline().strip() == "half written"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-    assert child.returncode == -signal.SIGKILL
+    kill_writer_mid_write(_KILLED_WRITER, tmp_path / "ckpt")
     loaded = far.from_pretrained(tmp_path / "ckpt")
     assert_same(snapshot(loaded), snapshot(model))

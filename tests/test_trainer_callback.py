@@ -42,6 +42,7 @@ def optimizer_params(trainer: Trainer) -> set[int]:
     return {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
 
 
+@pytest.mark.slow
 def test_a_reconfigured_model_trains_and_saves_through_trainer(tmp_path):
     model = far.reconfigure(tiny_model("bert"), retention=0.4, selection="random")
     frozen_before, trainable_before = frozen(model), trainable(model)
@@ -73,6 +74,7 @@ class Recorder(TrainerCallback):
                 self.learners_at_switch = trainable(model)
 
 
+@pytest.mark.slow
 def test_far_callback_primes_then_reconfigures_inside_the_run(tmp_path):
     model = tiny_model("bert")
     callback, recorder = far.FARCallback(retention=0.5, priming=2), Recorder()
