@@ -15,16 +15,25 @@ import math
 import numpy as np
 
 
-def _as_int_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
-    predictions, references = np.asarray(predictions, dtype=np.int64), np.asarray(references, dtype=np.int64)
+def _as_arrays(predictions, references, dtype: type, least: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two 1-D arrays of one length, at least `least` examples each (what the metric needs to be defined)."""
+    predictions, references = np.asarray(predictions, dtype=dtype), np.asarray(references, dtype=dtype)
     if predictions.shape != references.shape or predictions.ndim != 1:
         raise ValueError(
             f"predictions and references must be two 1-D lists of the same length, got "
             f"shapes {predictions.shape} and {references.shape}"
         )
-    if predictions.size == 0:
-        raise ValueError("cannot compute a metric on zero examples")
+    if predictions.size < least:
+        raise ValueError(
+            "cannot compute a metric on zero examples"
+            if least == 1
+            else f"a correlation needs at least {least} examples, got {predictions.size}"
+        )
     return predictions, references
+
+
+def _as_int_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
+    return _as_arrays(predictions, references, np.int64, least=1)
 
 
 def accuracy(predictions, references) -> float:
@@ -65,15 +74,7 @@ def matthews_correlation(predictions, references) -> float:
 
 
 def _as_float_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
-    predictions, references = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
-    if predictions.shape != references.shape or predictions.ndim != 1:
-        raise ValueError(
-            f"predictions and references must be two 1-D lists of the same length, got "
-            f"shapes {predictions.shape} and {references.shape}"
-        )
-    if predictions.size < 2:
-        raise ValueError(f"a correlation needs at least 2 examples, got {predictions.size}")
-    return predictions, references
+    return _as_arrays(predictions, references, np.float64, least=2)
 
 
 def rankdata(values: np.ndarray) -> np.ndarray:
