@@ -1,15 +1,19 @@
 """`far predict`: label texts with a fine-tuned model (a saved folder, or a base model plus a learners file).
 
-far predict --model runs/reviews-far/model --input new.csv --output predictions.csv
-echo "What a lovely film." | far predict --model runs/reviews-far/model
-far predict --model minilm --learners runs/reviews-random/learners.safetensors --input new.jsonl --output out.jsonl
+far predict --model runs/reviews-minilm-far/model --input new.csv --output predictions.csv
+echo "What a lovely film." | far predict --model runs/reviews-minilm-far/model
+far predict --model minilm --learners runs/reviews-minilm-random/learners.safetensors --input new.jsonl
 far predict --model minilm --learners users/ --input new.csv --output-dir predictions/   # one file per user
+
+With several users, a learners file that is refused is reported and skipped: the others' predictions are
+written, and the exit code is 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from far.recipes.predict import (
     OUTPUT_FORMATS,
@@ -20,6 +24,7 @@ from far.recipes.predict import (
     model_card,
     predict_users,
     read_inputs,
+    user_output,
     write_predictions,
 )
 
@@ -29,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "predict",
         help="label texts with a fine-tuned model",
         description="Predict a label and its score for every input row, with a model a training run saved "
-        "(e.g. runs/reviews-far/model) or a base model plus a learners file. Input: a CSV/TSV/JSON/JSONL file "
+        "(e.g. runs/reviews-minilm-far/model) or a base model plus a learners file. Input: a CSV/TSV/JSON/JSONL file "
         "with the training run's text columns, or stdin, one text per line (a pair: two tab-separated texts). "
         "Output: CSV or JSON Lines by the file's suffix; JSON Lines on stdout without --output.",
         epilog=__doc__.split("\n\n", 1)[1],
@@ -67,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     learners = files[0] if files else None
     card = model_card(args.model, learners)
     rows = read_inputs(sys.stdin if args.input == "-" else args.input, card.text_columns)
-    predictor = Predictor.load(args.model, learners=learners, max_length=args.max_length, batch_size=args.batch_size)
+    predictor = Predictor.load(
+        args.model, learners=learners, card=card, max_length=args.max_length, batch_size=args.batch_size
+    )
     results = predictor(rows)
     if args.output is None:
         sys.stdout.write(format_rows(results, ".jsonl"))
@@ -78,20 +85,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_users(args: argparse.Namespace, files: list) -> int:
+    """Every user's predictions to --output-dir; a file that fails is reported and skipped (exit code 1)."""
     if args.output_dir is None or args.output is not None or not files:
         raise ValueError("several users' predictions go to --output-dir DIR (one file each), with --learners FILES")
-    card = model_card(args.model, files[0])
-    rows = read_inputs(sys.stdin if args.input == "-" else args.input, card.text_columns)
-    written = predict_users(
+    if args.input != "-" and not Path(args.input).is_file():
+        raise ValueError(f"--input {args.input!r}: no such file; give a .csv/.tsv/.json/.jsonl file, or - for stdin")
+    suffix = f".{args.format}"
+    served = predict_users(
         args.model,
         files,
-        rows,
+        sys.stdin if args.input == "-" else args.input,
         output_dir=args.output_dir,
-        suffix=f".{args.format}",
+        suffix=suffix,
         max_length=args.max_length,
         batch_size=args.batch_size,
     )
-    for path, info in written.items():
+    for path, info in served.written.items():
         swap = "" if info["swap_seconds"] is None else f" (swapped in {info['swap_seconds'] * 1e3:.0f} ms)"
         print(f"wrote {info['rows']} predictions to {path}{swap}", file=sys.stderr)
-    return 0
+    for path, reason in served.failed.items():
+        stale = user_output(args.output_dir, path, suffix)
+        earlier = f" ({stale} is from an earlier run)" if stale.exists() else ""
+        print(f"far predict: skipped {path}, no predictions written for it{earlier}: {reason}", file=sys.stderr)
+    if not served.written:
+        raise ValueError(f"no user's predictions were written: all {len(files)} learners file(s) failed (above)")
+    if served.failed:
+        print(f"far predict: {len(served.failed)} of {len(files)} learners files failed (above)", file=sys.stderr)
+    return 1 if served.failed else 0

@@ -1,11 +1,12 @@
 """Predictions from a fine-tuned model: one row per input with the label name and its score.
 
-A model is a folder a training run saved (plain or FAR, e.g. `runs/reviews-far/model`), or a base
+A model is a folder a training run saved (plain or FAR, e.g. `runs/reviews-minilm-far/model`), or a base
 model plus a learners file (`learners=`), which must be the base the file was trained from. The
 model's config says which text columns it reads (`far train` records them; a GLUE model reads its
 task's), so a file to predict has the training run's column names.
 
-    >>> far.recipes.predict("runs/reviews-far/model", ["A warm, funny film.", "Two hours I will never get back."])
+    >>> texts = ["A warm, funny film.", "Two hours I will never get back."]
+    >>> far.recipes.predict("runs/reviews-minilm-far/model", texts)
     [{'text': 'A warm, funny film.', 'label': 'positive', 'score': 0.97}, ...]
 """
 
@@ -14,9 +15,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +33,10 @@ from far.data.glue import GLUE_TASKS
 from far.evaluation.labels import model_outputs
 from far.models import load_model_and_tokenizer, load_trained_model, resolve_model
 from far.recipes.task_model import COLUMNS_KEY
-from far.saving import learners_model_config, load_learners
+from far.saving import LearnersFileError, active_learners, learners_model_config, load_learners, unload_learners
 
 OUTPUT_FORMATS = (".csv", ".jsonl")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,14 +48,28 @@ class ModelCard:
 
     @classmethod
     def from_config(cls, config: Mapping) -> ModelCard:
-        """From a Hugging Face config as a dict (`config.json`, or a learners file's `model_config`)."""
-        regression = config.get("problem_type") == "regression" or config.get("num_labels") == 1
-        id2label = config.get("id2label") or {}
-        names = () if regression else tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+        """From a Hugging Face config as a dict (`config.json`, or a learners file's `model_config`).
+
+        A dict that leaves out the labels (`to_diff_dict` does, at transformers' defaults) has
+        transformers' default head: `num_labels` (default 2) classes named LABEL_0, LABEL_1, ...
+        """
+        names = _class_names(config)
+        regression = config.get("problem_type") == "regression" or len(names) == 1
+        names = () if regression else names
         recorded = (config.get(COLUMNS_KEY) or {}).get("text")
         task = GLUE_TASKS.get(config.get("finetuning_task") or "")
         columns = tuple(recorded) if recorded else task.text_columns if task is not None else ()
         return cls(names, columns)
+
+    @property
+    def head_size(self) -> int:
+        """The head's outputs: one per class, one for regression."""
+        return len(self.label_names) or 1
+
+    @property
+    def names_classes(self) -> bool:
+        """Whether the classes have names: False for transformers' placeholders LABEL_0, LABEL_1, ..."""
+        return self.label_names != _placeholder_names(len(self.label_names))
 
     @property
     def input_columns(self) -> tuple[str, ...]:
@@ -60,8 +77,24 @@ class ModelCard:
         return self.text_columns or ("text",)
 
 
+def _placeholder_names(n: int) -> tuple[str, ...]:
+    """The names transformers gives `n` classes that were given none."""
+    return tuple(f"LABEL_{i}" for i in range(n))
+
+
+def _class_names(config: Mapping) -> tuple[str, ...]:
+    """The class names of a config dict in id order; transformers' defaults where it records none."""
+    id2label = config.get("id2label")
+    if not id2label:
+        return _placeholder_names(int(config.get("num_labels") or transformers.PretrainedConfig().num_labels))
+    return tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+
+
 def model_card(model: str | os.PathLike, learners: str | os.PathLike | None = None) -> ModelCard:
     """The labels and text columns of a saved model, or of a learners file's model; no weights are loaded.
+
+    A learners file's card is the file's own, from the config it records (the base's if it records
+    none): its head's size and class names never come from another file.
 
     Raises:
         ValueError: not a model folder or alias; `LearnersFileError` for a bad learners file.
@@ -77,11 +110,33 @@ def model_card(model: str | os.PathLike, learners: str | os.PathLike | None = No
     return ModelCard.from_config(config.to_dict())
 
 
+def _base_for(
+    model: str | os.PathLike, card: ModelCard
+) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
+    """The base model with a head of the card's size and labels, to receive a learners file (which
+    replaces that head: transformers' report that it is newly initialised is not shown)."""
+    kind = "classification" if card.label_names else "regression"
+    return load_model_and_tokenizer(
+        os.fspath(model), kind, card.head_size, label_names=card.label_names or None, head_replaced=True
+    )
+
+
+def note_label_ids(learners: str | os.PathLike, card: ModelCard) -> None:
+    """Say (a warning) that a learners file names no classes, so its predictions are label ids."""
+    if card.label_names and not card.names_classes:
+        logger.warning(
+            "%s records no label names (saved from a model built without them): its predictions are the label "
+            "ids %s; train with far train, or build the model with label_names=..., to predict names",
+            learners,
+            ", ".join(card.label_names),
+        )
+
+
 class Predictor:
     """A loaded model, its tokenizer and its card; call it on rows of text.
 
     Example:
-        >>> predictor = Predictor.load("runs/reviews-far/model")
+        >>> predictor = Predictor.load("runs/reviews-minilm-far/model")
         >>> predictor(["Loved it."])
         [{'text': 'Loved it.', 'label': 'positive', 'score': 0.98}]
     """
@@ -104,24 +159,26 @@ class Predictor:
         model: str | os.PathLike,
         *,
         learners: str | os.PathLike | None = None,
+        card: ModelCard | None = None,
         max_length: int = 128,
         batch_size: int = 64,
     ) -> Predictor:
         """Load a saved model folder, or a base model (folder or alias) with a learners file applied.
 
+        With a learners file, the base gets the head the file records (`card`, read from the file if
+        not given), which the file's tensors then replace.
+
         Raises:
             ValueError: a model that cannot be loaded; `LearnersFileError` (a ValueError) for a
                 learners file that is damaged or belongs to another base model.
         """
-        card = model_card(model, learners)
+        card = model_card(model, learners) if card is None else card
         if learners is None:
             loaded, tokenizer = load_trained_model(model)
         else:
-            kind = "classification" if card.label_names else "regression"
-            loaded, tokenizer = load_model_and_tokenizer(
-                os.fspath(model), kind, len(card.label_names) or 1, label_names=card.label_names or None
-            )
+            loaded, tokenizer = _base_for(model, card)
             load_learners(loaded, learners)  # checks the file belongs to this base, before anything is written
+            note_label_ids(learners, card)
         return cls(loaded, tokenizer, card, max_length=max_length, batch_size=batch_size)
 
     def rows(self, inputs: Sequence[str | Sequence[str] | Mapping[str, str]]) -> datasets.Dataset:
@@ -250,44 +307,118 @@ def learners_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
+@dataclass(frozen=True)
+class UsersPredictions:
+    """What `predict_users` did for each learners file: written, or skipped and why."""
+
+    written: dict[Path, dict]  # output file -> {"rows": n, "swap_seconds": None for a freshly loaded base}
+    failed: dict[Path, str]  # learners file -> why it was skipped (no output was written for it)
+
+
+def user_output(output_dir: str | os.PathLike, learners: str | os.PathLike, suffix: str) -> Path:
+    """Where a user's predictions go: `<output_dir>/<learners file stem><suffix>`."""
+    return Path(output_dir) / f"{Path(learners).stem}{suffix}"
+
+
+def _rows_by_columns(
+    inputs: datasets.Dataset | Sequence | str | os.PathLike | io.TextIOBase,
+) -> Callable[[ModelCard], datasets.Dataset | Sequence]:
+    """A function from a user's card to the inputs as rows: a file or stream is read (once per set of
+    text columns, a stream held in memory) with the columns that user's model reads."""
+    if not isinstance(inputs, (str, os.PathLike, io.TextIOBase)):
+        return lambda card: inputs  # texts or a dataset: each predictor reads them as its card says
+    text = inputs.read() if isinstance(inputs, io.TextIOBase) else None
+    read: dict[tuple[str, ...], datasets.Dataset] = {}
+
+    def rows(card: ModelCard) -> datasets.Dataset:
+        if card.text_columns not in read:
+            source = inputs if text is None else io.StringIO(text)
+            read[card.text_columns] = read_inputs(source, card.text_columns)
+        return read[card.text_columns]
+
+    return rows
+
+
+def _needs_base(predictor: Predictor | None, card: ModelCard) -> bool:
+    """Whether a user's file needs the base loaded afresh: no predictor yet, or a head of another size."""
+    return predictor is None or predictor.card.head_size != card.head_size
+
+
+def _hold(predictor: Predictor | None, model: str | os.PathLike, path: Path, card: ModelCard, **sizes) -> Predictor:
+    """A predictor holding `path`'s learners file and nothing of any other user's.
+
+    The file swaps in place for the one `predictor` holds when their heads have the same size (where
+    the two cannot swap, one splitting attention heads and the other not, the held one is taken off
+    first); otherwise the base is loaded afresh with the file's head. Either way the file is judged
+    against the base alone. A refused file raises; `predictor` then holds the previous user or the
+    bare base, so it must take another file before it predicts.
+    """
+    if _needs_base(predictor, card):
+        return Predictor.load(model, learners=path, card=card, **sizes)
+    try:
+        load_learners(predictor.model, path)
+    except LearnersFileError:
+        if active_learners(predictor.model) is None:
+            raise
+        unload_learners(predictor.model)  # the base alone: the file's verdict is then its own
+        load_learners(predictor.model, path)
+    predictor.card = card
+    note_label_ids(path, card)
+    return predictor
+
+
+# What skips one user and not the others: its file refused or gone, inputs its model cannot read.
+USER_ERRORS = (LearnersFileError, DataFileError, OSError)
+
+
 def predict_users(
     model: str | os.PathLike,
     learners: Sequence[str | os.PathLike],
-    inputs: datasets.Dataset | Sequence[str | Sequence[str] | Mapping[str, str]],
+    inputs: datasets.Dataset | Sequence[str | Sequence[str] | Mapping[str, str]] | str | os.PathLike | io.TextIOBase,
     *,
     output_dir: str | os.PathLike,
     suffix: str = ".jsonl",
     max_length: int = 128,
     batch_size: int = 64,
-) -> dict[Path, dict]:
-    """Each user's predictions from one process: the base loads once and every learners file is swapped in place.
+) -> UsersPredictions:
+    """Each user's predictions from one process: the base loads once (again only for a head of another
+    size) and every learners file is swapped in place.
 
     `far.load_learners` replaces the active user's tensors with the next user's (memory stays at the
-    base plus one file). Every user is predicted before anything is written, so a bad file (another
-    base, damaged) leaves no output; then one file per user, `<output_dir>/<learners file stem><suffix>`.
+    base plus one file). Each file stands on its own: its head's size and labels and its text
+    columns come from the file (a file with a head of another size gets the base afresh), so every
+    user's predictions are the same in any order. A file that is refused (another base, damaged) or
+    whose model cannot read the inputs is skipped, with its reason in the result; every other
+    user's predictions are written, `user_output(output_dir, file, suffix)` each, whole or not at all.
+
+    Args:
+        inputs: Texts (or a dataset), or a CSV/TSV/JSON/JSONL file or a text stream, read with
+            each user's text columns.
 
     Returns:
-        `{output file: {"rows": n, "swap_seconds": time to put this user's file in place}}`.
+        A `UsersPredictions`: `written[output file] = {"rows": n, "swap_seconds": time to put this
+        user's file in place, None where the base was loaded for it}`, `failed[learners file] = reason`.
     """
     if suffix not in OUTPUT_FORMATS:
         raise ValueError(f"the output format is one of {', '.join(OUTPUT_FORMATS)}, got {suffix!r}")
     files = learners_files(learners)
-    cards = [model_card(model, f) for f in files]  # every file's metadata is readable, before any weights load
-    predictor = Predictor.load(model, learners=files[0], max_length=max_length, batch_size=batch_size)
-    results, seconds = [predictor(inputs)], [None]
-    for path, card in zip(files[1:], cards[1:], strict=True):
-        started = time.perf_counter()
-        load_learners(predictor.model, path)
-        seconds.append(time.perf_counter() - started)
-        predictor.card = card
-        results.append(predictor(inputs))
-    folder = Path(output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for path, rows, swap in zip(files, results, seconds, strict=True):
-        out = write_predictions(rows, folder / f"{path.stem}{suffix}")
-        written[out] = {"rows": len(rows), "swap_seconds": swap}
-    return written
+    rows_for = _rows_by_columns(inputs)
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    predictor, written, failed = None, {}, {}
+    for path in files:
+        try:
+            card = model_card(model, path)
+            fresh, started = _needs_base(predictor, card), time.perf_counter()
+            predictor = None if fresh else predictor  # one model in memory at a time
+            predictor = _hold(predictor, model, path, card, max_length=max_length, batch_size=batch_size)
+            seconds = None if fresh else time.perf_counter() - started
+            results = predictor(rows_for(card))
+        except USER_ERRORS as error:
+            failed[path] = str(error)
+            continue
+        out = write_predictions(results, user_output(output_dir, path, suffix))
+        written[out] = {"rows": len(results), "swap_seconds": seconds}
+    return UsersPredictions(written, failed)
 
 
 def predict(
@@ -302,7 +433,7 @@ def predict(
     """Predict labels for texts with a fine-tuned model, in one call.
 
     Args:
-        model: A model folder a training run saved (e.g. "runs/reviews-far/model"), or with
+        model: A model folder a training run saved (e.g. "runs/reviews-minilm-far/model"), or with
             `learners` the base model (folder or alias) that learners file was trained from.
         inputs: A list of texts (pairs as tuples, or dicts by column), or the path of a
             CSV/TSV/JSON/JSONL file with the model's text columns.
@@ -319,7 +450,7 @@ def predict(
         raised before any file is written.
 
     Example:
-        >>> predict("runs/reviews-far/model", ["What a lovely film.", "Dull and far too long."])
+        >>> predict("runs/reviews-minilm-far/model", ["What a lovely film.", "Dull and far too long."])
         [{'text': 'What a lovely film.', 'label': 'positive', 'score': 0.96}, ...]
     """
     if output is not None:
@@ -331,7 +462,7 @@ def predict(
         rows = read_inputs(inputs, card.text_columns)
     else:
         rows = None
-    predictor = Predictor.load(model, learners=learners, max_length=max_length, batch_size=batch_size)
+    predictor = Predictor.load(model, learners=learners, card=card, max_length=max_length, batch_size=batch_size)
     results = predictor(rows if rows is not None else inputs)
     if output is not None:
         write_predictions(results, output)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from far.saving.digests import DigestCache
+from far.saving.labels import head_fields, set_head_fields
 from far.surgery.reconfigure import restore
 from far.surgery.state import is_reconfigured
 
@@ -41,6 +42,8 @@ class ActiveLearners:
             overwrote), valid until a tensor is written; reused by the next swap's check.
         verified: `{file identity: content sha256}` of the learners files this model has verified
             (see `far.saving.learners_file`): an unchanged file is not hashed again.
+        labels: The base's head labels (`far.saving.labels.head_fields`), which the file's replace
+            on the model's config until it is swapped out or unloaded.
     """
 
     path: str
@@ -49,6 +52,7 @@ class ActiveLearners:
     base: dict[str, Tensor] = field(default_factory=dict, repr=False)
     digests: DigestCache = field(default_factory=DigestCache, repr=False, compare=False)
     verified: dict[tuple, str] = field(default_factory=dict, repr=False, compare=False)
+    labels: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +81,8 @@ def remember(
     digests: DigestCache | None = None,
     verified: dict[tuple, str] | None = None,
 ) -> ActiveLearners:
-    """Keep a copy of the current value of every parameter in `names`, before a file overwrites them."""
+    """Keep a copy of the current value of every parameter in `names` (and the head's labels), before a
+    file overwrites them."""
     digests = DigestCache() if digests is None else digests
     params = dict(model.named_parameters(remove_duplicate=False))
     base = {}
@@ -85,19 +90,21 @@ def remember(
         param = params[name].detach()
         base[name] = param.clone()
         digests.carry(param, base[name])  # the same bytes: the same digests
-    active = ActiveLearners(path, content_sha256, relayout, base, digests, {} if verified is None else verified)
+    verified = {} if verified is None else verified
+    active = ActiveLearners(path, content_sha256, relayout, base, digests, verified, head_fields(model))
     setattr(model, ACTIVE_ATTRIBUTE, active)
     return active
 
 
 @torch.no_grad()
 def revert(model: nn.Module, active: ActiveLearners) -> None:
-    """Copy the base values back over what `active` overwrote, and forget it (the layout stays)."""
+    """Copy the base values (and labels) back over what `active` overwrote, and forget it (the layout stays)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, value in active.base.items():
         param = params[name]
         param.copy_(value)
         active.digests.carry(value, param.detach())
+    set_head_fields(model, active.labels)
     delattr(model, ACTIVE_ATTRIBUTE)
 
 

@@ -14,9 +14,9 @@ The metadata records the format, the `FARConfig`, the model type, the FFN layout
 of the base weights the file was trained from (see `far.saving.fingerprint`: version 2, built from
 per-tensor and per-row digests, which a model that swaps users keeps) and a sha256 of the file's own
 contents, so a flipped byte or a file for another base is refused before anything is
-loaded. It also keeps what the model's Hugging Face config says beyond its defaults (`model_config`:
-class names, problem type, ...), so that the head a file trained can be rebuilt on a bare base
-(`learners_model_config`).
+loaded. It also keeps what the model's Hugging Face config says beyond its defaults (`model_config`),
+with the head's size, class names and problem type always (`far.saving.labels`), so that the head a
+file trained can be rebuilt on a bare base (`learners_model_config`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.digests import DigestCache, as_rows
 from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
+from far.saving.labels import head_fields, set_head_fields
 from far.surgery.reconfigure import reconfigure_with_learners, resplit, restore
 from far.surgery.state import get_config, is_reconfigured, learners, node_groups
 
@@ -50,6 +51,8 @@ _CONTENT_KEY = "content_sha256"
 _MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a few hundred bytes each)
 _SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
 _MODEL_CONFIG_KEY = "model_config"
+# How to load a file onto the right base, from Python and from the command line.
+_ONTO_ITS_BASE = "load it onto the base model it was trained from (far predict: --model BASE)"
 
 
 class LearnersFileError(ValueError):
@@ -135,8 +138,9 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         "base_fingerprint": base_fingerprint(model, ffns, chosen, others, version=_READABLE[FORMAT_VERSION]),
     }
     hf_config = getattr(model, "config", None)
-    if hasattr(hf_config, "to_diff_dict"):  # the head's labels and problem type travel with the file
-        metadata[_MODEL_CONFIG_KEY] = json.dumps(hf_config.to_diff_dict(), sort_keys=True, default=str)
+    if hasattr(hf_config, "to_diff_dict"):  # the head's size, labels and problem type travel with the file
+        recorded = {**hf_config.to_diff_dict(), **head_fields(model)}
+        metadata[_MODEL_CONFIG_KEY] = json.dumps(recorded, sort_keys=True, default=str)
     metadata[_CONTENT_KEY] = _content_hash(metadata, tensors)
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
@@ -205,10 +209,16 @@ def learners_model_config(path: str | os.PathLike) -> dict:
         {'0': 'negative', '1': 'positive'}
     """
     metadata, _ = _read(Path(path))
+    return _recorded_config(Path(path), metadata)
+
+
+def _recorded_config(path: Path, metadata: Mapping[str, str]) -> dict:
     try:
         config = json.loads(metadata.get(_MODEL_CONFIG_KEY, "{}"))
     except ValueError as error:
-        raise LearnersFileError(f"{str(path)!r} has an invalid model_config: {error}") from error
+        raise LearnersFileError(
+            f"{str(path)!r} has an invalid model_config: {error}; write it again with far.save_learners"
+        ) from error
     return config if isinstance(config, dict) else {}
 
 
@@ -238,15 +248,48 @@ def _linear_shape(module: nn.Module) -> tuple[tuple[int, int], torch.dtype, bool
     return (out_f, in_f), module.weight.dtype, module.bias is not None
 
 
-def _expect(path: Path, tensors: Mapping[str, Tensor], key: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+def _expect(
+    path: Path,
+    tensors: Mapping[str, Tensor],
+    key: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *,
+    head_size: int | None = None,
+) -> None:
+    """Raise unless the file's `key` has `shape` and `dtype`; `head_size`: the model's number of labels,
+    for a whole parameter (a task head's rows are its labels)."""
     tensor = tensors.get(key)
     if tensor is None:
         raise LearnersFileError(f"{str(path)!r} lacks the tensor {key!r} its metadata announces")
-    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+    found, needed = tuple(tensor.shape), tuple(shape)
+    if found != needed or tensor.dtype != dtype:
         raise LearnersFileError(
-            f"{str(path)!r}: {key} is {tuple(tensor.shape)} {tensor.dtype}, the model needs {tuple(shape)} {dtype}; "
-            "the file belongs to a model of another size or dtype"
+            f"{str(path)!r}: {key} is {found} {tensor.dtype}, the model needs {needed} {dtype}; "
+            + _why_mismatch(found, needed, tensor.dtype, dtype, head_size)
         )
+
+
+def _why_mismatch(
+    found: tuple[int, ...],
+    needed: tuple[int, ...],
+    dtype: torch.dtype,
+    needed_dtype: torch.dtype,
+    head_size: int | None,
+) -> str:
+    """The cause of a tensor that does not fit, and what to do: the head's size, the dtype, or another model."""
+    if head_size is not None and len(found) == len(needed) and found[1:] == needed[1:] and needed[0] == head_size:
+        # Only the rows differ, and the model has that many labels: a task head of another size.
+        return (
+            f"the file's head has {found[0]} output(s) and the model's {head_size}: build the base with "
+            f"num_labels={found[0]} (far predict reads it from the file's recorded config)"
+        )
+    if found == needed:
+        return (
+            f"the file holds {dtype} values and the model {needed_dtype}: load the base in {dtype} "
+            f"(from_pretrained(..., dtype={dtype}))"
+        )
+    return f"the file belongs to a model of another size: {_ONTO_ITS_BASE}"
 
 
 def _check_learner_indices(path: Path, name: str, idx: Tensor, n_nodes: int, empty_ok: bool) -> None:
@@ -280,13 +323,13 @@ def _check_against_model(
     if metadata["model_type"] != str(model_type(model)):
         raise LearnersFileError(
             f"{str(path)!r} was saved from a {metadata['model_type']!r} model, this model is "
-            f"{model_type(model)!r}: load it onto the base model it was trained from"
+            f"{model_type(model)!r}: {_ONTO_ITS_BASE}"
         )
     ffns = node_groups(model, spec, attention=config.attention_retention is not None)
     if layout != {ffn.name: list(ffn.inputs) for ffn in ffns.values()}:
         raise LearnersFileError(
             f"{str(path)!r} describes other FFNs ({len(layout)}, e.g. {next(iter(layout), None)!r}) than this "
-            f"model has ({len(ffns)}, e.g. {next(iter(ffns))!r}): it belongs to another architecture"
+            f"model has ({len(ffns)}, e.g. {next(iter(ffns))!r}): it belongs to another architecture; {_ONTO_ITS_BASE}"
         )
     chosen, ffn_keys = {}, set()
     for ffn in ffns.values():
@@ -314,13 +357,14 @@ def _check_against_model(
         if name.rpartition(".")[0] not in projections or name in {f"{f.output}.bias" for f in ffns.values()}
     }
     others = sorted(set(tensors) - ffn_keys)
+    head_size = getattr(getattr(model, "config", None), "num_labels", None)
     for name in others:
         if name not in params:
             raise LearnersFileError(
                 f"{str(path)!r} holds {name!r}, which is not a parameter of this model that a learners file "
-                "may overwrite; it belongs to another model"
+                f"may overwrite; it belongs to another model: {_ONTO_ITS_BASE}"
             )
-        _expect(path, tensors, name, tuple(params[name].shape), params[name].dtype)
+        _expect(path, tensors, name, tuple(params[name].shape), params[name].dtype, head_size=head_size)
     if is_reconfigured(model) and not relayout:
         if not _same_layout(model, config, chosen, spec):
             raise LearnersFileError(
@@ -336,9 +380,11 @@ def _check_against_model(
     if fingerprint != metadata["base_fingerprint"]:
         raise LearnersFileError(
             f"{str(path)!r} was trained from a different base model: the model's frozen weights do not match the "
-            "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from: "
-            "the stock pretrained model for a file saved after far.finetune (frozen values reset), the primed "
-            "model itself for one saved with reset_frozen=False"
+            "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from "
+            "(far predict: --model BASE): the stock pretrained model for a file saved after far.finetune or far "
+            "train (frozen values reset), the primed model itself for one saved with reset_frozen=False (far train "
+            "--keep-primed-frozen), which only that run's saved model folder holds: predict with "
+            "far predict --model RUN/model, without --learners"
         )
     return config, chosen, others, ffns
 
@@ -386,7 +432,8 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     another file (another user's), that file's changes are undone first, so the model then
     computes exactly what base + this file computes, whatever learners either file has. The
     model keeps a copy of the base values this file overwrites (the size of the file's tensors)
-    for that; `far.saving.unload_learners` gives the base back.
+    for that; `far.saving.unload_learners` gives the base back. The head's labels and problem type
+    the file records go on `model.config` too (the base's come back with it).
 
     Everything is checked before the model is touched: the file's own sha256, its format version,
     the model type, the FFN layout, every shape and dtype, and the fingerprint of the base weights.
@@ -408,7 +455,8 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
 
     Raises:
         LearnersFileError (a ValueError): the file is corrupted, truncated, not a FAR learners
-            file, of an unknown version, or belongs to another architecture or base model.
+            file, of an unknown version, or belongs to another architecture or base model, or to one
+            with a head of another size (the message gives both sizes) or another dtype.
 
     Example:
         >>> far.load_learners(base, "user-a.safetensors")
@@ -423,6 +471,7 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     verified = {} if active is None else active.verified
     metadata, tensors = _read(path, verified)
     config, chosen, others, groups = _check_against_model(path, model, metadata, tensors, spec, active, digests)
+    labels = _recorded_config(path, metadata)  # what the file says of its head: its labels, for model.config
     # The base's node-row digests, original order: the check just read them (a version-2 file).
     tables = _node_tables(model, groups, active, digests) if metadata["format_version"] != "1" else {}
     # Everything is verified; from here on nothing raises on bad input.
@@ -470,4 +519,5 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     params = dict(model.named_parameters(remove_duplicate=False))
     for name in others:
         params[name].copy_(tensors[name])
+    set_head_fields(model, labels)
     return model
