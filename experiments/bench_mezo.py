@@ -10,7 +10,7 @@ FAR's learners are chosen at random: the step time depends only on how many ther
 
 The split of a step: "forwards" is the time inside the closure (two no-grad forward passes), "noise"
 the time inside `Tensor.normal_` (z, drawn again in every pass over the weights), the rest of the
-step is MeZO's own arithmetic (perturb, restore, update, and the old code's restore bookkeeping).
+step is MeZO's own arithmetic (perturb, restore, update, and any restore bookkeeping of the code measured).
 The split comes from separate rounds with `normal_` timed, so that its wrapper does not touch the
 step times of the ratio rounds. The FLOP-free bound: FAR does not shrink the forward passes, so its
 step is at least (F + c·N_far) / (F + c·N_plain) of plain's, with F the forwards' time and c the
@@ -21,7 +21,7 @@ tensors of the first `--drift-layers` decoder layers; the rms and largest change
 against the rms of one update at `--lr` with the projected gradient g measured on the batch; and the
 same round trip on a bf16 copy, for comparison.
 
-Run it with `far` from a checkout of the code to measure (the old code: PYTHONPATH=<old checkout>):
+Run it with `far` from a checkout of the code to measure (another version of far: PYTHONPATH=<its checkout>):
 
     python experiments/bench_mezo.py                          # -> experiments/results/bench_mezo/bench_mezo.json
     PYTHONPATH=/tmp/before python experiments/bench_mezo.py --label before --no-drift \\

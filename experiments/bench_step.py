@@ -4,10 +4,10 @@ All configurations of one (model, shape, precision) cell are built once and time
 (each round in a rotated order), in this one process, so machine noise hits them alike; each reports the median of
 its timed steps after warm-up, its ratio to full's median, and the median and quartiles of its per-round ratios to
 full's step of the same round. Beside each measured ratio to full fine-tuning stand two bounds: the FLOP-bound ratio
-(matrix products only, see far.analysis.flops; with backward's depth, and without it as it was first counted) and
-the roofline ratio (far.analysis.roofline: FLOPs and bytes at rates calibrated in this process, one calibration round
-after each round of steps, experiments/calibrate.py). `--clock cpu` times in CPU seconds, for a machine that other
-jobs share.
+(matrix products only, see far.analysis.flops; with backward's depth, and without it, as if backward always ran to the
+bottom) and the roofline ratio (far.analysis.roofline: FLOPs and bytes at rates calibrated in this process, one
+calibration round after each round of steps, experiments/calibrate.py). `--clock cpu` times in CPU seconds, for a
+machine that other jobs share.
 After the timing, each configuration's step is measured once more for memory (experiments/step_memory.py): bytes
 autograd keeps for backward, and the peak of live tensors (what is resident at the step's start, plus the most the
 step allocates on top). MeZO steps (far.MeZO, one direction) and no-grad forward passes are timed the same way, FAR

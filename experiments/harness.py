@@ -46,7 +46,7 @@ def repo_relative(path: str | os.PathLike) -> str:
 def add_output_argument(
     parser: argparse.ArgumentParser, default: Path | None, help: str, *, aliases: tuple[str, ...] = ()
 ) -> None:
-    """The one output flag, `--output`; `aliases` are earlier names of it, accepted but left out of --help."""
+    """The one output flag, `--output`; `aliases` are other names of it, accepted but left out of --help."""
     shown = "" if default is None else f" (default: {repo_relative(default)})"
     parser.add_argument("--output", type=Path, default=default, help=help + shown)
     for alias in aliases:

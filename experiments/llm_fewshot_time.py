@@ -8,8 +8,8 @@ costs backward passes before the first step. So every curve's clock starts befor
 Arms (the embedding and tied LM head stay frozen in all of them, as on the lean runtime's CLI):
 
 - `mezo`: plain MeZO, every other weight perturbed;
-- `far`: FAR r=0.4 with gradient priming (`far glue --optimizer mezo --method far`'s selection until
-  now): the learner nodes and everything outside the FFNs;
+- `far`: FAR r=0.4 with gradient priming (the selection of `far glue --optimizer mezo --method far`
+  without depth): the learner nodes and everything outside the FFNs;
 - `magnitude`: FAR r=0.4 with the nodes of smallest weight magnitude as learners (Sparse-MeZO's rule
   over nodes; no priming, no data read);
 - `lezo`: every weight but the embedding, a random quarter of the decoder layers perturbed each step

@@ -10,7 +10,7 @@ summary (`lr_sweep_<task>.{json,md}`) gives each method's best rate, the one the
 uses on every task.
 
     python experiments/lr_sweep.py                          # full, FAR and LoRA on SST-2 (~20 min on 2 cores)
-    python experiments/lr_sweep.py --task cola --methods lora   # the earlier, non-ranking sweep
+    python experiments/lr_sweep.py --task cola --methods lora   # a sweep that does not rank the rates
 """
 
 from __future__ import annotations

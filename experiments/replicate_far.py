@@ -96,18 +96,28 @@ def method_args(name: str) -> list[str]:
 QUICK_ARGS = ["--max-train-samples", "64", "--max-eval-samples", "64", "--max-steps", "4"]
 
 
+# A record taken from another grid's folder names that folder under `from_grid`; `earlier_session` is the same mark
+# as the committed summaries under experiments/results/replicate_far spell it, and is read too.
+OTHER_GRID_KEYS = ("from_grid", "earlier_session")
+
+
+def from_grid(record: dict) -> str | None:
+    """The folder of the other grid that `record` was taken from; None for a run of this grid."""
+    return next((record[key] for key in OTHER_GRID_KEYS if record.get(key)), None)
+
+
 def run_one(
-    task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool, earlier: Sequence[Path] = ()
+    task: str, method: str, seed: int, runs_dir: Path, extra: list[str], quick: bool, other_grids: Sequence[Path] = ()
 ) -> dict:
-    """One run of the grid: this grid's own if it finished, else an earlier grid's, else run now (with its
-    whole process's wall and CPU seconds, see harness.run_far)."""
+    """One run of the grid: this grid's own if it finished, else one of `other_grids`' (the first folder that has
+    it), else run now (with its whole process's wall and CPU seconds, see harness.run_far)."""
     out = runs_dir / f"{task}-{method}-s{seed}"
     if not (out / "metrics.json").exists():  # this grid's own finished run comes first
-        for folder in earlier:  # the first earlier grid that has the run
-            earlier_file = folder / "runs" / out.name / "metrics.json"
-            if earlier_file.exists():
-                # A run of an earlier session: its metric stands, its times were taken on another day's machine.
-                return {**json.loads(earlier_file.read_text()), "earlier_session": str(folder)}
+        for folder in other_grids:
+            other_file = folder / "runs" / out.name / "metrics.json"
+            if other_file.exists():
+                # Another grid's run: its metric stands, its times were taken under another machine load.
+                return {**json.loads(other_file.read_text()), "from_grid": str(folder)}
     argv = [
         *TASKS[task]["args"], *method_args(method), "--seed", str(seed), "--no-save-model", "--no-progress",
         *extra, *(QUICK_ARGS if quick else []),
@@ -162,21 +172,22 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
         row = summary.setdefault(task, {}).setdefault(method, {"metric": [], "train_seconds": [], "total_seconds": []})
         row["metric"].append(record["metrics"][TASKS[task]["metric"]])
         # End to end: priming (with the surgery) + training; evaluation is the same for every method. Times of
-        # this session's runs and of an earlier session's are kept apart: only one kind makes the row's times
-        # (wall and whole-process CPU seconds alike: an earlier session may have run on other cores and threads).
-        times = row.setdefault("earlier_times" if record.get("earlier_session") else "session_times", [])
+        # this grid's own runs and of runs taken from other grids are kept apart: only one kind makes the row's
+        # times (wall and whole-process CPU seconds alike: another grid may have run on other cores and threads).
+        other = from_grid(record)
+        times = row.setdefault("other_grid_times" if other else "own_times", [])
         train = record["priming_seconds"] + record["training_seconds"]
         times.append((train, record["total_seconds"], record.get("process_cpu_seconds")))
         row["trainable_parameters"] = record["trainable_parameters"]
         row.setdefault("peak_rss_bytes", []).append(record.get("peak_rss_bytes"))
-        if record.get("earlier_session"):
-            row["earlier_session"] = record["earlier_session"]
+        if other:
+            row["from_grid"] = other
     for methods in summary.values():
         for row in methods.values():
-            times = row.pop("session_times", None)
-            if times is None:  # only runs of an earlier session: their times, marked
-                times, row["times_from"] = row["earlier_times"], row["earlier_session"]
-            row.pop("earlier_times", None)
+            times = row.pop("own_times", None)
+            if times is None:  # only runs taken from other grids: their times, marked
+                times, row["times_from"] = row["other_grid_times"], row["from_grid"]
+            row.pop("other_grid_times", None)
             row["train_seconds"] = [train for train, _, _ in times]
             row["total_seconds"] = [total for _, total, _ in times]
             cpu = [seconds for _, _, seconds in times]
@@ -184,14 +195,14 @@ def summarize(records: dict[tuple[str, str, int], dict]) -> dict:
                 row[key] = _mean_std(row[key])
             rss = [b for b in row["peak_rss_bytes"] if b is not None]
             row["peak_rss_bytes"] = max(rss) if rss else None
-            if cpu and None not in cpu:  # whole-process CPU seconds, recorded by runs made since they were
+            if cpu and None not in cpu:  # whole-process CPU seconds, where every run recorded them
                 row["process_cpu_seconds"] = _mean_std(cpu)
         full = methods.get("full")  # deltas once every row is summarized, whatever the methods' order
         for row in methods.values():
             if full:
                 row["metric_delta_vs_full"] = row["metric"]["mean"] - full["metric"]["mean"]
                 if bool(row.get("times_from")) != bool(full.get("times_from")):
-                    continue  # savings compare times of one session only
+                    continue  # savings compare times of one kind only: this grid's own, or other grids'
                 row["time_saving_vs_full"] = 1 - row["train_seconds"]["mean"] / full["train_seconds"]["mean"]
                 if "process_cpu_seconds" in row and "process_cpu_seconds" in full:
                     mean = row["process_cpu_seconds"]["mean"]
@@ -204,7 +215,7 @@ def _mib(n: int | None) -> str:
 
 
 def markdown(summary: dict, kept: dict | None = None) -> str:
-    """The summary as a table; times of runs from an earlier session are marked †, and `kept` (method ->
+    """The summary as a table; times of runs taken from other grids are marked †, and `kept` (method ->
     {"bytes": ...}) adds the kept file's size."""
     lines = [
         "| task | metric | method | metric (mean ± std) | Δ vs full | train time s (mean ± std) | time saved vs full "
@@ -250,8 +261,8 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         nargs="+",
         default=[],
-        help="earlier grids' outputs: their runs stand in for missing ones (metrics and memory; times marked †); "
-        "the first folder that has a run gives it",
+        help="other grids' output folders: their runs stand in for this grid's missing ones (metrics and memory; "
+        "times marked †); the first folder that has a run gives it",
     )
     parser.add_argument(
         "--kept-files", action="store_true", help="also measure the file a user keeps, per method (on CoLA)"
@@ -289,9 +300,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 TIMES_NOTE = (
-    "† times of runs from an earlier session (`--earlier-runs`): their metric and memory stand, but their time was "
-    "taken on another day's machine load; times compare only among marked or among unmarked rows (a row with runs of "
-    "both sessions shows this session's times; its seeds count all runs), and no saving is given across the two."
+    "† times of runs taken from other grids (`--earlier-runs`): their metric and memory stand, but their time was "
+    "taken under another machine load; times compare only among marked or among unmarked rows (a row with runs of "
+    "both kinds shows this grid's own times; its seeds count all runs), and no saving is given across the two."
 )
 
 
@@ -300,7 +311,7 @@ def write_summary(records: dict, output: Path, name: str, command: str, kept: di
     body = {"command": command, "summary": summary, "kept_files": kept, "machine": machine()}
     write_report(output / f"{name}.json", body)
     table = markdown(summary, kept)
-    note = f"\n\n{TIMES_NOTE}" if any(r.get("earlier_session") for r in records.values()) else ""
+    note = f"\n\n{TIMES_NOTE}" if any(from_grid(r) for r in records.values()) else ""
     (output / f"{name}.md").write_text(f"`{command}`\n\n{table}{note}\n")
     print(table, flush=True)
 

@@ -62,9 +62,9 @@ class FARConfig:
         recompute_activations: Keep less for backward (the default): an output projection rebuilds
             the learners' activation from what the activation function keeps anyway (GELU and SiLU
             their input, a gated MLP its two factors) instead of keeping a copy of it. It costs one
-            elementwise op over the learners' part of the activation per layer in backward, which
-            measures as nothing on MiniLM (-0.017 of a step fp32, -0.044 bf16; bytes kept for backward
-            0.902 -> 0.837 of full fine-tuning's: experiments/recompute_cost.py). False keeps a copy.
+            elementwise op over the learners' part of the activation per layer in backward, too little
+            to measure beside a step, and keeps less for backward (docs/results.md, "Recomputing
+            activations, and bf16 autocast"). False keeps a copy.
         attention_retention: Also split every attention block: this fraction of each layer's
             heads (key/value groups under grouped-query attention) stays trainable, chosen by the
             same `selection` from the heads' priming scores. None (default) leaves attention as it is.

@@ -1,8 +1,9 @@
 """Packages whose public names are imported on first use (PEP 562), so a process pays only for what it uses.
 
 The lean LLM path (`far glue --model smollm2-135m`) must stay clear of `datasets` and
-transformers' model code (~240 MB of resident memory between them); a package `__init__` that
-imported every submodule eagerly would pull them in with the first `import far`.
+transformers' model code (more resident memory between them than the model's weights:
+docs/design.md, "Resident memory"); a package `__init__` that imported every submodule eagerly would pull them in with
+the first `import far`.
 
     >>> _LAZY = {"finetune": "far.training.finetune"}
     >>> __getattr__, __dir__ = lazy_names(__name__, _LAZY)
@@ -20,8 +21,9 @@ class _LazyPackage(types.ModuleType):
     """A package module whose public name wins over a submodule of the same name.
 
     Importing `far.recipes.predict` makes the import system set the package attribute `predict` to that
-    submodule; an eager `from far.recipes.predict import predict` in the `__init__` used to replace
-    it with the function right after. This does the same whenever the submodule gets imported.
+    submodule, hiding the function of the same name that the lazy table names. This sets the function
+    instead whenever the submodule gets imported, so that `far.recipes.predict` is the function, as an
+    eager `from far.recipes.predict import predict` in the `__init__` would make it.
     """
 
     _lazy_table: Mapping[str, str] = {}

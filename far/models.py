@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # transformers is imported where a model is loaded: a GGUF al
 
 DEFAULT_MODEL = "minilm"
 # Which code runs an encoder: transformers' model classes, or far's own plain-torch BERT (`far.encoder`),
-# which leaves transformers' model code unimported (~140 MB less resident memory).
+# which leaves transformers' model code unimported (docs/design.md, "Resident memory").
 RUNTIMES = ("transformers", "lean")
 
 # task kind -> (head, Auto class name, name of transformers' table of the model types that have that head)

@@ -23,14 +23,13 @@ from far.config import AUTO, UNSET, FARConfig, as_config
 # freeze_layers="auto" freezes the largest bottom stack of layers that together moved less than this
 # fraction of all the change priming measured, each layer's change taken as the mean score of its
 # nodes (so wide and narrow layers weigh alike). Under AdamW every node moves by about the learning
-# rate a step, so layers move nearly alike (MiniLM on CoLA: each layer 0.160-0.175 of the change) and
-# the rule freezes just under two fifths of the layers (4 of 12, 2 of 6, 1 of 4); layers that moved
-# less than average freeze sooner, ones that moved more later. Why two fifths: on MiniLM, FAR r=0.2
-# with the bottom 2 of 6 layers frozen (and run once per example) kept CoLA within a point of full
-# fine-tuning (3 seeds) at 0.56-0.66 of its CPU time, where a fifth (1 layer) saved only a fifth of
-# the time, and 3 layers lost 4-8 MCC points (docs/results.md, "FAR with depth on one thread"). The
-# scores are read at the end of priming: early in warm-up the top layers move most, which would
-# freeze more. At least one layer always stays trainable.
+# rate a step, so layers move nearly alike and the rule freezes just under two fifths of the layers
+# (4 of 12, 2 of 6, 1 of 4); layers that moved less than average freeze sooner, ones that moved more
+# later. Two fifths because that depth, with the frozen bottom run once per example, kept the metric
+# of full fine-tuning at a large saving of time, where a shallower cut saved little and a deeper one
+# lost the metric (docs/design.md, "Depth: where backward stops"). The scores are read at the end of
+# priming: early in warm-up the top layers move most, which would freeze more. At least one layer
+# always stays trainable.
 AUTO_FREEZE_MASS = 0.4
 
 

@@ -44,12 +44,12 @@ def test_summary_compares_with_full_whatever_the_order(replicate_far):
     assert "| cola | matthews_correlation | far | 25.00 ± 1.41 | +0.00 | 95 ± 7 | 5.0% |  |  | 2 | 18 |  |  |" in table
 
 
-def test_summary_marks_earlier_times_and_shows_memory_and_kept_file(replicate_far):
+def test_summary_marks_other_grids_times_and_shows_memory_and_kept_file(replicate_far):
     records = {
         ("cola", "full", 0): {**record(0.25, 0, 100, 22), "peak_rss_bytes": 3 * 2**30},
         ("cola", "lora", 0): {**record(0.20, 0, 60, 1), "peak_rss_bytes": 2**30},
-        ("cola", "lora", 1): {**record(0.22, 0, 70, 1), "peak_rss_bytes": 2**30 + 2**20, "earlier_session": "old"},
-        ("cola", "far", 0): {**record(0.26, 10, 80, 18), "earlier_session": "old"},
+        ("cola", "lora", 1): {**record(0.22, 0, 70, 1), "peak_rss_bytes": 2**30 + 2**20, "from_grid": "old"},
+        ("cola", "far", 0): {**record(0.26, 10, 80, 18), "from_grid": "old"},
     }
     summary = replicate_far.summarize(records)
     assert summary["cola"]["lora"]["peak_rss_bytes"] == 2**30 + 2**20  # the worse of the seeds
@@ -84,8 +84,8 @@ def test_earlier_grids_stand_in_for_missing_runs_first_folder_first(replicate_fa
     runs = tmp_path / "now" / "runs"
     full = replicate_far.run_one("cola", "full", 0, runs, [], False, earlier)
     far = replicate_far.run_one("cola", "far", 0, runs, [], False, earlier)
-    assert (full["metrics"]["matthews_correlation"], full["earlier_session"]) == (0.25, str(tmp_path / "a"))
-    assert (far["metrics"]["matthews_correlation"], far["earlier_session"]) == (0.26, str(tmp_path / "b"))
+    assert (full["metrics"]["matthews_correlation"], full["from_grid"]) == (0.25, str(tmp_path / "a"))
+    assert (far["metrics"]["matthews_correlation"], far["from_grid"]) == (0.26, str(tmp_path / "b"))
     assert not runs.exists()  # nothing was run
 
 
@@ -130,12 +130,12 @@ def test_summary_shows_whole_process_cpu_seconds_and_their_saving(replicate_far)
     assert "| 90 ± 0 | 10.0% | 90 ± 7 | 10.0% | 2 | 18 |" in table
 
 
-def test_cpu_seconds_of_an_earlier_session_stay_out_of_this_sessions_row(replicate_far):
+def test_cpu_seconds_of_another_grid_stay_out_of_this_grids_row(replicate_far):
     # An earlier session's runs give the row their metric, not their CPU seconds (other cores, other threads).
     records = {
         ("cola", "full", 0): {**record(0.25, 0, 100, 22), "process_cpu_seconds": 100.0},
-        ("cola", "full", 1): {**record(0.27, 0, 50, 22), "process_cpu_seconds": 40.0, "earlier_session": "old"},
-        ("cola", "far", 0): {**record(0.25, 10, 80, 18), "process_cpu_seconds": 60.0, "earlier_session": "old"},
+        ("cola", "full", 1): {**record(0.27, 0, 50, 22), "process_cpu_seconds": 40.0, "from_grid": "old"},
+        ("cola", "far", 0): {**record(0.25, 10, 80, 18), "process_cpu_seconds": 60.0, "from_grid": "old"},
     }
     summary = replicate_far.summarize(records)["cola"]
     assert summary["full"]["process_cpu_seconds"]["values"] == [100.0]

@@ -8,8 +8,8 @@ adds those bytes.
 Backward has a depth: autograd computes a product's input gradient only where something below it
 needs a gradient. With the embeddings and the bottom K layers frozen, nothing below layer K is
 differentiated, and in layer K itself the query, key and value projections read a layer input that
-needs no gradient; `step_flops` counts that (`depth=False` counts every input gradient, the bound as it
-was before depth).
+needs no gradient; `step_flops` counts that (`depth=False` counts every input gradient, as if backward
+always ran to the bottom).
 """
 
 from __future__ import annotations

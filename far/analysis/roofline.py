@@ -22,7 +22,8 @@ this module counts from the model's shapes is pure:
   multiply, the attention's scaling and layout copies) forward in every layer and backward in the
   layers backward reaches (`ACTIVATION_PASSES`).
 - **Dropout elements**: drawing a dropout mask is bound by the random-number generator, not by
-  memory (~40x a copy per element here), so it has its own rate R.
+  memory (many times a copy per element: docs/results.md, "A roofline for the step: where FAR
+  pays"), so it has its own rate R.
 - **bf16 autocast**: every projection weight is cast to bf16 in each forward (FAR's split layers
   keep their frozen part's cast), and a trainable weight's bf16 gradient is cast back to fp32.
 - **A trainable embedding above the mmap threshold** (the word embedding) is timed whole, per element:

@@ -20,13 +20,11 @@ from far.recipes.predict import (
     Predictor,
     check_output,
     format_rows,
-    learners_files,
     model_card,
-    predict_users,
     read_inputs,
-    user_output,
     write_predictions,
 )
+from far.recipes.users import learners_files, predict_users, user_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 
 from far.data.locate import find_local
 
-if TYPE_CHECKING:  # imported where used: ~95 MB that a process reading no GLUE dataset never needs
+# Imported where used: resident memory that a process reading no GLUE dataset never needs
+# (docs/design.md, "Resident memory").
+if TYPE_CHECKING:
     import datasets
 
 logger = logging.getLogger(__name__)

@@ -234,7 +234,7 @@ def read_labelled_tsv(
     """Sentences and integer labels of a GLUE-style TSV with a header (SST-2's train.tsv, dev.tsv).
 
     Read with the csv module and quoting off, as GLUE files need; no `datasets` import, which
-    would add ~85 MB to a memory-bound process.
+    would cost a memory-bound process more than the data (docs/design.md, "Resident memory").
     """
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))

@@ -1,9 +1,9 @@
 """A data file's rows as columns, read with the standard library: CSV, TSV, JSON and JSON Lines.
 
-`read_table` does what `datasets.load_dataset("csv" | "json", ...)` did for the user's files, without
-importing `datasets` (pandas and pyarrow come with it: ~85 MB resident before a row is read, which a
-run under a memory budget cannot spend). Cells stay as written: CSV/TSV cells are strings (an empty
-cell is "", "NA" is text), JSON values keep their JSON types.
+`read_table` does what `datasets.load_dataset("csv" | "json", ...)` does for the user's files, without
+importing `datasets` (pandas and pyarrow come with it, resident before a row is read, which a run
+under a memory budget cannot spend: docs/design.md, "Resident memory"). Cells stay as written: CSV/TSV
+cells are strings (an empty cell is "", "NA" is text), JSON values keep their JSON types.
 
 `Table` has the few `datasets.Dataset` operations a run uses (`column_names`, `table[column]`,
 `select`, `train_test_split`), with the same results, so the splits of a run do not depend on which

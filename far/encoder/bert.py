@@ -1,10 +1,11 @@
 """The BERT encoder in plain torch, every module and parameter named as transformers names it.
 
-Importing transformers' model code costs ~136 MB of resident memory (it pulls in torch._dynamo,
-sympy, scipy and accelerate); its config classes cost ~25 MB. This file uses only `BertConfig`,
-and its modules carry transformers' names (`encoder.layer.3.intermediate.dense`, ...), so a
-transformers state dict loads by name and `far.find_ffns`, `far.reconfigure` and learners files
-work unchanged. The task heads are in `far.encoder.heads`, folders in `far.encoder.loading`.
+Importing transformers' model code costs more resident memory than MiniLM's weights take (it pulls
+in torch._dynamo, sympy, scipy and accelerate); its config classes cost a fraction of that
+(docs/design.md, "Resident memory"). This file uses only `BertConfig`, and its modules carry
+transformers' names (`encoder.layer.3.intermediate.dense`, ...), so a transformers state dict loads
+by name and `far.find_ffns`, `far.reconfigure` and learners files work unchanged. The task heads are
+in `far.encoder.heads`, folders in `far.encoder.loading`.
 
     >>> encoder = LeanBertModel(BertConfig())
     >>> encoder(input_ids, attention_mask)   # (B, T, hidden): the last layer's hidden states
@@ -171,8 +172,9 @@ class _Recompute(torch.autograd.Function):
     """Run a layer keeping only its input; run it again in backward, with the same dropout masks.
 
     torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
-    (+70 MB resident), which a memory-bound process cannot spend. The RNG state of the first pass
-    is restored for the second (and the caller's put back after), so dropout draws the same masks.
+    (docs/design.md, "Resident memory"), which a memory-bound process cannot spend. The RNG state of the
+    first pass is restored for the second (and the caller's put back after), so dropout draws the
+    same masks.
     """
 
     @staticmethod

@@ -3,9 +3,9 @@
 `from_pretrained` builds the model in fp32, then copies each parameter from model.safetensors,
 opening the file once per block of rows: safetensors maps the whole file, and the pages a read
 touches stay resident until the mapping goes, so one opening for all tensors would hold the model
-twice by the end of the load (+90 MB on MiniLM), one per tensor its largest (+45 MB). The model is
-not built on the meta device: building an `nn.Embedding` there imports sympy (+75 MB resident),
-through torch's meta kernels.
+twice by the end of the load, and one opening per tensor its largest tensor twice. The model is
+not built on the meta device: building an `nn.Embedding` there imports sympy through torch's meta
+kernels. What each would cost: docs/design.md, "Resident memory".
 
 It reads both a `BertFor*` checkpoint (keys `bert.embeddings...`) and a bare `BertModel` one (keys
 `embeddings...`, such as all-MiniLM-L6-v2). `save_pretrained` writes a folder that transformers'

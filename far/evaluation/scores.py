@@ -1,8 +1,9 @@
 """The metrics' arithmetic on plain lists or arrays: accuracy, F1, Matthews correlation, Pearson, Spearman.
 
-Only numpy: a run under a memory budget scores its model with these directly, without `datasets` or
-`evaluate` (~115 MB resident between them). `far.evaluation.metrics` wraps the same functions as local
-`evaluate` modules, so the two agree by construction.
+Only numpy: a run under a memory budget scores its model with these directly, without importing
+`datasets` or `evaluate`, which would cost it more than the model's weights (docs/design.md, "Resident memory").
+`far.evaluation.metrics` wraps the same functions as local `evaluate` modules, so the two agree by
+construction.
 
     >>> accuracy([0, 1, 1], [0, 1, 0])
     0.666...

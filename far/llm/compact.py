@@ -2,7 +2,8 @@
 
 A `CompactWeight` keeps its tensor in a storage dtype (bf16 for frozen weights, bf16 or fp32 for
 trained ones) and is read as an fp32 temporary as each layer runs, so compute is fp32 on any CPU
-(a bf16 matrix product is 7-40x slower than fp32 on CPUs without AVX-512 BF16).
+(a bf16 matrix product is many times slower than fp32 on CPUs without AVX-512 BF16:
+docs/design.md, "Resident memory").
 
 MeZO without writing the perturbation. While a `Perturbation` is set (a seed and a scale), a
 trainable weight is read as `stored + scale * z`, z drawn from a generator seeded by (seed, the

@@ -35,7 +35,7 @@ def default_cache_dir() -> Path:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()  # ~0.1 s for a 100 MB file
+    digest = hashlib.sha256()  # a small fraction of a load's time (docs/llm.md, "The models")
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)

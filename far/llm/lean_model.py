@@ -129,7 +129,7 @@ class _Recompute(torch.autograd.Function):
     """Run a layer without keeping its activations; run it again in backward to get its gradients.
 
     torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
-    (+70 MB resident), which a memory-bound process cannot spend.
+    (docs/design.md, "Resident memory"), which a memory-bound process cannot spend.
     """
 
     @staticmethod
@@ -145,7 +145,8 @@ class _Recompute(torch.autograd.Function):
         with torch.enable_grad():
             out = ctx.layer(h)
             # (out * grad).sum() gives the same gradients as torch.autograd.backward(out, grad), which on
-            # its first call imports torch's symbolic shapes and sympy (+35 MB resident) in torch 2.13.
+            # its first call imports torch's symbolic shapes and sympy in torch 2.13
+            # (docs/design.md, "Resident memory").
             (out * grad).sum().backward()
         return None, h.grad
 
@@ -234,7 +235,8 @@ class LeanCausalLM(nn.Module):
         if self._input_grad and torch.is_grad_enabled():
             h.requires_grad_(True)
             # Keep only each layer's input for backward and recompute the layer there: the graph
-            # of all layers at once would hold ~20 activations per layer (+200 MB on SmolLM2).
+            # of all layers at once would hold every activation of every layer
+            # (docs/design.md, "Resident memory").
             for layer in layers:
                 h = _Recompute.apply(layer, h)
             return h

@@ -7,8 +7,8 @@ that it is applied only to the model it was trained from. Frozen weights are not
 the GGUF file's.
 
 The file is written tensor by tensor straight from the model's storage (safetensors' own writer
-first copies every tensor into a bytes object: on SmolLM2 with FAR r=0.4 that is 117 MB on top of
-the run's peak), to a temporary name renamed into place when complete.
+first copies every tensor into a bytes object, which would add the whole file's size to the run's
+peak: docs/llm.md, "Running one"), to a temporary name renamed into place when complete.
 
     >>> save_trained(model, "out/trained.safetensors", base=gguf_path)
     >>> model = load_lean_model(gguf_path)

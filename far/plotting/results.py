@@ -52,7 +52,7 @@ RESULT_SOURCES: dict[str, str] = {
         "full+frozen-bottom-3 far-0.2+frozen-emb far-0.2+frozen-emb+keep-primed far-0.2+depth-auto "
         "far-0.2+frozen-emb+bottom-3 --output experiments/results/replicate_far/depth --name depth --summarize-only"
     ),
-    # One thread per run; CoLA's seeds 1 and 2 of the older rows come from earlier sessions (metric only).
+    # One thread per run; CoLA's seeds 1 and 2 of most rows come from the grids --earlier-runs names (metric only).
     "replicate_far/one_thread/one_thread.json": (
         "python experiments/replicate_far.py --tasks cola sst2 stsb --seeds 0 1 2 --methods full "
         "full+frozen-emb full+frozen-bottom-2 full+frozen-bottom-2+cache full+frozen-bottom-3+cache far "

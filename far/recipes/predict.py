@@ -17,8 +17,7 @@ import io
 import json
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from far.data.glue import GLUE_TASKS
 from far.evaluation.labels import model_outputs
 from far.models import load_model_and_tokenizer, load_trained_model, resolve_model
 from far.recipes.task_model import COLUMNS_KEY
-from far.saving import LearnersFileError, active_learners, learners_model_config, load_learners, unload_learners
+from far.saving import learners_model_config, load_learners
 
 OUTPUT_FORMATS = (".csv", ".jsonl")
 logger = logging.getLogger(__name__)
@@ -280,145 +279,6 @@ def write_predictions(rows: Sequence[Mapping], path: str | os.PathLike) -> Path:
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
-
-
-def learners_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """The learners files named: files, and folders of `*.safetensors` files (sorted); each user once.
-
-    Raises:
-        ValueError: a path that does not exist, an empty folder, or two files of the same name
-            (their predictions would go to the same output file).
-    """
-    files: list[Path] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = sorted(path.glob("*.safetensors"))
-            if not found:
-                raise ValueError(f"--learners {str(path)!r} is a folder with no .safetensors file in it")
-            files += found
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise ValueError(f"--learners {str(path)!r}: no such file or folder")
-    stems = [f.stem for f in files]
-    twice = sorted({s for s in stems if stems.count(s) > 1})
-    if twice:
-        raise ValueError(f"learners files share the name(s) {twice}: each user's predictions go to <name>.<format>")
-    return files
-
-
-@dataclass(frozen=True)
-class UsersPredictions:
-    """What `predict_users` did for each learners file: written, or skipped and why."""
-
-    written: dict[Path, dict]  # output file -> {"rows": n, "swap_seconds": None for a freshly loaded base}
-    failed: dict[Path, str]  # learners file -> why it was skipped (no output was written for it)
-
-
-def user_output(output_dir: str | os.PathLike, learners: str | os.PathLike, suffix: str) -> Path:
-    """Where a user's predictions go: `<output_dir>/<learners file stem><suffix>`."""
-    return Path(output_dir) / f"{Path(learners).stem}{suffix}"
-
-
-def _rows_by_columns(
-    inputs: datasets.Dataset | Sequence | str | os.PathLike | io.TextIOBase,
-) -> Callable[[ModelCard], datasets.Dataset | Sequence]:
-    """A function from a user's card to the inputs as rows: a file or stream is read (once per set of
-    text columns, a stream held in memory) with the columns that user's model reads."""
-    if not isinstance(inputs, (str, os.PathLike, io.TextIOBase)):
-        return lambda card: inputs  # texts or a dataset: each predictor reads them as its card says
-    text = inputs.read() if isinstance(inputs, io.TextIOBase) else None
-    read: dict[tuple[str, ...], datasets.Dataset] = {}
-
-    def rows(card: ModelCard) -> datasets.Dataset:
-        if card.text_columns not in read:
-            source = inputs if text is None else io.StringIO(text)
-            read[card.text_columns] = read_inputs(source, card.text_columns)
-        return read[card.text_columns]
-
-    return rows
-
-
-def _needs_base(predictor: Predictor | None, card: ModelCard) -> bool:
-    """Whether a user's file needs the base loaded afresh: no predictor yet, or a head of another size."""
-    return predictor is None or predictor.card.head_size != card.head_size
-
-
-def _hold(predictor: Predictor | None, model: str | os.PathLike, path: Path, card: ModelCard, **sizes) -> Predictor:
-    """A predictor holding `path`'s learners file and nothing of any other user's.
-
-    The file swaps in place for the one `predictor` holds when their heads have the same size (where
-    the two cannot swap, one splitting attention heads and the other not, the held one is taken off
-    first); otherwise the base is loaded afresh with the file's head. Either way the file is judged
-    against the base alone. A refused file raises; `predictor` then holds the previous user or the
-    bare base, so it must take another file before it predicts.
-    """
-    if _needs_base(predictor, card):
-        return Predictor.load(model, learners=path, card=card, **sizes)
-    try:
-        load_learners(predictor.model, path)
-    except LearnersFileError:
-        if active_learners(predictor.model) is None:
-            raise
-        unload_learners(predictor.model)  # the base alone: the file's verdict is then its own
-        load_learners(predictor.model, path)
-    predictor.card = card
-    note_label_ids(path, card)
-    return predictor
-
-
-# What skips one user and not the others: its file refused or gone, inputs its model cannot read.
-USER_ERRORS = (LearnersFileError, DataFileError, OSError)
-
-
-def predict_users(
-    model: str | os.PathLike,
-    learners: Sequence[str | os.PathLike],
-    inputs: datasets.Dataset | Sequence[str | Sequence[str] | Mapping[str, str]] | str | os.PathLike | io.TextIOBase,
-    *,
-    output_dir: str | os.PathLike,
-    suffix: str = ".jsonl",
-    max_length: int = 128,
-    batch_size: int = 64,
-) -> UsersPredictions:
-    """Each user's predictions from one process: the base loads once (again only for a head of another
-    size) and every learners file is swapped in place.
-
-    `far.load_learners` replaces the active user's tensors with the next user's (memory stays at the
-    base plus one file). Each file stands on its own: its head's size and labels and its text
-    columns come from the file (a file with a head of another size gets the base afresh), so every
-    user's predictions are the same in any order. A file that is refused (another base, damaged) or
-    whose model cannot read the inputs is skipped, with its reason in the result; every other
-    user's predictions are written, `user_output(output_dir, file, suffix)` each, whole or not at all.
-
-    Args:
-        inputs: Texts (or a dataset), or a CSV/TSV/JSON/JSONL file or a text stream, read with
-            each user's text columns.
-
-    Returns:
-        A `UsersPredictions`: `written[output file] = {"rows": n, "swap_seconds": time to put this
-        user's file in place, None where the base was loaded for it}`, `failed[learners file] = reason`.
-    """
-    if suffix not in OUTPUT_FORMATS:
-        raise ValueError(f"the output format is one of {', '.join(OUTPUT_FORMATS)}, got {suffix!r}")
-    files = learners_files(learners)
-    rows_for = _rows_by_columns(inputs)
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    predictor, written, failed = None, {}, {}
-    for path in files:
-        try:
-            card = model_card(model, path)
-            fresh, started = _needs_base(predictor, card), time.perf_counter()
-            predictor = None if fresh else predictor  # one model in memory at a time
-            predictor = _hold(predictor, model, path, card, max_length=max_length, batch_size=batch_size)
-            seconds = None if fresh else time.perf_counter() - started
-            results = predictor(rows_for(card))
-        except USER_ERRORS as error:
-            failed[path] = str(error)
-            continue
-        out = write_predictions(results, user_output(output_dir, path, suffix))
-        written[out] = {"rows": len(results), "swap_seconds": seconds}
-    return UsersPredictions(written, failed)
 
 
 def predict(

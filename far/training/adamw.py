@@ -1,11 +1,11 @@
 """AdamW as `torch.optim.AdamW(fused=True)` computes it, bit for bit, without importing torch._dynamo.
 
-Every `torch.optim.Optimizer` imports torch._dynamo (and sympy with it: +73 MB resident) the first
-time it adds a parameter group: its methods are wrapped by `torch._disable_dynamo`, which imports on
-first call. A run under a memory budget on the lean encoder runtime imports nothing else that heavy,
-so `far.finetune` steps with this class: the same fused kernel (`torch._fused_adamw_`) over the same
-state, laid out as torch's AdamW lays it out, so that `state_dict()` is torch's format and either
-optimizer loads the other's checkpoints.
+Every `torch.optim.Optimizer` imports torch._dynamo (and sympy with it; docs/design.md, "Resident
+memory") the first time it adds a parameter group: its methods are wrapped by
+`torch._disable_dynamo`, which imports on first call. A run under a memory budget on the lean
+encoder runtime imports nothing else that heavy, so `far.finetune` steps with this class: the same
+fused kernel (`torch._fused_adamw_`) over the same state, laid out as torch's AdamW lays it out, so
+that `state_dict()` is torch's format and either optimizer loads the other's checkpoints.
 
     >>> optimizer = FusedAdamW([{"params": weights, "weight_decay": 0.01}], lr=5e-5)
     >>> loss.backward(); optimizer.step(); optimizer.zero_grad()

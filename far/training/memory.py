@@ -1,18 +1,18 @@
 """Keeping a fine-tuning process's resident memory near the model's size (Linux, glibc).
 
-Two effects, each measured on SmolLM2-135M (experiments/bench_memory.py --model smollm2-135m), would otherwise
-add hundreds of MB to the peak RSS of a memory-bound run:
+Two effects would otherwise add hundreds of MB to the peak RSS of a memory-bound run (measured on
+SmolLM2-135M: docs/design.md, "Resident memory"):
 
 1. A model loaded from safetensors is a private memory map of the file. Pages it has read stay
    resident (counted in RSS) while the map lives, and it lives as long as any weight in it does.
-   So when FAR's surgery replaces the FFN weights by split copies, the old FFN pages stay mapped
-   beside the copies (+320 MB for SmolLM2). `to_private_memory` copies chosen weights into
-   ordinary memory one at a time and gives their file pages back at once. (The weights left
-   mapped keep a benefit: embedding rows that are never read are never resident.)
+   So when FAR's surgery replaces the FFN weights by split copies, the replaced FFN pages stay
+   mapped beside the copies. `to_private_memory` copies chosen weights into ordinary memory one at
+   a time and gives their file pages back at once. (The weights left mapped keep a benefit:
+   embedding rows that are never read are never resident.)
 2. MeZO draws and frees MB-sized temporaries thousands of times per step. glibc raises its mmap
-   threshold after such frees and then serves them from its heap, which fragments: peak RSS grew
-   by 0.0-0.5 GB from run to run. `release_freed_memory` pins the threshold so large blocks are
-   mapped and unmapped, i.e. returned to the system when freed.
+   threshold after such frees and then serves them from its heap, which fragments, so the peak RSS
+   differs from run to run. `release_freed_memory` pins the threshold so large blocks are mapped
+   and unmapped, i.e. returned to the system when freed.
 
 Both change residency, never values: weights and results are bit-identical with or without them,
 and on other platforms they do nothing. Pages are given back in two ways (`page_out`): reclaimed

@@ -8,9 +8,8 @@ process's peak RSS creeps up step after step. One fixed buffer does not.
 The chunk is small on purpose: below PyTorch's intra-op grain size (32,768 elements) every
 elementwise op on it runs on the calling thread. Larger chunks make each `add_` an OpenMP parallel
 region, and on a small, shared CPU waking the other threads for a few microseconds of work costs
-more than the work (measured on 2 cores: 58M elements of generate-and-add took 0.4-0.5 s in chunks
-of 16K, 1.7-6.6 s in chunks of 64K-512K). Chunks of 64 KB also stay in L2 between being generated
-and being added to the weights.
+more than the work: several times as much in all (docs/design.md, "MeZO"). Chunks of 64 KB also
+stay in L2 between being generated and being added to the weights.
 """
 
 from __future__ import annotations
