@@ -66,11 +66,12 @@ def test_resume_refusals_say_what_to_do(tiny_model_dir, tmp_path, capsys):
     train, dev = write(tmp_path / "t.csv", _rows(24, 0)), write(tmp_path / "d.csv", _rows(8, 1))
     out = tmp_path / "run"
     assert main(_argv(tiny_model_dir, train, dev, out, "--resume")) == 2
-    assert "no checkpoint at" in capsys.readouterr().err
+    assert "holds none: drop --resume" in capsys.readouterr().err
+    assert not out.exists()  # the refusal wrote nothing
     assert main(_argv(tiny_model_dir, train, dev, out, "--max-steps", "4")) == 0
     capsys.readouterr()
     assert main(_argv(tiny_model_dir, train, dev, out, "--max-steps", "4")) == 2
-    assert "--resume" in capsys.readouterr().err  # a finished run's folder is not overwritten
+    assert "--overwrite" in capsys.readouterr().err  # a finished run's folder is not overwritten
     assert main(_argv(tiny_model_dir, train, dev, out, "--max-steps", "6", "--resume")) == 2
     assert "these differ: total_steps" in capsys.readouterr().err
 
@@ -78,4 +79,4 @@ def test_resume_refusals_say_what_to_do(tiny_model_dir, tmp_path, capsys):
 def test_checkpoint_every_is_checked(tiny_model_dir, tmp_path, capsys):
     train, dev = write(tmp_path / "t.csv", _rows(24, 0)), write(tmp_path / "d.csv", _rows(8, 1))
     assert main(_argv(tiny_model_dir, train, dev, tmp_path / "run", "--checkpoint-every", "0")) == 2
-    assert "checkpoint_every must be at least 1" in capsys.readouterr().err
+    assert "checkpoint_every must be an int >= 1, got 0" in capsys.readouterr().err

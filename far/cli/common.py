@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from far.config import AUTO
-from far.data.locate import DATA_DIR_ENV
+from far.data.locate import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from far.methods import METHODS
-from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES, is_causal_lm, resolve_model
+from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES, resolve_model
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES, RunSettings
 from far.training.budget import (
@@ -25,13 +25,14 @@ from far.training.budget import (
     DATASETS_MIB,
     DYNAMO_MIB,
     MemoryBudgetError,
+    MemoryPlan,
     ModelShape,
     imports_dynamo,
     peak_rss_mib,
-    plan_memory,
+    plan_run_memory,
 )
 from far.training.memory import release_freed_memory
-from far.training.plan import check_length
+from far.training.options import check_length
 
 T = TypeVar("T")
 
@@ -72,7 +73,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help=f"local data root with glue/<Task>/ and squad/ (default: ${DATA_DIR_ENV}; else the hub)",
+        help=f"local data root with glue/<Task>/ and squad/ (default: ${DATA_DIR_ENV}, else {DEFAULT_DATA_DIR} from "
+        "the current folder or the far checkout, else the hub)",
     )
     parser.add_argument("--max-eval-samples", type=int, default=None, help="evaluate on the first N examples only")
 
@@ -209,7 +211,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seeds the new head, data order, dropout, selection and MeZO (default: 0)"
     )
     parser.add_argument(
-        "--output-dir", default=None, help="where metrics, predictions and the log go (default: runs/<task>-<method>)"
+        "--output-dir",
+        default=None,
+        help="where metrics, predictions and the log go (default: runs/<task>-<model>-<method>)",
     )
     parser.add_argument(
         "--model-dir", default=None, help="where the fine-tuned model is saved (default: <output-dir>/model)"
@@ -229,6 +233,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue a killed run from the newest intact checkpoint in --output-dir, with the same options: it "
         "ends as the uninterrupted run would",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run that --output-dir holds (its files only); without it, a folder that holds a run is "
+        "refused before anything loads",
     )
 
 
@@ -285,44 +295,33 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
     return settings
 
 
-def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping], reads_datasets: bool) -> RunSettings:
-    """Refuse a budget that cannot fit before anything loads (from the model's config.json alone), and
-    shrink the evaluation batch to the plan's; far.finetune plans the training side again with the model."""
-    if is_causal_lm(settings.model):
-        raise UsageError("--memory-budget plans encoder runs; the lean causal-LM runtime has its own memory use")
-    # From here on, freed tensors go back to the system: the peak is what is live (far.training.memory).
-    release_freed_memory()
-    hparams = settings.hyperparameters(defaults)
+def budget_plan(settings: RunSettings, defaults: Mapping[str, Mapping], reads_datasets: bool) -> MemoryPlan | None:
+    """The memory plan of a run, from the model's config.json alone, before anything loads (None: a hub name
+    not yet downloaded, which far.finetune plans once the model is there). Raises MemoryBudgetError."""
+    options = settings.train_options(settings.hyperparameters(defaults))
     try:
         folder = resolve_model(settings.model)
         shape = ModelShape.from_folder(folder)
     except (OSError, ValueError):
-        return settings  # a hub name not yet downloaded: far.finetune plans it once the model is there
-    far_config = settings.far
+        return None
+    base = BASE_MIB[settings.encoder_runtime] + (DATASETS_MIB if reads_datasets else 0.0)
+    if imports_dynamo(options.optimizer) and settings.encoder_runtime == "lean":
+        base += DYNAMO_MIB  # transformers' model code imports it anyway; the lean runtime only with the optimizer
+    primer_copy = not (Path(folder) / "model.safetensors").is_file()
+    return plan_run_memory(options, shape, base_mib=base, seq_len=options.max_length, primer_copy=primer_copy)
+
+
+def _within_budget(settings: RunSettings, defaults: Mapping[str, Mapping], reads_datasets: bool) -> RunSettings:
+    """Refuse a budget that cannot fit before anything loads, and shrink the evaluation batch to the plan's;
+    far.finetune plans the training side again with the model loaded and the examples' real lengths."""
+    # From here on, freed tensors go back to the system: the peak is what is live (far.training.memory).
+    release_freed_memory()
     try:
-        plan = plan_memory(
-            settings.memory_budget,
-            shape,
-            base_mib=BASE_MIB[settings.encoder_runtime]
-            + (DYNAMO_MIB if imports_dynamo(settings.optimizer) and settings.encoder_runtime == "lean" else 0.0)
-            + (DATASETS_MIB if reads_datasets else 0.0),
-            batch_size=hparams["batch_size"],
-            seq_len=hparams["max_length"],
-            far=far_config,
-            freeze_embeddings=settings.freeze_embeddings,
-            optimizer=settings.optimizer,
-            priming_optimizer=None if far_config is None else "adamw",
-            eval_batch_size=settings.eval_batch_size,
-            early_frozen_embeddings=far_config is not None
-            and far_config.freeze_embeddings
-            and settings.prime_frozen is not True
-            and settings.reset_frozen,
-            primer_copy=not (Path(folder) / "model.safetensors").is_file(),
-        )
+        plan = budget_plan(settings, defaults, reads_datasets)
     except MemoryBudgetError as e:
         raise UsageError(str(e)) from None
-    # far.finetune plans the training again once the model and the data are loaded (the base measured, the
-    # examples' real lengths) and prints that plan; the evaluation batch is set here, for the evaluator.
+    if plan is None:
+        return settings
     print(
         f"memory budget {plan.budget_mib} MiB: fits on the {settings.encoder_runtime} runtime (at most "
         f"{plan.estimate_mib} MiB before loading, every example at {plan.seq_len} tokens); evaluation batch "

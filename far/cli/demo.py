@@ -23,6 +23,7 @@ from transformers import DataCollatorWithPadding
 import far
 from far.cli.common import add_data_arguments
 from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
+from far.data.locate import locate_data_dir
 from far.evaluation.evaluators import GlueEvaluator
 from far.models import DEFAULT_MODEL, load_model_and_tokenizer
 from far.recipes.compare import majority_baseline, paired_step_times
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = Path(args.output_dir)
     far_config = far.FARConfig(args.retention, seed=args.seed, freeze_embeddings=not args.train_embeddings)
-    splits = load_glue(TASK.name, args.data_dir)  # a clear error, before anything else, if there is no data
+    root = locate_data_dir(args.data_dir, needs=f"glue/{TASK.folder}/train.tsv and dev.tsv")
+    splits = load_glue(TASK.name, root)  # a clear error, before anything else, if there is no data
     model, tokenizer = load_model_and_tokenizer(
         args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
     )

@@ -4,6 +4,7 @@ Each subcommand is a module of `far.cli` with `register(subparsers)` (adding its
 `set_defaults(func=run)`) and `run(args) -> int`, listed in `COMMANDS`; a training command
 registers through `far.cli.common.register_training_command`. Expected user errors (`UsageError`, ValueError,
 OSError such as a missing file) are printed as `far <cmd>: error: <message>` with exit code 2 and no traceback.
+`far --version` imports no command module (each pulls in torch), so it answers at once.
 
     $ far glue --task cola --method far --retention 0.4
 """
@@ -17,7 +18,6 @@ import sys
 from collections.abc import Sequence
 
 import far
-from far.cli.common import UsageError
 
 COMMANDS = ("demo", "train", "predict", "glue", "squad", "eval", "export")  # modules of far.cli, in help order
 
@@ -28,9 +28,15 @@ def command_in(argv: Sequence[str]) -> str | None:
     return word if word in COMMANDS else None
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def asks_version_only(argv: Sequence[str]) -> bool:
+    """True for `far --version` (no command, no help): the parser needs no command module to answer it."""
+    return command_in(argv) is None and "--version" in argv and not {"-h", "--help"} & set(argv)
+
+
+def build_parser(only: str | None = None, *, commands: bool = True) -> argparse.ArgumentParser:
     """The `far` parser; with `only`, just that subcommand's (each command module is imported when
-    registered, and a run imports only its own: a causal LM's run stays clear of the encoders' imports)."""
+    registered, and a run imports only its own: a causal LM's run stays clear of the encoders' imports);
+    with `commands=False`, none (enough for `--version`)."""
     parser = argparse.ArgumentParser(
         prog="far",
         description="FAR (Freeze And Reconfigure) and MeZO fine-tuning: your own files, GLUE and SQuAD; predictions.",
@@ -38,20 +44,30 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"far {far.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        if only is None or name == only:
+        if commands and (only is None or name == only):
             importlib.import_module(f"far.cli.{name}").register(subparsers)
     return parser
 
 
 class _StderrHandler(logging.StreamHandler):
-    """far's progress messages on stderr; a class of its own, so that `main` adds it only once."""
+    """far's progress messages on stderr; a class of its own, so that `main` adds it only once.
+
+    Like logging's last-resort handler, it writes to `sys.stderr` as it is at each message, not as it was when
+    the first `main` ran: a host program (or a test capturing output) may have replaced it since."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
 
 
 def _log_to_stderr() -> None:
     # Show far's progress messages once, without touching the root logger of a host program.
     logger = logging.getLogger("far")
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
@@ -61,15 +77,17 @@ def _log_to_stderr() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `far` command with `argv` (default: sys.argv[1:]); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(command_in(argv))
+    parser = build_parser(command_in(argv), commands=not asks_version_only(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse's own errors (exit 2) and --help/--version (exit 0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    # Loaded by name once a command is chosen: its module has imported it already, and `far --version` never does.
+    usage_error = importlib.import_module("far.cli.common").UsageError
     _log_to_stderr()
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, OSError) as e:
+    except (usage_error, ValueError, OSError) as e:
         print(f"far {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

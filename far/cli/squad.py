@@ -1,7 +1,7 @@
 """`far squad`: fine-tune and evaluate on SQuAD.
 
 Fine-tune a model for extractive question answering on SQuAD and report exact match / F1. Local
-data: --data-dir or $FAR_DATA_DIR with squad/dev-v1.1.json (split by article).
+data: squad/dev-v1.1.json (split by article) under --data-dir, else $FAR_DATA_DIR, else ../shared/data.
 
 Offline only SQuAD's dev file exists, so by default that file is split by article: the last
 --holdout-articles (10) articles are evaluated on, the others trained on. --train-file uses a real
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from far.cli.common import from_args, register_training_command, report, settings_from
+from far.data.locate import locate_data_dir
 from far.data.squad import DEFAULT_HOLDOUT_ARTICLES, VERSIONS
 from far.recipes.runs import SquadSettings, squad_run
 from far.recipes.settings import SQUAD_DEFAULTS
@@ -53,5 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.eval_file is None:  # before anything loads: without data the run stops here, saying what to pass
+        root = locate_data_dir(args.data_dir, needs=f"squad/{VERSIONS[args.squad_version][1]}")
+        args.data_dir = None if root is None else str(root)
     settings = settings_from(args)
     return report(squad_run(settings, squad_settings(args, args.squad_version)))

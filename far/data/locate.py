@@ -1,4 +1,8 @@
-"""Where local data lives (--data-dir, else $FAR_DATA_DIR) and whether the hub may be used instead."""
+"""Where local data lives (--data-dir, else $FAR_DATA_DIR) and whether the hub may be used instead.
+
+The command line also looks in one documented default, `../shared/data` from the current folder and then
+from the far checkout (`locate_data_dir`); the library's loaders take only what they are given.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,13 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "FAR_DATA_DIR"
+OFFLINE_ENVS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+# The command line's default data root, relative to the current folder and to the far checkout.
+DEFAULT_DATA_DIR = Path("../shared/data")
+# What a data root holds, as the command line's messages say it.
+GLUE_LAYOUT = "glue/<Task>/train.tsv and dev.tsv (GLUE's download layout: glue/CoLA/, glue/SST-2/, glue/STS-B/, ...)"
+SQUAD_LAYOUT = "squad/dev-v1.1.json"
+DATA_LAYOUT = f"{GLUE_LAYOUT} or {SQUAD_LAYOUT}"
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -34,9 +45,74 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     return path
 
 
+def _offline_envs() -> list[str]:
+    return [name for name in OFFLINE_ENVS if os.environ.get(name, "").strip().lower() in _TRUE]
+
+
 def hub_offline() -> bool:
     """True when HF_DATASETS_OFFLINE or HF_HUB_OFFLINE asks `datasets` not to reach the hub."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return bool(_offline_envs())
+
+
+def default_data_dirs() -> list[Path]:
+    """Where the command line looks without --data-dir or $FAR_DATA_DIR: `../shared/data` from the current
+    folder, then from the far checkout (the folder with pyproject.toml that holds this package), resolved."""
+    bases = [Path.cwd()]
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():
+        bases.append(checkout)
+    return list(dict.fromkeys((base / DEFAULT_DATA_DIR).resolve() for base in bases))
+
+
+def _holds_data(path: Path) -> bool:
+    return (path / "glue").is_dir() or (path / "squad").is_dir()
+
+
+def locate_data_dir(
+    data_dir: str | os.PathLike | None = None, *, needs: str = DATA_LAYOUT, hub: bool = True
+) -> Path | None:
+    """The command line's data root: `data_dir` (--data-dir), else $FAR_DATA_DIR, else the first of
+    `default_data_dirs()` that holds glue/ or squad/. Called before anything loads, so that a run without
+    data stops at once, saying what to pass.
+
+    Args:
+        data_dir: the --data-dir argument, if given.
+        needs: the files the command reads under the root, for the message (default: `DATA_LAYOUT`).
+        hub: whether the command can load its data from the Hugging Face hub instead.
+
+    Returns:
+        The root, or None when there is none and the hub is to be tried (a warning says what to pass
+        if there is no network).
+
+    Raises:
+        FileNotFoundError: --data-dir or $FAR_DATA_DIR names a folder that does not exist; or there is no root
+            and the hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) or, with `hub=False`, not an option.
+
+    Example:
+        >>> locate_data_dir()  # run from a checkout that has ../shared/data beside it
+        PosixPath('/.../shared/data')
+    """
+    root = resolve_data_dir(data_dir)
+    if root is not None:
+        return root
+    looked = default_data_dirs()
+    found = next((p for p in looked if _holds_data(p)), None)
+    if found is not None:
+        logger.info("data: %s (the default %s; --data-dir DIR or $%s to choose)", found, DEFAULT_DATA_DIR, DATA_DIR_ENV)
+        return found
+    missing = (
+        f"no local data: --data-dir not given, ${DATA_DIR_ENV} unset, and no glue/ or squad/ in "
+        + " or ".join(map(str, looked))
+        + f" (the default {DEFAULT_DATA_DIR}, from the current folder and from the far checkout)"
+    )
+    what_to_pass = f"pass --data-dir DIR or export {DATA_DIR_ENV}=DIR, where DIR holds {needs}"
+    if not hub:
+        raise FileNotFoundError(f"{missing}, and this command reads local files only. To fix: {what_to_pass}.")
+    offline = _offline_envs()
+    if offline:
+        raise FileNotFoundError(f"{missing}, and the hub is offline ({'/'.join(offline)} set). To fix: {what_to_pass}.")
+    logger.warning("%s; trying the Hugging Face hub (without a network, %s)", missing, what_to_pass)
+    return None
 
 
 def not_found_message(what: str, looked: Sequence[Path], hint: str) -> str:

@@ -26,7 +26,9 @@ NULL_ODDS_FILE = "null_odds.json"  # SQuAD v2: the official no-answer odds
 
 
 class Evaluator(Protocol):
-    """What a training run evaluates with and reports from."""
+    """What a training run evaluates with and reports from; `predictions` is None until it has been called."""
+
+    predictions: object
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]: ...
 

@@ -139,7 +139,11 @@ def train_and_report(run: TrainingRun) -> dict:
             # A killed run goes on from its newest intact checkpoint, to the same end as an uninterrupted one.
             resume_from=out if settings.resume else None,
         )
-        metrics = dict(result.metrics or {}) or run.evaluator(model)  # no evaluation ran yet: do it here
+        metrics = dict(result.metrics or {})
+        if not metrics or run.evaluator.predictions is None:
+            # No evaluation ran in this process (none was asked for, or a finished run was resumed): run it here,
+            # so that the predictions written beside the metrics are this model's.
+            metrics = run.evaluator(model)
         logger.info("%s: %s", run.title, metrics)
     files = {"log": LOG_FILE, **run.evaluator.write_predictions(out)}
     if result.log_path:

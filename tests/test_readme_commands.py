@@ -1,0 +1,128 @@
+"""The README's and docs/*.md's ```bash blocks run as written in a fresh clone, shrunk to a few steps.
+
+Every line runs in order, in one folder laid out as a fresh clone (examples/ there, ../shared/data
+beside it, no $FAR_DATA_DIR, the hub offline), so that a stale flag, a wrong path or a file that an
+earlier command does not write fails here. `far` runs in this process (`far.cli.main.main`, what
+the console script calls) with flags appended that shrink it (argparse: the last value wins);
+the other commands (mkdir, cp, head, echo) run in bash. What is not run is listed in NOT_RUN, with why.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from test_documented_commands import FAR_PROGRAMS, ROOT, documented_lines, option_strings, parse_error
+
+from far.cli.main import main
+
+pytestmark = pytest.mark.slow
+
+# Commands in the documents that this test does not run (matched by how they start), and why.
+NOT_RUN = {
+    "bash .ci/setup": "builds .venv from PyPI: needs a network (CI ran it before the tests)",
+    "python3 -m venv": "the install: needs a network for what follows, and .venv exists already",
+    ". .venv/bin/activate": "the environment these tests run in",
+    "pip install": "needs a network",
+    ".venv/bin/python -m pytest": "the test suite itself",
+}
+# `far` commands that are only parsed (every flag checked by the real parser), and why.
+PARSE_ONLY = {
+    "far glue --task sst2 --model gemma3-270m": "about a minute even shrunk (Gemma's 262k-token GGUF vocabulary); "
+    "tests/test_llm_*.py run the lean runtime, SmolLM2's commands here run it end to end",
+}
+# `far` commands that fail today, with the message they fail with; each must still fail so (remove it once fixed).
+KNOWN_FAILURES: dict[str, tuple[str, str]] = {}  # command -> (what it says, why), while a fix is pending
+FEW = ["--max-steps", "2", "--max-train-samples", "16", "--max-eval-samples", "16", "--no-progress"]
+# Flags that shrink each command to seconds.
+SHRINK = {
+    "glue": FEW,
+    "squad": FEW,
+    "train": FEW,
+    "eval": ["--max-eval-samples", "16"],
+    "demo": ["--max-train-samples", "64", "--max-eval-samples", "16", "--timing-rounds", "1"],
+}
+OPERATORS = {"&&", ";", "|", ">", ">>", "<"}
+
+
+def shrunk(argv: list[str]) -> list[str]:
+    """`argv` with the flags that make it run in seconds, and `--overwrite` where the folder may hold the same
+    command's run from an earlier document."""
+    extra = list(SHRINK.get(argv[0], []))
+    if "--overwrite" in option_strings(argv[0]) and "--resume" not in argv:
+        extra.append("--overwrite")
+    return [*argv, *extra]
+
+
+def listed(table: dict[str, object], words: list[str]) -> str | None:
+    """The key of `table` that `words` (a command) starts with, if any."""
+    text = " ".join(words)
+    return next((key for key in table if text == key or text.startswith(key + " ")), None)
+
+
+def bash(pipeline: list[list[str]], cwd) -> subprocess.CompletedProcess:
+    """Run a pipeline of shell commands (words, operators among them) in bash."""
+    words = [w for command in pipeline for w in (*command, "|")][:-1]
+    script = " ".join(w if w in OPERATORS else shlex.quote(w) for w in words)
+    return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def clone(tmp_path, data_dir, monkeypatch):
+    """A fresh clone's folder, made current: examples/ in it, ../shared/data beside it, no runs/ yet."""
+    root = tmp_path / "far"
+    shutil.copytree(ROOT / "examples", root / "examples")
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "data").symlink_to(data_dir, target_is_directory=True)
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("FAR_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    return root
+
+
+def run_far(argv: list[str], stdin: str, capsys, monkeypatch) -> tuple[int, str]:
+    """`far argv` in this process, as the console script runs it: its exit code and the tail of what it said."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = main(argv)
+    printed = capsys.readouterr()
+    return code, (printed.err.strip() or printed.out.strip())[-800:]
+
+
+def test_documented_commands_run_as_written(clone, capsys, monkeypatch):
+    failures, seconds, used, ran = [], {}, set(), set()
+    for line in documented_lines():
+        where = f"{line.document}: {line.text}"
+        for pipeline in line.steps():
+            *feeders, last = pipeline
+            if key := listed(NOT_RUN, last):
+                used.add(key)
+            elif last[0] not in FAR_PROGRAMS:
+                done = bash(pipeline, clone)
+                if done.returncode != 0:
+                    failures.append(f"{where}\n    exit {done.returncode}: {done.stderr.strip()[-500:]}")
+            elif key := listed(PARSE_ONLY, ["far", *last[1:]]):
+                used.add(key)
+                if error := parse_error(last[1:]):
+                    failures.append(f"{where}\n    {error}")
+            elif tuple(argv := shrunk(last[1:])) not in ran:  # a command seen before would write the same files
+                ran.add(tuple(argv))
+                started = time.perf_counter()
+                code, said = run_far(argv, bash(feeders, clone).stdout if feeders else "", capsys, monkeypatch)
+                seconds[where] = time.perf_counter() - started
+                if key := listed(KNOWN_FAILURES, ["far", *last[1:]]):
+                    used.add(key)
+                    if code == 0 or KNOWN_FAILURES[key][0] not in said:
+                        failures.append(f"{where}\n    no longer fails: remove it from KNOWN_FAILURES ({said[-300:]})")
+                elif code != 0:
+                    failures.append(f"{where}\n    far {' '.join(argv)}: exit {code}\n    {said}")
+    slowest = sorted(seconds.items(), key=lambda item: -item[1])[:5]
+    assert not failures, "\n".join(failures) + "\nslowest: " + "; ".join(f"{t:.0f} s {w}" for w, t in slowest)
+    stale = {*NOT_RUN, *PARSE_ONLY, *KNOWN_FAILURES} - used
+    assert not stale, f"listed commands the documents no longer have: {stale}"
+    assert len(seconds) >= 15, seconds
