@@ -55,10 +55,10 @@ def test_backward_gives_gradients_to_learner_rows_only_on_cuda():
     assert all(m.frozen_weight.grad is None and not m.frozen_weight.requires_grad for m in split)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "mezo"])
-def test_a_cuda_run_trains_what_a_cpu_run_trains(optimizer):
-    """The same seeded run (no dropout) on the GPU and on the CPU ends at the same weights, within float error."""
-    options = dict(optimizer=optimizer, priming=2, max_steps=6, batch_size=4, lr=1e-2, progress=False, seed=3)
+def test_a_cuda_run_trains_what_a_cpu_run_trains():
+    """The same seeded AdamW run (no dropout) on the GPU and on the CPU ends at the same weights, within float error.
+    (MeZO draws its directions from the device's generator, so its runs differ by device by design.)"""
+    options = dict(optimizer="adamw", priming=2, max_steps=6, batch_size=4, lr=1e-2, progress=False, seed=3)
     models = {}
     for device in ("cpu", "cuda"):
         model = tiny_model("bert", **NO_DROPOUT).to(device)
