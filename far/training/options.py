@@ -209,12 +209,10 @@ class TrainOptions:
             set_("keep_checkpoints", check_int("keep_checkpoints", self.keep_checkpoints, 1, "or None to keep all"))
         set_("log_every", check_int("log_every", self.log_every, 1))
         set_("cache_frozen_mib", check_float("cache_frozen_mib", self.cache_frozen_mib, low=0.0, hint="the MiB"))
-        if self.memory_budget is not None and not (
-            isinstance(self.memory_budget, numbers.Real) and not isinstance(self.memory_budget, bool)
-        ):
-            raise ValueError(f"the memory budget must be a positive number of MiB, got {self.memory_budget!r}")
-        if self.memory_budget is not None and self.memory_budget <= 0:
-            raise ValueError(f"the memory budget must be a positive number of MiB, got {self.memory_budget!r}")
+        budget = self.memory_budget
+        positive = isinstance(budget, numbers.Real) and not isinstance(budget, bool) and budget > 0
+        if budget is not None and not positive:
+            raise ValueError(f"the memory budget must be a positive number of MiB, got {budget!r}")
         set_("max_length", check_int("max_length", self.max_length, 1))
         set_("eval_batch_size", check_int("eval_batch_size", self.eval_batch_size, 1))
 
