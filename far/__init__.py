@@ -40,6 +40,7 @@ _LAZY = {
     "reconfigure": "far.surgery.reconfigure",
     "restore": "far.surgery.reconfigure",
     "FARCallback": "far.training",
+    "FARTrainer": "far.training",
     "FinetuneResult": "far.training",
     "MeZO": "far.training",
     "finetune": "far.training",

@@ -1,8 +1,12 @@
-"""Launched by tests/test_ddp.py under torchrun: a reconfigured tiny model trained with PyTorch DDP (gloo, CPU).
+"""Launched under torchrun: a reconfigured tiny model trained with PyTorch DDP (gloo, CPU).
+
+`ddp_worker.py REPORT` (tests/test_ddp.py): a hand-written DDP loop. `ddp_worker.py trainer REPORT
+CHECKPOINT OUTPUT_DIR` (tests/test_trainer_ddp.py): the second half of the documented DDP flow, a
+`FARTrainer` run with a `FARCallback` resumed from CHECKPOINT, taken at the switch in one process.
 
 Each rank trains on its own batches and its own dropout masks; DDP averages the gradients, so the
 replicas must stay identical, and the frozen tensors (which DDP does not even see) must not move.
-Rank 0 writes a JSON report to the path given as the only argument; the exit code is 0 iff it all held.
+Rank 0 writes a JSON report to REPORT; the exit code is 0 iff it all held.
 """
 
 from __future__ import annotations
@@ -14,10 +18,18 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from conftest import tiny_examples, tiny_model  # this script's folder, tests/, is on the path
 from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    TrainerCallback,
+    TrainingArguments,
+    default_data_collator,
+)
 
 import far
+from far.training.trainer import FARTrainer
 
 
 def main(report_path: str) -> int:
@@ -80,8 +92,76 @@ def main(report_path: str) -> int:
     return 0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1
 
 
+def trainer_main(report_path: str, checkpoint: str, output_dir: str) -> int:
+    class AtStart(TrainerCallback):
+        """The tensors as the run starts, once the checkpoint is loaded."""
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            named = dict(model.named_parameters())
+            self.frozen = {n: p.detach().clone() for n, p in named.items() if not p.requires_grad}
+            self.learners = {n: p.detach().clone() for n, p in named.items() if "learner" in n}
+
+    seen: list[list[int]] = []
+
+    def collate(features: list[dict]) -> dict:
+        seen.append(features[0]["input_ids"].tolist())  # which examples this rank trains on
+        return default_data_collator(features)
+
+    args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=6,
+        per_device_train_batch_size=2,  # x 2 processes: the batch of 4 the first process primed with
+        learning_rate=1e-2,
+        weight_decay=0.1,
+        use_cpu=True,
+        ddp_backend="gloo",
+        ddp_timeout=60,  # fail, not hang, if a peer never comes
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_pin_memory=False,
+    )
+    at_start = AtStart()
+    trainer = FARTrainer(
+        model=tiny_model("bert"),
+        args=args,
+        train_dataset=tiny_examples(),
+        data_collator=collate,
+        callbacks=[far.FARCallback(retention=0.5, priming=2, stop_at_switch=True), at_start],
+    )
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(os.path.join(output_dir, "final"))
+    model = trainer.model
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    replicas = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(replicas, flat)
+    all_seen = [None] * world
+    dist.all_gather_object(all_seen, seen)
+    named = dict(model.named_parameters())
+    report = {
+        "world_size": world,
+        "wrapped_in_ddp": type(trainer.model_wrapped).__name__ == "DistributedDataParallel",
+        "steps": trainer.state.global_step,
+        "ranks_saw_different_batches": all_seen[0] != all_seen[1],
+        "replicas_identical": all(torch.equal(replicas[0], r) for r in replicas),
+        "frozen_unchanged": all(torch.equal(named[n], v) for n, v in at_start.frozen.items()),
+        "learners_moved": all(not torch.equal(named[n], v) for n, v in at_start.learners.items()),
+        "n_frozen": len(at_start.frozen),
+        "n_learner_tensors": len(at_start.learners),
+    }
+    if rank == 0:
+        with open(report_path, "w") as f:
+            json.dump(report, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1
+
+
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    code = trainer_main(*sys.argv[2:5]) if sys.argv[1] == "trainer" else main(sys.argv[1])
     # Skip the interpreter's teardown: a gloo thread still winding down at exit has aborted a rank with
     # "terminate called without an active exception" after everything was checked and written.
     sys.stdout.flush()

@@ -1,15 +1,23 @@
-"""transformers.Trainer: a reconfigured model trains and saves through it; FARCallback primes inside a run."""
+"""transformers.Trainer: a reconfigured model trains and saves through it; FARCallback primes inside a run.
+
+FARTrainer's folders and resuming: tests/test_trainer_saving.py; DDP: tests/test_trainer_ddp.py.
+"""
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import pytest
 import torch
+import transformers
 from conftest import tiny_examples, tiny_model
 from safetensors.torch import load_file
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 import far
 from far.surgery import learners_from_state_dict, reconfigure_with_learners
+from far.training.trainer import FARTrainer
 
 
 def arguments(output_dir, max_steps: int = 6, **kwargs) -> TrainingArguments:
@@ -114,7 +122,7 @@ def test_far_callback_with_random_selection_reconfigures_at_the_start(tmp_path):
     assert optimizer_params(trainer) == {id(p) for p in model.parameters() if p.requires_grad}
 
 
-def test_trainer_resume_after_the_switch(tmp_path):
+def test_a_plain_trainer_resumes_after_the_switch_through_restore_layout(tmp_path):
     run_dir = tmp_path / "run"
     whole = tiny_model("bert")
     args = arguments(run_dir, save_strategy="steps", save_steps=4)
@@ -150,3 +158,85 @@ def test_far_callback_refuses_bad_settings(tmp_path):
     assert not far.is_reconfigured(model)
     with pytest.raises(ValueError, match="no model.safetensors"):
         far.FARCallback().restore_layout(model, tmp_path)
+
+
+class Captured(logging.Handler):
+    """What FAR says in the Trainer's log, at the Trainer's INFO verbosity."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        self.verbosity = transformers.utils.logging.get_verbosity()
+        transformers.utils.logging.set_verbosity_info()
+        logging.getLogger("transformers.trainer.far").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("transformers.trainer.far").removeHandler(self)
+        transformers.utils.logging.set_verbosity(self.verbosity)
+
+
+def test_far_callback_reports_priming_the_switch_learners_and_trainable_parameters(tmp_path):
+    model = tiny_model("bert")
+    trainer = Trainer(
+        model=model,
+        args=arguments(tmp_path),
+        train_dataset=tiny_examples(),
+        callbacks=[far.FARCallback(retention=0.5, priming=2)],
+    )
+    with Captured() as log:
+        trainer.train()
+    counts = far.summary(model, verbose=False)
+    assert any("priming: the first 2 of 6 optimizer steps" in m for m in log.messages)
+    switch = next(m for m in log.messages if "reconfigured at step 2 of 6" in m)
+    assert f"trainable params: {counts.trainable_parameters:,}" in switch
+    assert "bert.encoder.layer.1.output.dense: 20/40 learner nodes" in switch
+    records = [r for r in trainer.state.log_history if any(k.startswith("far_") for k in r)]
+    assert records[0] == {"far_priming_steps": 2, "far_max_steps": 6, "epoch": 0, "step": 0}
+    assert records[1]["step"] == records[1]["far_switch_step"] == 2
+    assert records[1]["far_trainable_parameters"] == counts.trainable_parameters
+    assert records[1]["far_total_parameters"] == counts.total_parameters
+    assert records[1]["far_learners"] == {f"bert.encoder.layer.{i}.output.dense": [20, 40] for i in range(2)}
+
+
+def test_far_callback_refuses_to_switch_under_ddp_and_says_how():
+    model = tiny_model("bert")
+    callback = far.FARCallback(retention=0.5, priming=2)
+    with pytest.raises(RuntimeError, match=r"DDP \(2 processes\).*stop_at_switch=True.*torchrun.*resume_from"):
+        callback.on_train_begin(SimpleNamespace(world_size=2), TrainerState(max_steps=6), TrainerControl(), model=model)
+    assert not far.is_reconfigured(model)
+    with pytest.raises(ValueError, match="selection='random' does not prime.*far.reconfigure"):
+        far.FARCallback(retention=0.5, selection="random", stop_at_switch=True)
+
+
+def test_a_plain_trainer_cannot_resume_inside_priming_and_says_what_can(tmp_path):
+    args = arguments(tmp_path, save_strategy="steps", save_steps=1, max_steps=3)
+
+    def trainer() -> Trainer:
+        callback = far.FARCallback(retention=0.5, priming=2)
+        return Trainer(model=tiny_model("bert"), args=args, train_dataset=tiny_examples(), callbacks=[callback])
+
+    with Captured() as log:
+        trainer().train()
+    # Its checkpoints after the switch hold the split layers: said once, with what to use instead.
+    warned = [m for m in log.messages if "split layers" in m]
+    assert len(warned) == 1 and "checkpoint-2" in warned[0] and "FARTrainer" in warned[0]
+    with pytest.raises(ValueError, match="inside priming.*without the Primer's snapshot.*FARTrainer"):
+        trainer().train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    with pytest.raises(ValueError, match="taken during priming.*FARTrainer"):
+        far.FARCallback(retention=0.5, priming=2).restore_layout(tiny_model("bert"), tmp_path / "checkpoint-1")
+
+    far_dir = tmp_path / "far"
+    FARTrainer(
+        model=tiny_model("bert"),
+        args=arguments(far_dir, save_strategy="steps", save_steps=1, max_steps=2),
+        train_dataset=tiny_examples(),
+        callbacks=[far.FARCallback(retention=0.5, priming=1)],
+    ).train()
+    with pytest.raises(ValueError, match="saved by FARTrainer.*resume it with FARTrainer"):
+        far.FARCallback(retention=0.5, priming=1).restore_layout(tiny_model("bert"), far_dir / "checkpoint-1")

@@ -1,30 +1,43 @@
 """A saved FAR layout rebuilt on a plain model: the one path from saved tensors back to split layers.
 
-A reconfigured model's tensors record its layout (each split FFN's `node_order` and learner
-block). FAR checkpoints (`far.from_pretrained`), `far.finetune` checkpoints and Trainer checkpoints
-under `far.FARCallback` all come back through `rebuild_layout`, which reads the learners with
-`far.surgery.reconfigure.learners_from_state_dict` and splits the model with `reconfigure_with_learners`, so
-that the model can then load the saved weights.
+A layout is saved in one of two ways:
+
+- in the weights: a reconfigured model's own state dict records it (each split FFN's
+  `node_order` and learner block), as `far.save_pretrained` and `far.finetune` checkpoints keep it;
+- beside plain weights: `far.training.trainer.FARTrainer` saves the merged model (`merged_state_dict`,
+  the tensors `far.restore` would give, under the plain model's names), which plain transformers
+  loads, and the learner indices with the `FARConfig` in `far_layout.safetensors` (`write_layout`).
+
+Both come back through `rebuild_from_learners` (`rebuild_layout` reads the learners from a state
+dict with `far.surgery.state.learners_from_state_dict`; `read_layout_file` from the layout file),
+which splits the model with `reconfigure_with_learners`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_attention, find_ffns
+from far.atomic import atomic_file
 from far.config import FARConfig
 from far.freezing import find_layers, layer_index
+from far.layers import SplitLinear
 from far.selection import learner_count
 from far.surgery.reconfigure import reconfigure_with_learners
-from far.surgery.state import is_reconfigured, learners, learners_from_state_dict
+from far.surgery.state import get_config, is_reconfigured, learners, learners_from_state_dict
 
 # The tensors of a state dict that say which nodes are learners (the rest are weights).
 LAYOUT_SUFFIXES = (".node_order", ".learner_weight")
+LAYOUT_FILE = "far_layout.safetensors"  # beside plain weights: learner indices and the FARConfig
+LAYOUT_FORMAT, LAYOUT_FORMAT_VERSION = "far.layout", "1"
 
 
 def read_layout(files: Iterable[str | os.PathLike]) -> dict[str, Tensor]:
@@ -92,9 +105,93 @@ def rebuild_layout(
             already split with other learners.
     """
     wanted = learners_from_state_dict(model, tensors, spec)
+    return rebuild_from_learners(model, wanted, config or inferred_config(model, wanted, spec), spec=spec)
+
+
+def same_learners(model: nn.Module, wanted: Mapping[str, Tensor], spec: FFNSpec | None = None) -> bool:
+    """Whether reconfigured `model` has exactly the learners `wanted` (group name -> node indices)."""
+    have = learners(model, spec)
+    return have.keys() == wanted.keys() and all(torch.equal(have[k], wanted[k].to(have[k].device)) for k in have)
+
+
+def rebuild_from_learners(
+    model: nn.Module, wanted: Mapping[str, Tensor], config: FARConfig, *, spec: FFNSpec | None = None
+) -> nn.Module:
+    """Split `model` with the learners `wanted`, in place; a model already split so is left as it is.
+
+    Raises:
+        ValueError: the model is already split with other learners.
+    """
     if is_reconfigured(model):
-        have = learners(model, spec)
-        if have.keys() != wanted.keys() or any(not torch.equal(have[k], wanted[k]) for k in have):
+        if not same_learners(model, wanted, spec):
             raise ValueError("this model is reconfigured with other learners than the saved ones; pass the plain model")
         return model
-    return reconfigure_with_learners(model, wanted, config or inferred_config(model, wanted, spec), spec=spec)
+    return reconfigure_with_learners(model, wanted, config, spec=spec)
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The state dict of `far.restore(model)`, without changing `model`.
+
+    Every split projection's tensors (`learner_weight`, `frozen_weight`, the biases, `node_order`)
+    become its plain `weight` and `bias`, rows in their original order, where the plain model has
+    them; every other entry is `model.state_dict()`'s own tensor. The split projections cost one
+    merged copy each.
+    """
+    splits = {name: m for name, m in model.named_modules() if isinstance(m, SplitLinear)}
+    merged: dict[str, Tensor] = {}
+    for key, value in model.state_dict().items():
+        owner = key.rpartition(".")[0]
+        if owner not in splits:
+            merged[key] = value
+        elif f"{owner}.weight" not in merged:  # the module's first key: its plain tensors go here, in order
+            linear = splits[owner].to_linear()
+            merged[f"{owner}.weight"] = linear.weight.detach()
+            if linear.bias is not None:
+                merged[f"{owner}.bias"] = linear.bias.detach()
+    return merged
+
+
+def write_layout(model: nn.Module, folder: str | os.PathLike, *, spec: FFNSpec | None = None) -> Path:
+    """Write reconfigured `model`'s layout to `folder`/far_layout.safetensors, atomically.
+
+    The file holds `<group>.learner_indices` (k,) int64 for every FFN (and attention block split by
+    heads), the sorted original indices of its learners, and the `FARConfig` in its metadata: what
+    `read_layout_file` needs to split a plain model of the same architecture as `model` is.
+    """
+    chosen = learners(model, spec)
+    config = get_config(model) or inferred_config(model, chosen, spec)
+    tensors = {f"{name}.learner_indices": idx.to("cpu", torch.int64).contiguous() for name, idx in chosen.items()}
+    metadata = {
+        "format": LAYOUT_FORMAT,
+        "format_version": LAYOUT_FORMAT_VERSION,
+        "far_config": json.dumps(config.to_dict(), sort_keys=True),
+    }
+    path = Path(folder) / LAYOUT_FILE
+    with atomic_file(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+    return path
+
+
+def read_layout_file(folder: str | os.PathLike) -> tuple[dict[str, Tensor], FARConfig] | None:
+    """The learners and `FARConfig` of `folder`/far_layout.safetensors; None where there is no such file."""
+    path = Path(folder) / LAYOUT_FILE
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as error:  # SafetensorError and OSError alike: the file is unreadable
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file (truncated?): {error}") from error
+    if metadata.get("format") != LAYOUT_FORMAT or metadata.get("format_version") != LAYOUT_FORMAT_VERSION:
+        raise ValueError(
+            f"{str(path)!r} is not a FAR layout file of format version {LAYOUT_FORMAT_VERSION} (format="
+            f"{metadata.get('format')!r}, version {metadata.get('format_version')!r}); save the folder again"
+        )
+    try:
+        config = FARConfig(**json.loads(metadata["far_config"]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{str(path)!r}: the recorded FARConfig is invalid: {error}") from error
+    suffix = ".learner_indices"
+    return {key.removesuffix(suffix): idx for key, idx in tensors.items() if key.endswith(suffix)}, config

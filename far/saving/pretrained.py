@@ -1,10 +1,17 @@
 """FAR checkpoints: Hugging Face folders that keep a reconfigured model's layout.
 
-A reconfigured model's `state_dict` holds the split layers (`learner_weight`, `frozen_weight`,
-`node_order`, ...), and Hugging Face's own `save_pretrained` writes it as it is. `far.save_pretrained`
-adds what the weights cannot say (the `FARConfig`, under the key `"far"` of config.json) and writes
-the folder atomically; `far.from_pretrained` rebuilds the layout from the weights before loading
-them. A plain model round-trips exactly as with Hugging Face alone.
+Two layouts, both read by `far.from_pretrained`:
+
+- `far.save_pretrained` writes the split layers as they are (`learner_weight`, `frozen_weight`,
+  `node_order`, ...) to model.safetensors and the `FARConfig` to config.json under the key
+  `"far"`; only far reads it.
+- `far.training.trainer.FARTrainer` writes the plain model (the merged tensors `far.restore` would
+  give), which plain transformers loads, with the learner indices and the `FARConfig` beside it in
+  far_layout.safetensors (`far.saving.layout.write_layout`) and the learners file
+  (`far.save_learners`) in learners.safetensors (`write_far_files`). `load_folder` loads either
+  layout into a live model, as a resumed or best-model Trainer run needs.
+
+A plain model round-trips exactly as with Hugging Face alone.
 """
 
 from __future__ import annotations
@@ -23,13 +30,23 @@ from transformers import AutoConfig
 from far.architectures import FFNSpec
 from far.atomic import atomic_dir
 from far.config import FARConfig
-from far.saving.layout import rebuild_layout
+from far.saving.layout import (
+    LAYOUT_FILE,
+    read_layout_file,
+    rebuild_from_learners,
+    rebuild_layout,
+    same_learners,
+    write_layout,
+)
+from far.saving.learners_file import save_learners
 from far.saving.stock import weight_files
+from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 
 FAR_KEY = "far"  # config.json entry of a FAR checkpoint
 FORMAT_VERSION = 2  # 2: split projections stored node-major (one row per node)
 CONFIG_NAME = "config.json"
+LEARNERS_FILE = "learners.safetensors"  # beside a FARTrainer folder's plain weights
 
 
 def write_pretrained(model: nn.Module, folder: Path, **kwargs) -> None:
@@ -145,6 +162,17 @@ def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFN
             "defaults). Save with far.save_pretrained to keep the FAR config",
             stacklevel=3,
         )
+    _load_checked(model, state_dict, path)
+    return model.eval()
+
+
+def _load_checked(
+    model: nn.Module,
+    state_dict: dict[str, Tensor],
+    path: Path,
+    hint: str = "pass model_class= (the class the checkpoint was saved from)",
+) -> None:
+    """`model.load_state_dict(state_dict)`, refused unless every key matches (up to tied duplicates)."""
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     # Hugging Face drops tied duplicates (e.g. lm_head.weight) on save; those alone may be missing.
     tensors = model.state_dict(keep_vars=True)
@@ -153,9 +181,8 @@ def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFN
     if missing or unexpected:
         raise ValueError(
             f"{str(path)!r} does not match {type(model).__name__} with its FAR layout: missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}; pass model_class= (the class the checkpoint was saved from)"
+            f"unexpected {unexpected[:3]}; {hint}"
         )
-    return model.eval()
 
 
 def from_pretrained(
@@ -165,15 +192,17 @@ def from_pretrained(
 
     Args:
         path: A folder written by `far.save_pretrained`, by a reconfigured model's own
-            `save_pretrained`, or any local Hugging Face model folder.
+            `save_pretrained` or by `FARTrainer` (plain weights and far_layout.safetensors), or
+            any local Hugging Face model folder.
         model_class: Class to build (e.g. `AutoModelForSequenceClassification`); default: the
             class named by `config.architectures`, else `AutoModel`.
         spec: FFN layout for architectures that are not built in.
-        **kwargs: For a plain folder, passed to `model_class.from_pretrained`; for a FAR
-            checkpoint, to `from_config` (e.g. `dtype`).
+        **kwargs: For plain weights (with or without a layout file), passed to
+            `model_class.from_pretrained`; for split weights, to `from_config` (e.g. `dtype`).
 
     Returns:
-        The model in eval mode; reconfigured (with `far.get_config(model)` set) for a FAR checkpoint.
+        The model in eval mode; reconfigured (with `far.get_config(model)` set) for a FAR checkpoint
+        of either layout.
 
     Example:
         >>> model = far.from_pretrained("ckpt")
@@ -192,5 +221,99 @@ def from_pretrained(
             f"{str(path)!r}: config.json has a {FAR_KEY!r} entry but its weights hold no FAR layout "
             "(no *.node_order tensors in model.safetensors); the folder is inconsistent, save it again"
         )
+    layout = read_layout_file(path)
     cls = model_class or _model_class(AutoConfig.from_pretrained(path))
-    return cls.from_pretrained(path, **kwargs)
+    model = cls.from_pretrained(path, **kwargs)
+    if layout is not None:
+        rebuild_from_learners(model, *layout, spec=spec)
+        model.eval()
+    return model
+
+
+def is_far_folder(path: str | os.PathLike) -> bool:
+    """Whether a saved folder holds a FAR layout: beside plain weights (far_layout.safetensors) or in them."""
+    path = Path(path)
+    if (path / LAYOUT_FILE).is_file():
+        return True
+    files = weight_files(path)
+    return bool(files) and has_far_layout(files)
+
+
+def write_far_files(model: nn.Module, folder: str | os.PathLike, *, spec: FFNSpec | None = None) -> None:
+    """Write, beside a reconfigured model's plain weights in `folder`, its layout and its learners file.
+
+    far_layout.safetensors makes the folder a FAR checkpoint again (`far.from_pretrained`,
+    `load_folder`); learners.safetensors is what training changed, for the stock base
+    (`far.load_learners`). A model split by hand, without a `FARConfig`, gets the layout only.
+    """
+    write_layout(model, folder, spec=spec)
+    if get_config(model) is not None:
+        save_learners(model, Path(folder) / LEARNERS_FILE, spec=spec)
+
+
+def remove_far_files(folder: str | os.PathLike) -> None:
+    """Remove the files `write_far_files` wrote into `folder`, before a plain model is saved there."""
+    folder = Path(folder)
+    if (folder / LAYOUT_FILE).is_file():
+        (folder / LEARNERS_FILE).unlink(missing_ok=True)
+        (folder / LAYOUT_FILE).unlink()
+
+
+def load_folder(
+    model: nn.Module, path: str | os.PathLike, *, config: FARConfig | None = None, spec: FFNSpec | None = None
+) -> nn.Module:
+    """Load a saved folder's weights into `model`, in place, in the folder's FAR layout.
+
+    For resuming and for loading the best checkpoint of a Trainer run: a folder with a FAR layout
+    (plain weights and far_layout.safetensors, or split weights) leaves `model` reconfigured as the
+    folder records it, with the folder's weights; a plain folder leaves it plain. A model already
+    reconfigured with the folder's learners is merged, loaded and split again: its split parameters
+    are new objects, so an optimizer is made after this, as the Trainer does when it resumes.
+
+    Args:
+        model: A plain model of the folder's architecture, or one reconfigured with its learners.
+        path: A Hugging Face folder with safetensors weights.
+        config: The `FARConfig` to record where the folder holds split weights without one (saved by
+            a reconfigured model's own `save_pretrained`); None infers it from the layout.
+        spec: FFN layout for architectures that are not built in.
+
+    Returns:
+        The same model object.
+
+    Raises:
+        ValueError: a plain folder (saved before FAR's switch, or without FAR) and a reconfigured
+            model, which would mix the two; or a model reconfigured with other learners.
+    """
+    path = Path(path)
+    files = weight_files(path)
+    if not files:
+        raise FileNotFoundError(f"{str(path)!r} holds no safetensors weights (model.safetensors or an index)")
+    state_dict: dict[str, Tensor] = {}
+    for file in files:
+        state_dict.update(load_file(file))
+    hint = f"pass a model of the class {str(path)!r} was saved from"
+    training = model.training  # split layers are made in training mode: they take the model's back
+    layout = read_layout_file(path)
+    if layout is None and has_far_layout(files):  # the split layers' own tensors
+        entry = json.loads((path / CONFIG_NAME).read_text()).get(FAR_KEY) if (path / CONFIG_NAME).is_file() else None
+        rebuild_layout(model, state_dict, _recorded_config(path, entry) or config, spec=spec)
+        _load_checked(model, state_dict, path, hint)
+        return model.train(training)
+    if layout is None:
+        if is_reconfigured(model):
+            raise ValueError(
+                f"{str(path)!r} holds a plain model (saved before FAR's switch, or without FAR), and this model is "
+                "reconfigured by FAR: loading one into the other would mix them. Resume from a checkpoint taken "
+                "after the switch, or pass the plain model"
+            )
+        _load_checked(model, state_dict, path, hint)
+        return model
+    chosen, recorded = layout
+    if is_reconfigured(model):
+        if not same_learners(model, chosen, spec):
+            raise ValueError(
+                f"this model is reconfigured with other learners than {str(path)!r} records; pass the plain model"
+            )
+        restore(model)
+    _load_checked(model, state_dict, path, hint)
+    return rebuild_from_learners(model, chosen, recorded, spec=spec).train(training)

@@ -2,7 +2,7 @@
 
 >>> result = far.finetune(model, train_examples, retention=0.4, optimizer="adamw")
 >>> optimizer = far.MeZO(model.parameters(), lr=1e-6)      # zeroth-order, inference memory
->>> Trainer(..., callbacks=[far.FARCallback(retention=0.4)])
+>>> FARTrainer(..., callbacks=[far.FARCallback(retention=0.4)])   # folders load with plain transformers
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from far.lazy import lazy_names
 # pay for the others: the lean LLM path must not import transformers' model code or datasets.
 _LAZY = {
     "FARCallback": "far.training.callback",
+    "FARTrainer": "far.training.trainer",
+    "FARTrainerMixin": "far.training.trainer",
     "retarget_optimizer": "far.training.callback",
     "finetune": "far.training.finetune",
     "ffn_parameter_names": "far.training.gradient_priming",
