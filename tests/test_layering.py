@@ -35,6 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("far.data",)),
     ("evaluation", ("far.evaluation",)),
     ("models and methods", ("far.methods", "far.models")),
+    # ExecuTorch export and training of a reconfigured model: reads far's core, saving and data files
+    ("device runtime", ("far.device",)),
     ("recipes", ("far.recipes", "far.plotting")),
     ("command line", ("far.cli",)),
 ]

@@ -1,7 +1,9 @@
-"""`far export`: turn a FAR checkpoint into a plain Hugging Face folder or a learners-only file.
+"""`far export`: turn a FAR checkpoint into a plain Hugging Face folder, a learners-only file, or ExecuTorch programs.
 
 far export --checkpoint ckpt --merge plain-model/
 far export --checkpoint ckpt --learners-only user-42.safetensors
+far export --checkpoint ckpt --executorch OUT/ --batch-size 32 --max-length 64 --xnnpack matmul
+far export --checkpoint base/ --learners user-42.safetensors --executorch OUT/
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import argparse
 import shutil
 from pathlib import Path
 
+import far.device as device
+import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
 from far.atomic import atomic_dir
+from far.device.lowering import XNNPACK_LEVELS, quietly
+from far.models import load_trained_model
 from far.saving.learners_file import save_learners
 from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
 from far.surgery.reconfigure import restore
@@ -36,10 +42,11 @@ TOKENIZER_FILES = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="merge a FAR checkpoint into a plain model, or extract its learners",
+        help="merge a FAR checkpoint into a plain model, extract its learners, or export ExecuTorch programs",
         description="Export a FAR checkpoint (a folder written by far.save_pretrained) as a plain Hugging Face "
-        "folder that any transformers user loads with AutoModel*, or as a learners-only safetensors file "
-        "that far.load_learners applies to the base model.",
+        "folder that any transformers user loads with AutoModel*, as a learners-only safetensors file "
+        "that far.load_learners applies to the base model, or as ExecuTorch programs that train its learners "
+        "on a device (docs/device.md).",
     )
     parser.add_argument("--checkpoint", type=Path, required=True, metavar="DIR", help="FAR checkpoint folder")
     out = parser.add_mutually_exclusive_group(required=True)
@@ -47,6 +54,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument(
         "--learners-only", type=Path, metavar="OUT.safetensors", help="write only what FAR training changed"
     )
+    out.add_argument(
+        "--executorch",
+        type=Path,
+        metavar="OUT",
+        help="write ExecuTorch programs that train the learners (train.pte, bottom.pte, manifest, state)",
+    )
+    group = parser.add_argument_group("ExecuTorch (--executorch)")
+    group.add_argument(
+        "--learners",
+        type=Path,
+        metavar="FILE",
+        help="a learners file to apply to --checkpoint, a stock model folder, before exporting",
+    )
+    group.add_argument("--batch-size", type=int, default=32, help="the programs' fixed batch size (default 32)")
+    group.add_argument("--max-length", type=int, default=64, help="the programs' tokens per example (default 64)")
+    group.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate on the device (default 0.01)")
+    group.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum on the device (default 0.9)")
+    group.add_argument(
+        "--xnnpack",
+        choices=XNNPACK_LEVELS,
+        default="all",
+        help="delegate the training program's operators to XNNPACK: all (default; the fastest step, minutes to "
+        "export), matmul (the matrix products: about half the plain step, a minute), none (seconds)",
+    )
+    group.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
     parser.set_defaults(func=run)
 
 
@@ -63,6 +95,12 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--merge {str(args.merge)!r} is a file; name a folder to write the model into")
         if args.merge.resolve() == checkpoint.resolve():
             raise ValueError("--merge must name a new folder, not the checkpoint itself")
+    elif args.executorch is not None:
+        if args.learners is None and not has_far_layout(weight_files(checkpoint)):
+            raise ValueError(
+                f"--checkpoint {str(checkpoint)!r} holds a plain model, with no FAR learners to train on a device; "
+                "export a checkpoint saved from a reconfigured model, or add --learners FILE to apply a learners file"
+            )
     elif args.learners_only.is_dir():
         raise ValueError(f"--learners-only {str(args.learners_only)!r} is a folder; name a .safetensors file")
     elif not has_far_layout(weight_files(checkpoint)):
@@ -72,8 +110,36 @@ def _check_args(args: argparse.Namespace) -> None:
         )
 
 
+def _export_executorch(args: argparse.Namespace) -> int:
+    with quietly():  # transformers imports torchao (which executorch brings) with its model code
+        if args.learners is None:
+            model, tokenizer = load_trained_model(args.checkpoint)
+        else:
+            predictor = recipes.Predictor.load(args.checkpoint, learners=args.learners)
+            model, tokenizer = predictor.model, predictor.tokenizer
+    result = device.export_executorch(
+        model,
+        tokenizer,
+        args.executorch,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        lr=args.lr,
+        momentum=args.momentum,
+        xnnpack=args.xnnpack,
+        overwrite=args.overwrite,
+    )
+    print(f"wrote ExecuTorch programs to {result.out_dir}:")
+    for name, size in result.sizes.items():
+        print(f"  {name}: {_size(size)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.learners is not None and args.executorch is None:
+        raise ValueError("--learners applies a learners file before --executorch; use it with --executorch OUT")
     _check_args(args)
+    if args.executorch is not None:
+        return _export_executorch(args)
     model = from_pretrained(args.checkpoint)
     if args.merge is not None:
         if is_reconfigured(model):

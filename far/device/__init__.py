@@ -1,0 +1,41 @@
+"""far.device: a FAR run as an ExecuTorch training program, trained outside torch eager, and back to far.
+
+    plan.py       what the export reads from a reconfigured model, checked first (architectures it knows)
+    view.py       the export view: BERT in plain torch, each FFN split into learner and frozen parts
+    program.py    a model -> its views (the frozen bottom and the trained top) and their inputs
+    lowering.py   views -> ExecuTorch programs (joint forward-backward graph, edge passes, XNNPACK)
+    manifest.py   the export folder's layout and manifest
+    export.py     `export_executorch`: the whole folder, atomically
+    examples.py   `write_examples`: texts tokenised and padded for the programs
+    order.py      the seeded batch order every runtime reproduces
+    state.py      the training state file (trainable tensors, momentum, position), checked on reading
+    runtime.py    the programs through ExecuTorch's Python bindings
+    train.py      `train`: SGD with momentum, checkpoints, resume
+    learners.py   `to_learners`: a state as an ordinary learners file for the stock model
+
+>>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, lr=0.01, momentum=0.9)
+>>> far.device.write_examples("train.csv", tokenizer, "OUT", "OUT/train.safetensors")
+>>> far.device.train("OUT", "OUT/train.safetensors", epochs=3)
+>>> far.device.to_learners("OUT", "OUT/state.safetensors", stock_model, "user.safetensors")
+
+Exporting and training need executorch (`pip install 'far[device]'`); nothing here imports it until used.
+"""
+
+from __future__ import annotations
+
+from far.lazy import lazy_names
+
+_LAZY = {
+    "DeviceFileError": "far.device.manifest",
+    "ExportResult": "far.device.export",
+    "export_executorch": "far.device.export",
+    "read_manifest": "far.device.manifest",
+    "write_examples": "far.device.examples",
+    "TrainResult": "far.device.train",
+    "train": "far.device.train",
+    "to_learners": "far.device.learners",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

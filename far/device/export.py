@@ -1,0 +1,228 @@
+"""`export_executorch`: a FAR-reconfigured model as an ExecuTorch export folder, ready to train on a device.
+
+    >>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, lr=0.01, momentum=0.9)
+    >>> far.device.write_examples("train.csv", tokenizer, "OUT", "OUT/train.safetensors")
+    >>> far.device.train("OUT", "OUT/train.safetensors", epochs=3)
+    >>> far.device.to_learners("OUT", "OUT/state.safetensors", stock_model, "user.safetensors")
+
+The folder's layout is in `far.device.manifest` and docs/device.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from far.atomic import atomic_dir
+from far.device.lowering import forward_program, quietly, training_program, xnnpack_level
+from far.device.manifest import (
+    BOTTOM,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    STATE,
+    TOKENIZER,
+    TRAIN,
+    sha256_file,
+    tensor_spec,
+    write_json_into,
+)
+from far.device.plan import ExportPlan, plan_export
+from far.device.program import build_views, example_inputs, trainable_tensors
+from far.device.state import DeviceState, trainable_sha256, write_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_executorch` wrote: the folder, each file's size in bytes, and the seconds each stage took."""
+
+    out_dir: Path
+    sizes: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _check_settings(batch_size: object, lr: object, momentum: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1 (the programs' fixed batch), got {batch_size!r}")
+    for name, value, low in (("lr", lr, 0.0), ("momentum", momentum, 0.0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < low:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if lr == 0 or momentum >= 1:
+        raise ValueError(f"SGD needs lr > 0 and momentum in [0, 1), got lr={lr!r}, momentum={momentum!r}")
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{str(out_dir)!r} is a file; name a folder to write the export into")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        what = "an earlier export (its training state too)" if (out_dir / MANIFEST).is_file() else "other files"
+        raise ValueError(f"{str(out_dir)!r} already holds {what}; name a new folder, or pass overwrite=True")
+
+
+def _tokenizer_json(tokenizer) -> tuple[str, str, int]:
+    """(tokenizer.json text, pad token, pad id) of a fast Hugging Face tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        raise ValueError(
+            f"the export writes the tokenizer as tokenizer.json, which needs a fast (Rust) tokenizer; got "
+            f"{type(tokenizer).__name__}: load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+    if tokenizer.pad_token is None:
+        raise ValueError("the tokenizer has no padding token; the programs take examples padded to max_length")
+    return backend.to_str(pretty=True), str(tokenizer.pad_token), int(tokenizer.pad_token_id)
+
+
+def _manifest(plan: ExportPlan, model: nn.Module, batch_size: int, max_length: int, lr: float, momentum: float) -> dict:
+    """The manifest's fields that the model and the settings give (the programs' are added as they are written)."""
+    config = getattr(model, "config", None)
+    # torch.optim.SGD's update; the fields a runner reads, with what far.device does not use at their neutral value
+    optimizer = {"name": "sgd", "lr": float(lr), "momentum": float(momentum), "dampening": 0.0, "weight_decay": 0.0}
+    optimizer["nesterov"] = False
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model_type": plan.model_type,
+        "task": {
+            "kind": "regression" if plan.regression else "classification",
+            "labels": list(plan.labels),
+            "num_labels": plan.num_labels,
+        },
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "hidden_size": plan.hidden_size,
+        "vocab_size": plan.vocab_size,
+        "num_layers": len(plan.layers),
+        "frozen_layers": plan.frozen_layers,
+        "bottom": plan.bottom,
+        "far_config": plan.config.to_dict(),
+        "ffns": {name: list(ffn.inputs) for name, ffn in plan.ffns.items()},
+        "learners": {name: [int(i) for i in idx] for name, idx in plan.learners.items()},
+        "base_fingerprint": plan.base_fingerprint,
+        "head": plan.head,
+        "model_config": config.to_diff_dict() if hasattr(config, "to_diff_dict") else {},
+        "optimizer": optimizer,
+    }
+
+
+def _inputs(plan: ExportPlan, batch_size: int, max_length: int) -> tuple[list[dict], list[dict] | None]:
+    ids = ("input_ids", "attention_mask", "token_type_ids")
+    tokens = [tensor_spec(name, (batch_size, max_length), "int64") for name in ids]
+    labels = tensor_spec("labels", (batch_size,), "float32" if plan.regression else "int64")
+    if not plan.bottom:
+        return [*tokens, labels], None
+    hidden = tensor_spec("hidden", (batch_size, max_length, plan.hidden_size), "float32")
+    return [hidden, tokens[1], labels], tokens
+
+
+def export_executorch(
+    model: nn.Module,
+    tokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    batch_size: int,
+    max_length: int,
+    lr: float,
+    momentum: float,
+    xnnpack: bool | str = False,
+    bottom_xnnpack: bool = True,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Write a FAR-reconfigured model as ExecuTorch programs that train its learners, atomically.
+
+    The folder holds train.pte (forward and backward over the trained layers and the head, with
+    SGD's settings recorded beside it), bottom.pte (the frozen embeddings and bottom layers, forward
+    only, when everything below the first trained layer is frozen), tokenizer.json, manifest.json
+    and state.safetensors (the trainable tensors at step 0). Everything is checked before anything
+    is built, and the folder appears whole or not at all. The programs train without dropout.
+
+    Args:
+        model: A BERT sequence classifier reconfigured by FAR (as `far.finetune` or `far train`
+            leave it), or a stock one with a learners file applied (`far.load_learners`). It is
+            not changed.
+        tokenizer: Its fast Hugging Face tokenizer.
+        out_dir: The folder to write.
+        batch_size, max_length: The programs' fixed batch shape.
+        lr, momentum: SGD's learning rate and momentum (torch.optim.SGD's update, no dampening).
+        xnnpack: Delegate the training program's operators to XNNPACK, one by one: True or "all"
+            (every operator it takes: the fastest step, minutes to lower a 6-layer model), "matmul"
+            (the matrix products only: about half the plain step, a minute), False or "none" (the
+            default here, seconds; `far export --executorch` defaults to "all").
+        bottom_xnnpack: Delegate the bottom program to XNNPACK (seconds to lower).
+        overwrite: Replace a folder that holds files already (an earlier export and its state too).
+
+    Returns:
+        An `ExportResult`: the folder, the files' sizes and the stages' seconds.
+
+    Raises:
+        ValueError: what cannot be exported, and why (architecture, a model FAR did not reconfigure,
+            split attention heads, a length beyond the model's positions, a slow tokenizer, ...);
+            nothing has been written.
+    """
+    out_dir = Path(out_dir)
+    _check_settings(batch_size, lr, momentum)
+    level = xnnpack_level(xnnpack)
+    _check_out_dir(out_dir, overwrite)
+    plan = plan_export(model, max_length)
+    tokenizer_text, pad_token, pad_id = _tokenizer_json(tokenizer)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    bottom, top = build_views(model, plan)
+    train_inputs, bottom_inputs = example_inputs(plan, batch_size, max_length)
+    if level != "none":
+        logger.info("lowering the training program to XNNPACK (%s operators, one by one): minutes", level)
+    bottom_program = None
+    with quietly(), warnings.catch_warnings():  # torch.export's and executorch's notes on their own internals
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        program, order = training_program(top, train_inputs, xnnpack=level)
+        seconds["train"] = time.perf_counter() - start
+        if bottom is not None:
+            start = time.perf_counter()
+            bottom_program = forward_program(bottom, bottom_inputs, xnnpack=bottom_xnnpack)
+            seconds["bottom"] = time.perf_counter() - start
+    logger.info("lowered the programs in %s", ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+    values = trainable_tensors(top)
+    manifest = _manifest(plan, model, batch_size, max_length, lr, momentum)
+    manifest["trainable"] = [tensor_spec(n, values[n].shape, "float32") for n in order]
+    train_specs, bottom_specs = _inputs(plan, batch_size, max_length)
+    programs = {"train": (program, level, train_specs, ["loss", "logits"])}
+    if bottom_program is not None:
+        programs["bottom"] = (bottom_program, "all" if bottom_xnnpack else "none", bottom_specs, ["hidden"])
+    start = time.perf_counter()
+    with atomic_dir(out_dir) as tmp:
+        manifest["programs"] = {}
+        for role, (lowered, delegated, inputs, outputs) in programs.items():
+            file = TRAIN if role == "train" else BOTTOM
+            (tmp / file).write_bytes(lowered.buffer)
+            manifest["programs"][role] = {
+                "file": file,
+                "sha256": sha256_file(tmp / file),
+                "xnnpack": delegated,
+                "inputs": inputs,
+                "outputs": outputs,
+            }
+        (tmp / TOKENIZER).write_text(tokenizer_text, encoding="utf-8")
+        manifest["tokenizer"] = {
+            "file": TOKENIZER,
+            "sha256": sha256_file(tmp / TOKENIZER),
+            "pad_token": pad_token,
+            "pad_token_id": pad_id,
+            "padding": "right, to max_length",
+        }
+        initial = {n: values[n] for n in order}
+        manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
+        write_state(tmp / STATE, DeviceState(tensors=initial), manifest)
+        write_json_into(tmp, MANIFEST, manifest)
+    seconds["write"] = time.perf_counter() - start
+    sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
+    return ExportResult(out_dir, sizes, seconds)

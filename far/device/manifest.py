@@ -1,0 +1,90 @@
+"""The export folder's layout and its manifest: what every reader of the folder (Python or C++) relies on.
+
+OUT/manifest.json       this file's `read_manifest` format (docs/device.md has every field)
+OUT/train.pte           the training program: forward, backward, gradients and trainable tensors
+OUT/bottom.pte          the frozen bottom, forward only (present when the manifest says "bottom")
+OUT/tokenizer.json      the model's tokenizer (Hugging Face tokenizers format)
+OUT/state.safetensors   the trainable tensors at step 0 (`far.device.state`)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+FORMAT = "far.device"
+FORMAT_VERSION = 1
+MANIFEST, TRAIN, BOTTOM, TOKENIZER, STATE = (
+    "manifest.json",
+    "train.pte",
+    "bottom.pte",
+    "tokenizer.json",
+    "state.safetensors",
+)
+
+
+class DeviceFileError(ValueError):
+    """A file of an export folder, or one made for it, that cannot be used: damaged, foreign or mismatched."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True) -> dict:
+    """The manifest of an export folder, checked: format, version, and the programs' sha256 if asked.
+
+    Raises:
+        DeviceFileError: not an export folder, an unknown version, or a program file that is not
+            the one the manifest records (changed or damaged since the export).
+    """
+    out_dir = Path(out_dir)
+    path = out_dir / MANIFEST
+    if not path.is_file():
+        raise DeviceFileError(
+            f"{str(out_dir)!r} is not an ExecuTorch export folder (no {MANIFEST}); write one with "
+            "far.device.export_executorch or far export --executorch"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DeviceFileError(f"{str(path)!r} is not readable JSON ({error}); export the folder again") from error
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DeviceFileError(f"{str(path)!r} is not a far.device manifest (format {manifest.get('format')!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DeviceFileError(
+            f"{str(path)!r} has format version {manifest.get('format_version')!r}; this far reads version "
+            f"{FORMAT_VERSION}: export the folder again with this far"
+        )
+    if verify_programs:
+        for role, program in manifest["programs"].items():
+            file = out_dir / program["file"]
+            if not file.is_file():
+                raise DeviceFileError(f"the export folder {str(out_dir)!r} lacks its {role} program {program['file']}")
+            if sha256_file(file) != program["sha256"]:
+                raise DeviceFileError(
+                    f"{str(file)!r} is not the {role} program the manifest records (its sha256 differs: changed or "
+                    "damaged since the export); export the folder again"
+                )
+    return manifest
+
+
+def program_sha256(manifest: dict) -> str:
+    """The training program's sha256: what a state file is tied to."""
+    return manifest["programs"]["train"]["sha256"]
+
+
+def tensor_spec(name: str, shape, dtype: str) -> dict:
+    return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype}
+
+
+def write_json_into(folder: Path, name: str, obj: dict) -> None:
+    """`obj` as indented JSON in `folder` (a folder being written atomically as a whole)."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str)  # a config may hold a dtype
+    (folder / name).write_text(text + "\n", encoding="utf-8")

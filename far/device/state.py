@@ -1,0 +1,171 @@
+"""The training state file: the trainable tensors, the optimizer's momentum, and where in the data training is.
+
+One safetensors file (written atomically, so a kill leaves the previous one whole):
+
+- `<name>` float32: each trainable tensor, named and shaped as the manifest's `trainable` list;
+- `momentum:<name>` float32: its SGD momentum buffer, present once a step was taken with momentum;
+- metadata (strings): `format` ("far.device.state"), `format_version` ("1"), `base_fingerprint` and
+  `program_sha256` (the base model and training program it belongs to), `step` (optimizer steps
+  taken), `epoch` and `batch` (the next batch: batch `batch` of epoch `epoch`), `order_seed`,
+  `examples_sha256` (the examples file trained on; empty before training) and `content_sha256`.
+
+`content_sha256` is the sha256 of `b"far.device.state/1\\n"`, then for each metadata entry but
+itself, keys in byte order, `meta\\0<key>\\0<value>\\n`, then for each tensor, names in byte order,
+`tensor\\0<name>\\0<dtype>\\0<d0,d1,...>\\n` and its raw bytes (little-endian, row-major): a
+flipped byte anywhere is caught before the file is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from far.atomic import atomic_file
+from far.device.manifest import DeviceFileError, program_sha256
+
+FORMAT, FORMAT_VERSION = "far.device.state", "1"
+MOMENTUM = "momentum:"
+_PREFIX = b"far.device.state/1\n"
+_CONTENT = "content_sha256"
+
+
+@dataclass
+class DeviceState:
+    """Where a device training run stands.
+
+    Attributes:
+        tensors: `{name: value}` of every trainable tensor, in the manifest's order.
+        momentum: `{name: momentum buffer}`; empty before the first step (and with momentum 0).
+        step: Optimizer steps taken.
+        epoch, batch: The next batch to train on: batch `batch` of epoch `epoch` (0-based).
+        order_seed: The seed of the batch order (`far.device.order`).
+        examples_sha256: The sha256 of the examples file trained on ("" before the first step).
+    """
+
+    tensors: dict[str, Tensor]
+    momentum: dict[str, Tensor] = field(default_factory=dict)
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    order_seed: int = 0
+    examples_sha256: str = ""
+
+
+def content_sha256(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
+    """The state file's content hash (the module docstring gives the definition)."""
+    digest = hashlib.sha256(_PREFIX)
+    for key in sorted(k for k in metadata if k != _CONTENT):
+        digest.update(f"meta\0{key}\0{metadata[key]}\n".encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        digest.update(f"tensor\0{name}\0{dtype}\0{','.join(str(d) for d in tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def trainable_sha256(tensors: Mapping[str, Tensor]) -> str:
+    """A digest of trainable values alone (the manifest's initial values, to know a state at its start)."""
+    return content_sha256({}, tensors)
+
+
+def write_state(path: str | os.PathLike, state: DeviceState, manifest: Mapping) -> Path:
+    """Write `state` for the export `manifest` describes, atomically (a kill leaves the previous file whole)."""
+    tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in state.tensors.items()}
+    tensors |= {MOMENTUM + name: t.detach().to("cpu", copy=True).contiguous() for name, t in state.momentum.items()}
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "base_fingerprint": manifest["base_fingerprint"],
+        "program_sha256": program_sha256(manifest),
+        "step": str(state.step),
+        "epoch": str(state.epoch),
+        "batch": str(state.batch),
+        "order_seed": str(state.order_seed),
+        "examples_sha256": state.examples_sha256,
+    }
+    metadata[_CONTENT] = content_sha256(metadata, tensors)
+    with atomic_file(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+    return Path(path)
+
+
+def _whole_number(path: Path, metadata: Mapping[str, str], key: str) -> int:
+    try:
+        value = int(metadata.get(key, ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise DeviceFileError(f"{str(path)!r}: {key}={metadata.get(key)!r} is not a whole number")
+    return value
+
+
+def read_state(path: str | os.PathLike, manifest: Mapping) -> DeviceState:
+    """A state file, checked against the export it must belong to, before any of it is used.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        DeviceFileError: the file is truncated or damaged (unreadable, or its content hash differs),
+            not a state file, or belongs to another base model, another training program, or holds
+            other tensors than the manifest lists.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training state file at {str(path)!r}")
+    try:
+        with safe_open(path, framework="pt") as f:  # safetensors: nothing is ever unpickled
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as error:  # SafetensorError and OSError alike
+        raise DeviceFileError(
+            f"{str(path)!r} is not a readable safetensors file (truncated or damaged?): {error}; resume from an "
+            "intact state file, or start again from the export's state.safetensors"
+        ) from error
+    if metadata.get("format") != FORMAT or metadata.get("format_version") != FORMAT_VERSION:
+        raise DeviceFileError(
+            f"{str(path)!r} is not a far.device training state of version {FORMAT_VERSION} (format "
+            f"{metadata.get('format')!r}, version {metadata.get('format_version')!r})"
+        )
+    if metadata.get(_CONTENT) != content_sha256(metadata, tensors):
+        raise DeviceFileError(
+            f"{str(path)!r} is damaged: its contents do not match the sha256 recorded when it was written"
+        )
+    if metadata.get("base_fingerprint") != manifest["base_fingerprint"]:
+        raise DeviceFileError(
+            f"{str(path)!r} belongs to another base model than this export (base fingerprints differ); use the "
+            "state file written for this export folder"
+        )
+    if metadata.get("program_sha256") != program_sha256(manifest):
+        raise DeviceFileError(
+            f"{str(path)!r} was written for another training program (another export of this base: other learners, "
+            "batch size or length); use the state file written for this export folder"
+        )
+    momentum = {k.removeprefix(MOMENTUM): t for k, t in tensors.items() if k.startswith(MOMENTUM)}
+    values = {k: t for k, t in tensors.items() if not k.startswith(MOMENTUM)}
+    specs = {spec["name"]: spec for spec in manifest["trainable"]}
+    if set(values) != set(specs) or (momentum and set(momentum) != set(specs)):
+        raise DeviceFileError(f"{str(path)!r} holds other tensors than the manifest's trainable list")
+    for name, tensor in (*values.items(), *momentum.items()):
+        spec = specs[name]
+        if list(tensor.shape) != spec["shape"] or str(tensor.dtype).removeprefix("torch.") != spec["dtype"]:
+            raise DeviceFileError(
+                f"{str(path)!r}: {name} is {list(tensor.shape)} {tensor.dtype}, the manifest says {spec['shape']} "
+                f"{spec['dtype']}"
+            )
+    return DeviceState(
+        tensors={name: values[name] for name in specs},
+        momentum={name: momentum[name] for name in specs if name in momentum},
+        step=_whole_number(path, metadata, "step"),
+        epoch=_whole_number(path, metadata, "epoch"),
+        batch=_whole_number(path, metadata, "batch"),
+        order_seed=_whole_number(path, metadata, "order_seed"),
+        examples_sha256=metadata.get("examples_sha256", ""),
+    )

@@ -1,0 +1,215 @@
+"""The export view: a FAR-reconfigured BERT classifier as plain torch modules that torch.export can trace.
+
+`far.SplitLinear` keeps an FFN projection as one tensor with two views, custom autograd functions
+and casting caches: right for eager training, opaque to `torch.export`. The view rebuilds the same
+function from plain parts. An FFN's input projection becomes learner rows (trainable) and frozen
+rows (a constant buffer), its outputs concatenated learners first; the output projection's columns
+are split the same way, so no permutation is needed anywhere:
+
+    up(x)   = cat(x @ Wl^T + bl, x @ Wf^T + bf)            # (B, T, k) | (B, T, n - k)
+    down(a) = a[..., :k] @ Vl^T + a[..., k:] @ Vf^T + b     # two products: no gradient for Vf
+
+Learners and frozen nodes each keep their original (ascending) order, so a learner tensor is
+exactly what a learners file stores under the same name (`<projection>.learner_weight`, (k, in)
+for an input projection, (out, k) for the output one; `<projection>.learner_bias`). Every other
+tensor keeps its model name and its trainability. Attention is computed eagerly (an explicit
+softmax: SDPA's backward is not in ExecuTorch's core operator set), and there is no dropout.
+
+Two programs come out of one model: `BottomView` (the frozen embeddings and bottom K layers,
+forward only) and `TrainView` (the layers above, the head and the loss). Without a frozen bottom
+(trainable embeddings), `TrainView` starts from the token ids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from far.encoder.bert import ACTIVATIONS
+
+
+def _put(root: nn.Module, name: str, module: nn.Module) -> None:
+    """Register `module` under the dotted `name` of `root`, creating empty containers on the way."""
+    *path, leaf = name.split(".")
+    parent = root
+    for part in path:
+        child = parent._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            parent.add_module(part, child)
+        parent = child
+    parent.add_module(leaf, module)
+
+
+def _parameter(tensor: Tensor, trainable: bool) -> nn.Parameter:
+    return nn.Parameter(tensor.detach().clone().contiguous(), requires_grad=trainable)
+
+
+class SplitUp(nn.Module):
+    """An FFN input projection: learner rows (trainable), then frozen rows (constant buffers)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, learners: Tensor, frozen: Tensor, trainable: bool) -> None:
+        super().__init__()
+        self.k, self.n = learners.numel(), learners.numel() + frozen.numel()
+        self.learner_weight = _parameter(weight[learners], trainable)  # (k, in)
+        self.learner_bias = None if bias is None else _parameter(bias[learners], trainable)  # (k,)
+        self.register_buffer("frozen_weight", weight[frozen].clone())  # (n - k, in)
+        self.register_buffer("frozen_bias", None if bias is None else bias[frozen].clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.k == 0:
+            return F.linear(x, self.frozen_weight, self.frozen_bias)
+        learned = F.linear(x, self.learner_weight, self.learner_bias)  # (B, T, k)
+        if self.k == self.n:
+            return learned
+        return torch.cat([learned, F.linear(x, self.frozen_weight, self.frozen_bias)], dim=-1)  # (B, T, n)
+
+
+class SplitDown(nn.Module):
+    """An FFN output projection: learner columns (trainable), frozen columns (constant), the bias as it was."""
+
+    def __init__(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        learners: Tensor,
+        frozen: Tensor,
+        trainable: bool,
+        bias_trainable: bool,
+    ) -> None:
+        super().__init__()
+        self.k, self.n = learners.numel(), learners.numel() + frozen.numel()
+        self.learner_weight = _parameter(weight[:, learners], trainable)  # (out, k)
+        self.register_buffer("frozen_weight", weight[:, frozen].clone().contiguous())  # (out, n - k)
+        self.bias = None if bias is None else _parameter(bias, bias_trainable)
+
+    def forward(self, a: Tensor) -> Tensor:
+        k = self.k
+        if k == 0:
+            return F.linear(a, self.frozen_weight, self.bias)
+        y = F.linear(a[..., :k], self.learner_weight, self.bias)  # (B, T, out)
+        if k == self.n:
+            return y
+        return y + F.linear(a[..., k:], self.frozen_weight)  # backward gives the frozen part no weight gradient
+
+
+class Embeddings(nn.Module):
+    def __init__(self, word: nn.Embedding, position: nn.Embedding, token_type: nn.Embedding, norm: nn.LayerNorm):
+        super().__init__()
+        self.word_embeddings, self.position_embeddings = word, position
+        self.token_type_embeddings, self.LayerNorm = token_type, norm
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
+        # Summed in transformers' order, so that fp32 rounding agrees too.
+        h = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.LayerNorm(h + self.position_embeddings(positions))  # (B, T, hidden)
+
+
+class Layer(nn.Module):
+    """A post-LayerNorm BERT layer with eager attention and a split FFN; module names as transformers'."""
+
+    def __init__(self, parts: dict[str, nn.Module], heads: int, activation: str) -> None:
+        super().__init__()
+        for name, module in parts.items():
+            _put(self, name, module)
+        self.heads, self.activation = heads, activation
+
+    def forward(self, h: Tensor, mask: Tensor) -> Tensor:
+        b, t, width = h.shape
+        d = width // self.heads
+        attention = self.attention
+        q, k, v = (
+            p(h).view(b, t, self.heads, d).transpose(1, 2)
+            for p in (attention.self.query, attention.self.key, attention.self.value)
+        )
+        scores = torch.matmul(q, k.transpose(2, 3)) * (1.0 / math.sqrt(d)) + mask  # (B, heads, T, T)
+        context = torch.matmul(scores.softmax(dim=-1), v).transpose(1, 2).reshape(b, t, width)
+        a = attention.output.LayerNorm(attention.output.dense(context) + h)
+        f = ACTIVATIONS[self.activation](self.intermediate.dense(a))  # (B, T, n): learners first
+        return self.output.LayerNorm(self.output.dense(f) + a)  # (B, T, hidden)
+
+
+def additive_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, T) 1/0 -> (B, 1, 1, T): 0 where a key is real, the dtype's minimum where it is padding."""
+    return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+class _Stack(nn.Module):
+    """What both programs share: modules registered under their model names, and the layers in order."""
+
+    def __init__(self, modules: dict[str, nn.Module], layer_names: list[str]) -> None:
+        super().__init__()
+        for name, module in modules.items():
+            _put(self, name, module)
+        self.layer_names = tuple(layer_names)
+
+    def _run_layers(self, h: Tensor, attention_mask: Tensor) -> Tensor:
+        mask = additive_mask(attention_mask, h.dtype)
+        for name in self.layer_names:
+            h = self.get_submodule(name)(h, mask)
+        return h
+
+
+class BottomView(_Stack):
+    """The frozen bottom, forward only: token ids -> the hidden states at the first trained layer."""
+
+    def __init__(self, modules: dict[str, nn.Module], embeddings: str, layer_names: list[str]) -> None:
+        super().__init__(modules, layer_names)
+        self.embeddings_name = embeddings
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
+        h = self.get_submodule(self.embeddings_name)(input_ids, token_type_ids)
+        return self._run_layers(h, attention_mask)  # (B, T, hidden)
+
+
+class TrainView(_Stack):
+    """The trained top: (hidden states at the first trained layer, attention mask, labels) -> (loss, logits).
+
+    The loss is the mean cross-entropy over the batch for classification, the mean squared error
+    for regression (one output), as transformers' BertForSequenceClassification computes them.
+    """
+
+    def __init__(
+        self, modules: dict[str, nn.Module], layer_names: list[str], pooler: str, classifier: str, regression: bool
+    ) -> None:
+        super().__init__(modules, layer_names)
+        self.pooler_name, self.classifier_name, self.regression = pooler, classifier, regression
+
+    def logits(self, h: Tensor, attention_mask: Tensor) -> Tensor:
+        h = self._run_layers(h, attention_mask)
+        pooled = torch.tanh(self.get_submodule(self.pooler_name)(h[:, 0]))  # (B, hidden): the first token
+        return self.get_submodule(self.classifier_name)(pooled)  # (B, num_labels)
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.logits(hidden, attention_mask)
+        if self.regression:
+            loss = F.mse_loss(logits.squeeze(-1), labels)
+        else:
+            loss = F.cross_entropy(logits, labels)
+        return loss, logits.detach()  # the joint graph differentiates the loss only
+
+
+class TrainFromTokens(TrainView):
+    """`TrainView` with the embeddings trained too: (token ids, attention mask, token types, labels)."""
+
+    def __init__(
+        self,
+        modules: dict[str, nn.Module],
+        embeddings: str,
+        layer_names: list[str],
+        pooler: str,
+        classifier: str,
+        regression: bool,
+    ) -> None:
+        super().__init__(modules, layer_names, pooler, classifier, regression)
+        self.embeddings_name = embeddings
+
+    def forward(  # type: ignore[override]
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor, labels: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        hidden = self.get_submodule(self.embeddings_name)(input_ids, token_type_ids)
+        return super().forward(hidden, attention_mask, labels)
