@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +154,34 @@ def test_resume_refuses_changed_options_and_a_missing_checkpoint(tmp_path):
     train("mezo", tmp_path / "a", max_steps=4)
     with pytest.raises(ValueError, match=r"these differ: .*reset_frozen: saved True, now False"):
         train("mezo", tmp_path / "a", max_steps=4, resume_from=tmp_path / "a", reset_frozen=False)
+
+
+def test_a_run_reading_its_base_from_the_file_resumes_inside_priming(tiny_model_dir, tmp_path):
+    """With `base_weights` the Primer keeps no copy and checks the file against the model: a run resumed during
+    priming makes it before the checkpoint's primed weights are loaded, and ends as the uninterrupted run does."""
+    from transformers import BertForSequenceClassification
+
+    from far.saving.stock import stock_reader
+
+    options = dict(priming=3, max_steps=5, batch_size=4, lr=1e-2, checkpoint_every=1, keep_checkpoints=None)
+
+    def run(out, **extra):
+        torch.manual_seed(0)  # the new 3-label head, the same in every run
+        model = BertForSequenceClassification.from_pretrained(
+            tiny_model_dir, num_labels=3, ignore_mismatched_sizes=True
+        )
+        reader = stock_reader(tiny_model_dir, model)
+        far.finetune(model, tiny_examples(20), far.FARConfig(0.5), base_weights=reader, output_dir=out,
+                     progress=False, **options, **extra)  # fmt: skip
+        return model.state_dict()
+
+    whole = run(tmp_path / "whole")
+    cut = tmp_path / "cut"
+    run(cut)
+    for later in ("step-3", "step-4", "step-5"):  # as if killed after step 2's checkpoint, inside priming
+        shutil.rmtree(cut / "checkpoints" / later)
+    (cut / "checkpoints" / "latest").write_text("step-2")
+    resumed = run(cut, resume_from=cut)
+    assert whole.keys() == resumed.keys()
+    for key in whole:
+        assert torch.equal(whole[key], resumed[key]), key

@@ -184,10 +184,12 @@ class Loop:
         )
 
     def _resume(self, checkpoint: Checkpoint) -> int:
-        load_model_state(self.model, checkpoint, self.spec)
         if checkpoint.step < self.plan.priming_steps:  # killed during priming: the Primer's snapshot too
+            # Made while the model still holds the weights it was loaded with: a Primer that reads them
+            # from the model's file (`base_weights`) checks that the two agree.
             self.primer = self._primer()
             self.primer.load_state(load_primer_state(checkpoint))
+        load_model_state(self.model, checkpoint, self.spec)
         self._build(checkpoint.step)
         load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
