@@ -158,11 +158,7 @@ class Loop:
             if plan.freeze_layers is not None:
                 freeze_layers(model, plan.freeze_layers, self.spec)
         elif plan.priming_steps:
-            if plan.frozen_from_start:  # priming leaves alone what the surgery freezes (plan.frozen_from_start)
-                if plan.far.freeze_embeddings:
-                    _freeze_embeddings(model)
-                if plan.far.freeze_layers not in (None, AUTO):
-                    freeze_layers(model, plan.far.freeze_layers, self.spec)
+            self._freeze_up_front()
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
             self.primer = self._primer()
         else:  # random selection: no scores needed
@@ -170,6 +166,15 @@ class Loop:
         self._build(0)
         self.seconds["priming"] += time.perf_counter() - t
         return 0
+
+    def _freeze_up_front(self) -> None:
+        """Priming leaves alone what the surgery freezes anyway (`plan.frozen_from_start`)."""
+        plan = self.plan
+        if plan.frozen_from_start:
+            if plan.far.freeze_embeddings:
+                _freeze_embeddings(self.model)
+            if plan.far.freeze_layers not in (None, AUTO):
+                freeze_layers(self.model, plan.far.freeze_layers, self.spec)
 
     def _primer(self) -> Primer:
         far = self.plan.far
@@ -185,8 +190,9 @@ class Loop:
 
     def _resume(self, checkpoint: Checkpoint) -> int:
         if checkpoint.step < self.plan.priming_steps:  # killed during priming: the Primer's snapshot too
-            # Made while the model still holds the weights it was loaded with: a Primer that reads them
-            # from the model's file (`base_weights`) checks that the two agree.
+            # Made as at the start, while the model still holds the weights it was loaded with: a Primer that
+            # reads them from the model's file (`base_weights`) checks that the two agree.
+            self._freeze_up_front()
             self.primer = self._primer()
             self.primer.load_state(load_primer_state(checkpoint))
         load_model_state(self.model, checkpoint, self.spec)
