@@ -180,19 +180,48 @@ def tiny_model_dir(tmp_path_factory, minilm_path):
     return path
 
 
-def kill_writer_mid_write(script: str, target: str | os.PathLike) -> None:
-    """Run `script` (given `target` as argv[1]) in a child that prints "half written" once its writer has
-    written part of a file and hangs; SIGKILL it there, as a phone kills an app, and check that it died so."""
+def kill_child_at(script: str, *args: str | os.PathLike, line: str, timeout: float = 30) -> None:
+    """Run `script` (with `args` as argv[1:]) in a child, read its output until it prints `line`, and SIGKILL it
+    there, as a phone kills an app; check that it died so."""
     child = subprocess.Popen(
-        [sys.executable, "-c", script, str(target)],
+        [sys.executable, "-c", script, *map(str, args)],
         cwd=Path(__file__).parent,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     try:
-        assert child.stdout.readline().strip() == "half written"
+        assert child.stdout.readline().strip() == line
     finally:
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        child.wait(timeout=timeout)
     assert child.returncode == -signal.SIGKILL
+
+
+def kill_writer_mid_write(script: str, target: str | os.PathLike) -> None:
+    """`kill_child_at` for a child that prints "half written" once its writer has written part of a file and hangs."""
+    kill_child_at(script, target, line="half written")
+
+
+def torchrun(worker: Path, *arguments: str, cwd: Path, timeout: int = 240) -> str:
+    """Run `worker` on 2 CPU processes (torchrun, gloo); what they printed, or the test fails with it."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # A session of its own, so that a hang kills torchrun *and* its workers, and what they printed is shown.
+    launcher = subprocess.Popen(
+        [*command, *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        output, _ = launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate()
+        pytest.fail(f"torchrun still running after {timeout} s; killed. It printed:\n{output[-4000:]}")
+    assert launcher.returncode == 0, f"torchrun failed:\n{output[-4000:]}"
+    return output

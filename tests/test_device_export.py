@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model, write_rows
+from conftest import kill_child_at, tiny_model, write_rows
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertForSequenceClassification
 
@@ -230,18 +226,7 @@ def test_a_run_killed_mid_training_resumes_to_the_same_state(exported, tmp_path)
     examples = exported / "examples.safetensors"
     whole = device.train(exported, examples, epochs=2, state_path=tmp_path / "whole.safetensors")
     killed = tmp_path / "killed.safetensors"
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(exported), str(examples), str(killed)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    try:
-        assert child.stdout.readline().strip() == "step 2"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    kill_child_at(CHILD, exported, examples, killed, line="step 2", timeout=60)
     manifest = read_manifest(exported)
     assert read_state(killed, manifest).step == 2
     resumed = device.train(exported, examples, epochs=2, state_path=killed, resume=True)

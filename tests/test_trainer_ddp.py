@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_examples, tiny_model
+from conftest import tiny_examples, tiny_model, torchrun
 from test_trainer_callback import arguments
 
 import far
@@ -20,30 +16,6 @@ from far.training.trainer import FARTrainer
 pytestmark = pytest.mark.slow  # whole processes
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
-
-
-def torchrun(*arguments: str, cwd: Path, timeout: int = 240) -> str:
-    """Run the worker on 2 CPU processes (gloo); what they printed, or the test fails with it."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    # A session of its own, so that a hang kills torchrun *and* its workers, and what they printed is shown.
-    launcher = subprocess.Popen(
-        [*command, *arguments],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
-    try:
-        output, _ = launcher.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        output, _ = launcher.communicate()
-        pytest.fail(f"torchrun still running after {timeout} s; killed. It printed:\n{output[-4000:]}")
-    assert launcher.returncode == 0, f"torchrun failed:\n{output[-4000:]}"
-    return output
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
@@ -60,7 +32,7 @@ def test_prime_in_one_process_then_train_on_under_torchrun(tmp_path):
 
     # 2. torchrun: the same callback, resumed from the switch; the model is reconfigured before DDP wraps it.
     report = tmp_path / "report.json"
-    torchrun("trainer", str(report), str(switch), str(tmp_path / "ddp"), cwd=tmp_path)
+    torchrun(WORKER, "trainer", str(report), str(switch), str(tmp_path / "ddp"), cwd=tmp_path)
     result = json.loads(report.read_text())
     assert result["world_size"] == 2 and result["wrapped_in_ddp"] and result["steps"] == 6
     assert result["ranks_saw_different_batches"]  # different data per rank ...
