@@ -67,10 +67,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="a learners file to apply to --checkpoint, a stock model folder, before exporting",
     )
-    group.add_argument("--batch-size", type=int, default=32, help="the programs' fixed batch size (default 32)")
+    group.add_argument("--batch-size", type=int, default=32, help="examples per optimizer step (default 32)")
+    group.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="the programs' fixed batch, dividing --batch-size: the same steps in less memory (default: --batch-size)",
+    )
     group.add_argument("--max-length", type=int, default=64, help="the programs' tokens per example (default 64)")
-    group.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate on the device (default 0.01)")
-    group.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum on the device (default 0.9)")
+    group.add_argument(
+        "--optimizer", choices=("adamw", "sgd"), default="adamw", help="the device's optimizer (default adamw)"
+    )
+    group.add_argument("--lr", type=float, help="learning rate (default 1e-4 for adamw, as far train; 0.01 for sgd)")
+    group.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum (default 0.9)")
+    group.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default 0)")
+    group.add_argument(
+        "--max-grad-norm", type=float, default=1.0, help="clip the gradients' total norm (default 1.0, as far train; 0: off)"
+    )
+    group.add_argument(
+        "--schedule",
+        choices=("linear", "constant"),
+        default="linear",
+        help="lr schedule: linear decay to zero over the device run (default, as far train) or constant",
+    )
+    group.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps of the linear schedule")
     group.add_argument(
         "--xnnpack",
         choices=XNNPACK_LEVELS,
@@ -80,6 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     group.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
     parser.set_defaults(func=run)
+
+
+DEFAULT_DEVICE_LR = {"adamw": 1e-4, "sgd": 0.01}
 
 
 def _size(n_bytes: int) -> str:
@@ -122,9 +144,14 @@ def _export_executorch(args: argparse.Namespace) -> int:
         tokenizer,
         args.executorch,
         batch_size=args.batch_size,
+        micro_batch_size=args.micro_batch_size,
         max_length=args.max_length,
-        lr=args.lr,
+        optimizer=args.optimizer,
+        lr=args.lr if args.lr is not None else DEFAULT_DEVICE_LR[args.optimizer],
         momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm or None,
+        schedule={"warmup_steps": args.warmup_steps} if args.schedule == "linear" else None,
         xnnpack=args.xnnpack,
         overwrite=args.overwrite,
     )

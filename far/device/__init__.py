@@ -8,12 +8,13 @@
     export.py     `export_executorch`: the whole folder, atomically
     examples.py   `write_examples`: texts tokenised and padded for the programs
     order.py      the seeded batch order every runtime reproduces
-    state.py      the training state file (trainable tensors, momentum, position), checked on reading
+    optim.py      the device's optimizers written out: AdamW, SGD with momentum, clipping, schedule
+    state.py      the training state file (trainable tensors, optimizer state, position), checked on reading
     runtime.py    the programs through ExecuTorch's Python bindings
-    train.py      `train`: SGD with momentum, checkpoints, resume
+    train.py      `train`: micro-batches, the optimizer's step, checkpoints, resume
     learners.py   `to_learners`: a state as an ordinary learners file for the stock model
 
->>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, lr=0.01, momentum=0.9)
+>>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, optimizer="adamw", lr=1e-4)
 >>> far.device.write_examples("train.csv", tokenizer, "OUT", "OUT/train.safetensors")
 >>> far.device.train("OUT", "OUT/train.safetensors", epochs=3)
 >>> far.device.to_learners("OUT", "OUT/state.safetensors", stock_model, "user.safetensors")

@@ -1,6 +1,6 @@
 """`export_executorch`: a FAR-reconfigured model as an ExecuTorch export folder, ready to train on a device.
 
-    >>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, lr=0.01, momentum=0.9)
+    >>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, optimizer="adamw", lr=1e-4)
     >>> far.device.write_examples("train.csv", tokenizer, "OUT", "OUT/train.safetensors")
     >>> far.device.train("OUT", "OUT/train.safetensors", epochs=3)
     >>> far.device.to_learners("OUT", "OUT/state.safetensors", stock_model, "user.safetensors")
@@ -11,11 +11,11 @@ The folder's layout is in `far.device.manifest` and docs/device.md.
 from __future__ import annotations
 
 import logging
-import math
 import numbers
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from far.device.manifest import (
     tensor_spec,
     write_json_into,
 )
+from far.device.optim import optimizer_settings
 from far.device.plan import ExportPlan, plan_export
 from far.device.program import build_views, example_inputs, trainable_tensors
 from far.device.state import DeviceState, trainable_sha256, write_state
@@ -51,14 +52,21 @@ class ExportResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _check_settings(batch_size: object, lr: object, momentum: object) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number >= 1 (the programs' fixed batch), got {batch_size!r}")
-    for name, value, low in (("lr", lr, 0.0), ("momentum", momentum, 0.0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < low:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if lr == 0 or momentum >= 1:
-        raise ValueError(f"SGD needs lr > 0 and momentum in [0, 1), got lr={lr!r}, momentum={momentum!r}")
+def _micro_batch(batch_size: object, micro_batch_size: object) -> int:
+    """The programs' fixed batch: `micro_batch_size` (dividing `batch_size`), or `batch_size` itself."""
+    for name, value in (("batch_size", batch_size), ("micro_batch_size", micro_batch_size)):
+        if value is None and name == "micro_batch_size":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if micro_batch_size is None:
+        return int(batch_size)
+    if batch_size % micro_batch_size:
+        raise ValueError(
+            f"micro_batch_size={micro_batch_size} must divide batch_size={batch_size} (each step averages the "
+            "gradients of batch_size / micro_batch_size equal micro-batches)"
+        )
+    return int(micro_batch_size)
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
@@ -82,12 +90,9 @@ def _tokenizer_json(tokenizer) -> tuple[str, str, int]:
     return backend.to_str(pretty=True), str(tokenizer.pad_token), int(tokenizer.pad_token_id)
 
 
-def _manifest(plan: ExportPlan, model: nn.Module, batch_size: int, max_length: int, lr: float, momentum: float) -> dict:
+def _manifest(plan: ExportPlan, model: nn.Module, batch_size: int, micro: int, max_length: int, optimizer: dict) -> dict:
     """The manifest's fields that the model and the settings give (the programs' are added as they are written)."""
     config = getattr(model, "config", None)
-    # torch.optim.SGD's update; the fields a runner reads, with what far.device does not use at their neutral value
-    optimizer = {"name": "sgd", "lr": float(lr), "momentum": float(momentum), "dampening": 0.0, "weight_decay": 0.0}
-    optimizer["nesterov"] = False
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -98,6 +103,8 @@ def _manifest(plan: ExportPlan, model: nn.Module, batch_size: int, max_length: i
             "num_labels": plan.num_labels,
         },
         "batch_size": batch_size,
+        "micro_batch_size": micro,
+        "accumulate": batch_size // micro,
         "max_length": max_length,
         "hidden_size": plan.hidden_size,
         "vocab_size": plan.vocab_size,
@@ -132,7 +139,12 @@ def export_executorch(
     batch_size: int,
     max_length: int,
     lr: float,
-    momentum: float,
+    momentum: float = 0.9,
+    optimizer: str = "sgd",
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+    schedule: Mapping | None = None,
+    micro_batch_size: int | None = None,
     xnnpack: bool | str = False,
     bottom_xnnpack: bool = True,
     overwrite: bool = False,
@@ -140,7 +152,7 @@ def export_executorch(
     """Write a FAR-reconfigured model as ExecuTorch programs that train its learners, atomically.
 
     The folder holds train.pte (forward and backward over the trained layers and the head, with
-    SGD's settings recorded beside it), bottom.pte (the frozen embeddings and bottom layers, forward
+    the optimizer's settings recorded beside it), bottom.pte (the frozen embeddings and bottom layers, forward
     only, when everything below the first trained layer is frozen), tokenizer.json, manifest.json
     and state.safetensors (the trainable tensors at step 0). Everything is checked before anything
     is built, and the folder appears whole or not at all. The programs train without dropout.
@@ -151,8 +163,17 @@ def export_executorch(
             not changed.
         tokenizer: Its fast Hugging Face tokenizer.
         out_dir: The folder to write.
-        batch_size, max_length: The programs' fixed batch shape.
-        lr, momentum: SGD's learning rate and momentum (torch.optim.SGD's update, no dampening).
+        batch_size, max_length: Examples per optimizer step, and their fixed length in tokens.
+        lr, momentum, optimizer, weight_decay, max_grad_norm: The device's optimizer: "sgd"
+            (torch.optim.SGD's update with `momentum`, no dampening) or "adamw" (torch.optim.AdamW's,
+            default betas and eps), weight decay, and clipping of the gradients' total norm (None:
+            none). `far.device.optim` has the updates.
+        schedule: None for a constant lr, or linear warmup then decay to zero as
+            `{"warmup_steps": w, "total_steps": T or None, "offset": s}` (far's own schedule, evaluated
+            at `s` + the device's step: a device run can finish a host run's schedule).
+        micro_batch_size: The programs' fixed batch, dividing `batch_size`: each step averages the
+            gradients of `batch_size / micro_batch_size` micro-batches, the same update in less
+            memory (the program's planned memory grows with its batch). Default `batch_size`.
         xnnpack: Delegate the training program's operators to XNNPACK, one by one: True or "all"
             (every operator it takes: the fastest step, minutes to lower a 6-layer model), "matmul"
             (the matrix products only: about half the plain step, a minute), False or "none" (the
@@ -169,7 +190,22 @@ def export_executorch(
             nothing has been written.
     """
     out_dir = Path(out_dir)
-    _check_settings(batch_size, lr, momentum)
+    micro = _micro_batch(batch_size, micro_batch_size)
+    schedule = dict(schedule or {})
+    unknown = set(schedule) - {"warmup_steps", "total_steps", "offset"}
+    if unknown:
+        raise ValueError(f"schedule takes warmup_steps, total_steps and offset, not {sorted(unknown)}")
+    settings = optimizer_settings(
+        optimizer,
+        lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm,
+        warmup_steps=schedule.get("warmup_steps", 0),
+        total_steps=schedule.get("total_steps"),
+        schedule_offset=schedule.get("offset", 0),
+        linear_schedule=bool(schedule),
+    )
     level = xnnpack_level(xnnpack)
     _check_out_dir(out_dir, overwrite)
     plan = plan_export(model, max_length)
@@ -177,7 +213,7 @@ def export_executorch(
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     bottom, top = build_views(model, plan)
-    train_inputs, bottom_inputs = example_inputs(plan, batch_size, max_length)
+    train_inputs, bottom_inputs = example_inputs(plan, micro, max_length)
     if level != "none":
         logger.info("lowering the training program to XNNPACK (%s operators, one by one): minutes", level)
     bottom_program = None
@@ -192,9 +228,9 @@ def export_executorch(
             seconds["bottom"] = time.perf_counter() - start
     logger.info("lowered the programs in %s", ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     values = trainable_tensors(top)
-    manifest = _manifest(plan, model, batch_size, max_length, lr, momentum)
+    manifest = _manifest(plan, model, batch_size, micro, max_length, settings)
     manifest["trainable"] = [tensor_spec(n, values[n].shape, "float32") for n in order]
-    train_specs, bottom_specs = _inputs(plan, batch_size, max_length)
+    train_specs, bottom_specs = _inputs(plan, micro, max_length)
     programs = {"train": (program, level, train_specs, ["loss", "logits"])}
     if bottom_program is not None:
         programs["bottom"] = (bottom_program, "all" if bottom_xnnpack else "none", bottom_specs, ["hidden"])

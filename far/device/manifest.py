@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 FORMAT = "far.device"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: micro-batches (micro_batch_size, accumulate) and the optimizer's own settings
 MANIFEST, TRAIN, BOTTOM, TOKENIZER, STATE = (
     "manifest.json",
     "train.pte",

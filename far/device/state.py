@@ -1,9 +1,10 @@
-"""The training state file: the trainable tensors, the optimizer's momentum, and where in the data training is.
+"""The training state file: the trainable tensors, the optimizer's state, and where in the data training is.
 
 One safetensors file (written atomically, so a kill leaves the previous one whole):
 
 - `<name>` float32: each trainable tensor, named and shaped as the manifest's `trainable` list;
-- `momentum:<name>` float32: its SGD momentum buffer, present once a step was taken with momentum;
+- `<slot>:<name>` float32: its optimizer state, present once a step was taken: slot `momentum` for
+  SGD with momentum, `exp_avg` and `exp_avg_sq` for AdamW (`far.device.optim.SLOTS`);
 - metadata (strings): `format` ("far.device.state"), `format_version` ("1"), `base_fingerprint` and
   `program_sha256` (the base model and training program it belongs to), `step` (optimizer steps
   taken), `epoch` and `batch` (the next batch: batch `batch` of epoch `epoch`), `order_seed`,
@@ -30,9 +31,9 @@ from torch import Tensor
 
 from far.atomic import atomic_file
 from far.device.manifest import DeviceFileError, program_sha256
+from far.device.optim import SLOTS
 
 FORMAT, FORMAT_VERSION = "far.device.state", "1"
-MOMENTUM = "momentum:"
 _PREFIX = b"far.device.state/1\n"
 _CONTENT = "content_sha256"
 
@@ -43,7 +44,7 @@ class DeviceState:
 
     Attributes:
         tensors: `{name: value}` of every trainable tensor, in the manifest's order.
-        momentum: `{name: momentum buffer}`; empty before the first step (and with momentum 0).
+        slots: `{slot: {name: tensor}}`, the optimizer's state; empty before the first step.
         step: Optimizer steps taken.
         epoch, batch: The next batch to train on: batch `batch` of epoch `epoch` (0-based).
         order_seed: The seed of the batch order (`far.device.order`).
@@ -51,12 +52,17 @@ class DeviceState:
     """
 
     tensors: dict[str, Tensor]
-    momentum: dict[str, Tensor] = field(default_factory=dict)
+    slots: dict[str, dict[str, Tensor]] = field(default_factory=dict)
     step: int = 0
     epoch: int = 0
     batch: int = 0
     order_seed: int = 0
     examples_sha256: str = ""
+
+    @property
+    def momentum(self) -> dict[str, Tensor]:
+        """SGD's momentum buffers (empty for AdamW, or before the first step)."""
+        return self.slots.get("momentum", {})
 
 
 def content_sha256(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
@@ -80,7 +86,8 @@ def trainable_sha256(tensors: Mapping[str, Tensor]) -> str:
 def write_state(path: str | os.PathLike, state: DeviceState, manifest: Mapping) -> Path:
     """Write `state` for the export `manifest` describes, atomically (a kill leaves the previous file whole)."""
     tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in state.tensors.items()}
-    tensors |= {MOMENTUM + name: t.detach().to("cpu", copy=True).contiguous() for name, t in state.momentum.items()}
+    for slot, values in state.slots.items():
+        tensors |= {f"{slot}:{name}": t.detach().to("cpu", copy=True).contiguous() for name, t in values.items()}
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -148,12 +155,20 @@ def read_state(path: str | os.PathLike, manifest: Mapping) -> DeviceState:
             f"{str(path)!r} was written for another training program (another export of this base: other learners, "
             "batch size or length); use the state file written for this export folder"
         )
-    momentum = {k.removeprefix(MOMENTUM): t for k, t in tensors.items() if k.startswith(MOMENTUM)}
-    values = {k: t for k, t in tensors.items() if not k.startswith(MOMENTUM)}
     specs = {spec["name"]: spec for spec in manifest["trainable"]}
-    if set(values) != set(specs) or (momentum and set(momentum) != set(specs)):
-        raise DeviceFileError(f"{str(path)!r} holds other tensors than the manifest's trainable list")
-    for name, tensor in (*values.items(), *momentum.items()):
+    values = {k: t for k, t in tensors.items() if k in specs}
+    slots: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in tensors.items():
+        slot, _, name = key.partition(":")
+        if key not in specs and name in specs and slot in SLOTS[manifest["optimizer"]["name"]]:
+            slots.setdefault(slot, {})[name] = tensor
+    held = len(values) + sum(len(v) for v in slots.values())
+    if set(values) != set(specs) or held != len(tensors) or any(set(v) != set(specs) for v in slots.values()):
+        raise DeviceFileError(
+            f"{str(path)!r} holds other tensors than the manifest's trainable list and its "
+            f"{manifest['optimizer']['name']} state"
+        )
+    for name, tensor in (*values.items(), *(item for v in slots.values() for item in v.items())):
         spec = specs[name]
         if list(tensor.shape) != spec["shape"] or str(tensor.dtype).removeprefix("torch.") != spec["dtype"]:
             raise DeviceFileError(
@@ -162,7 +177,7 @@ def read_state(path: str | os.PathLike, manifest: Mapping) -> DeviceState:
             )
     return DeviceState(
         tensors={name: values[name] for name in specs},
-        momentum={name: momentum[name] for name in specs if name in momentum},
+        slots={slot: {name: v[name] for name in specs} for slot, v in slots.items()},
         step=_whole_number(path, metadata, "step"),
         epoch=_whole_number(path, metadata, "epoch"),
         batch=_whole_number(path, metadata, "batch"),

@@ -1,17 +1,13 @@
-"""`train`: SGD with momentum on an export folder's programs, through ExecuTorch's Python bindings.
+"""`train`: the learners of an export folder trained through ExecuTorch's Python bindings.
 
-Each step runs the bottom program (if any) on a batch, the training program's forward and
-backward, then torch.optim.SGD's update on the program's own trainable tensors:
-
-    buf = g                         (first step)
-    buf = momentum * buf + g        (later steps)
-    p  -= lr * buf
-
-The runtime's own SGD (`get_sgd_optimizer`) keeps its momentum where it cannot be saved, so the
-update is done here, on the named tensors, with the buffers in the state file. Batches follow
-`far.device.order`; a state file (`far.device.state`) is written every `checkpoint_every` steps
-and at the end, atomically, and `resume=True` goes on from one: a run killed at any moment and
-resumed ends with the same state as one never interrupted.
+Each step runs, for each of the export's `accumulate` micro-batches, the bottom program (if any)
+and the training program's forward and backward, averages their gradients, then updates the
+program's own trainable tensors with the manifest's optimizer (`far.device.optim`: SGD with
+momentum or AdamW, clipping, schedule). The runtime's own SGD (`get_sgd_optimizer`) keeps its
+momentum where it cannot be saved, so the update is done here, with the optimizer's state in the
+state file. Batches follow `far.device.order`; a state file (`far.device.state`) is written every
+`checkpoint_every` steps and at the end, atomically, and `resume=True` goes on from one: a run
+killed at any moment and resumed ends with the same state as one never interrupted.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ from torch import Tensor
 
 from far.device.examples import read_examples
 from far.device.manifest import STATE, DeviceFileError, read_manifest
+from far.device.optim import lr_at, update
 from far.device.order import epoch_order
 from far.device.runtime import DevicePrograms
 from far.device.state import DeviceState, read_state, trainable_sha256, write_state
@@ -43,23 +40,6 @@ class TrainResult:
     step: int  # optimizer steps taken in all, this call's included
     losses: list[float] = field(default_factory=list)  # this call's, one per step
     seconds: float = 0.0
-
-
-@torch.no_grad()
-def sgd_update(
-    params: Mapping[str, Tensor], grads: Mapping[str, Tensor], buffers: dict[str, Tensor], lr: float, momentum: float
-) -> None:
-    """torch.optim.SGD's update (no dampening, weight decay or Nesterov), in place, op for op."""
-    for name, param in params.items():
-        step = grads[name]
-        if momentum != 0:
-            buf = buffers.get(name)
-            if buf is None:
-                buf = buffers[name] = step.detach().clone()
-            else:
-                buf.mul_(momentum).add_(step)
-            step = buf
-        param.add_(step, alpha=-lr)
 
 
 def _check_count(name: str, value: object, low: int) -> int:
@@ -101,6 +81,7 @@ def train(
     checkpoint_every: int = 0,
     resume: bool = False,
     seed: int | None = None,
+    max_steps: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
     """Train an export folder's learners on `examples` for `epochs`, in ExecuTorch, and save the state.
@@ -116,6 +97,8 @@ def train(
         resume: Start from `state_path` (checked against this export and these examples) instead
             of the export's initial values.
         seed: The batch order's seed (default 0; a resumed run keeps its own).
+        max_steps: Stop after this many optimizer steps in all, if fewer than `epochs` make (a
+            device run that finishes a host run's schedule).
         on_step: Called as `on_step(step, loss)` after each step (and its checkpoint, if any).
 
     Returns:
@@ -136,20 +119,25 @@ def train(
     manifest = read_manifest(out_dir)
     data, examples_sha = read_examples(examples, manifest)
     state = _start(manifest, state_path, resume, seed, examples_sha)
-    n, size = data["labels"].shape[0], int(manifest["batch_size"])
+    n, micro, accumulate = data["labels"].shape[0], int(manifest["micro_batch_size"]), int(manifest["accumulate"])
+    size = micro * accumulate  # examples per optimizer step
     per_epoch = n // size
     if per_epoch == 0:
-        raise ValueError(f"{n} examples make no batch of {size} (the programs' fixed batch size); give more examples")
+        raise ValueError(
+            f"{n} examples make no batch of {size} ({accumulate} micro-batch(es) of the programs' fixed {micro}); "
+            "give more examples"
+        )
     total = epochs * per_epoch
+    if max_steps is not None:
+        total = min(total, _check_count("max_steps", max_steps, 1))
     if state.step >= total:
-        logger.info("the state is at step %d (epoch %d): %d epoch(s) are done already", state.step, state.epoch, epochs)
+        logger.info("the state is at step %d (epoch %d): %d step(s) are done already", state.step, state.epoch, total)
         return TrainResult(state_path, state.step)
-    optimizer = manifest["optimizer"]
-    lr, momentum = float(optimizer["lr"]), float(optimizer["momentum"])
+    settings = manifest["optimizer"]
     programs = DevicePrograms(out_dir, manifest)
     # The program starts at the export's values; a state elsewhere is copied in after a first call.
     pending = bool(state.tensors) and trainable_sha256(state.tensors) != manifest["state"]["initial_sha256"]
-    buffers = {name: t.clone() for name, t in state.momentum.items()}
+    slots = {slot: {name: t.clone() for name, t in values.items()} for slot, values in state.slots.items()}
     step, losses, order, order_epoch = state.step, [], None, -1
     start = time.perf_counter()
     while step < total:
@@ -157,20 +145,33 @@ def train(
         if epoch != order_epoch:
             order, order_epoch = torch.from_numpy(epoch_order(state.order_seed, epoch, n)), epoch
         rows = order[batch * size : (batch + 1) * size]
-        inputs = {key: value[rows] for key, value in data.items()}
-        loss, _ = programs.forward_backward(inputs)
-        if pending:  # that call only made the program's tensors reachable: load the state, run again
-            programs.load(state.tensors)
-            pending = False
-            loss, _ = programs.forward_backward(inputs)
-        sgd_update(programs.parameters(), programs.gradients(), buffers, lr, momentum)
+        loss, grads = 0.0, None
+        for part in range(accumulate):  # gradients are means over each micro-batch: their mean is the batch's
+            inputs = {key: value[rows[part * micro : (part + 1) * micro]] for key, value in data.items()}
+            part_loss, _ = programs.forward_backward(inputs)
+            if pending:  # that call only made the program's tensors reachable: load the state, run again
+                programs.load(state.tensors)
+                pending = False
+                part_loss, _ = programs.forward_backward(inputs)
+            loss += part_loss / accumulate
+            if accumulate == 1:
+                grads = programs.gradients()
+            elif grads is None:
+                grads = {name: g.clone() for name, g in programs.gradients().items()}
+            else:
+                for name, g in programs.gradients().items():
+                    grads[name].add_(g)
+        if accumulate > 1:
+            for g in grads.values():
+                g.div_(accumulate)
+        update(settings, programs.parameters(), grads, slots, step, lr_at(settings, step, total))
         step += 1
         losses.append(loss)
         if checkpoint_every and step % checkpoint_every == 0 and step < total:
-            _save(state_path, programs, buffers, step, per_epoch, state.order_seed, examples_sha, manifest)
+            _save(state_path, programs, slots, step, per_epoch, state.order_seed, examples_sha, manifest)
         if on_step is not None:
             on_step(step, loss)
-    _save(state_path, programs, buffers, step, per_epoch, state.order_seed, examples_sha, manifest)
+    _save(state_path, programs, slots, step, per_epoch, state.order_seed, examples_sha, manifest)
     seconds = time.perf_counter() - start
     logger.info("trained %d step(s) in %.1f s; state at step %d in %s", len(losses), seconds, step, state_path)
     return TrainResult(state_path, step, losses, seconds)
@@ -179,7 +180,7 @@ def train(
 def _save(
     path: Path,
     programs: DevicePrograms,
-    buffers: Mapping[str, Tensor],
+    slots: Mapping[str, Mapping[str, Tensor]],
     step: int,
     per_epoch: int,
     seed: int,
@@ -190,7 +191,7 @@ def _save(
     params = programs.parameters()
     state = DeviceState(
         tensors={name: params[name] for name in programs.names},
-        momentum={name: buffers[name] for name in programs.names if name in buffers},
+        slots={slot: {name: values[name] for name in programs.names} for slot, values in slots.items()},
         step=step,
         epoch=epoch,
         batch=batch,

@@ -15,12 +15,13 @@ struct Refusal : std::runtime_error {
 };
 
 inline const char* kUsage =
-    "usage: far_train OUT --examples FILE --state STATE --epochs N [--checkpoint-every S] [--out STATE_OUT]\n"
-    "                 [--resume] [--seed K] [--threads T]\n"
+    "usage: far_train OUT --examples FILE --state STATE --epochs N [--max-steps M] [--checkpoint-every S]\n"
+    "                 [--out STATE_OUT] [--resume] [--seed K] [--threads T]\n"
     "  OUT                 folder written by `far export --executorch OUT` (train.pte, [bottom.pte], manifest.json)\n"
     "  --examples FILE     safetensors: input_ids, attention_mask, [token_type_ids] int64 [N, L]; labels [N]\n"
     "  --state STATE       the training state (OUT/state.safetensors, or a checkpoint of this export)\n"
     "  --epochs N          train until N epochs are done in all (a resumed state counts its steps)\n"
+    "  --max-steps M       stop at M steps in all, if N epochs make more (0: no limit, the default)\n"
     "  --checkpoint-every S  write STATE_OUT every S steps (atomically); 0: only at the end (default)\n"
     "  --out STATE_OUT     where checkpoints and the final state go (default: STATE, updated in place)\n"
     "  --resume            start from STATE_OUT if it exists (after a kill), else from STATE\n"
@@ -29,7 +30,7 @@ inline const char* kUsage =
 
 struct Args {
   std::string out_dir, examples, state, state_out;
-  int64_t epochs = -1, checkpoint_every = 0, threads = 0;
+  int64_t epochs = -1, max_steps = 0, checkpoint_every = 0, threads = 0;
   bool resume = false, seed_given = false;
   uint64_t seed = 0;
 };
@@ -53,6 +54,7 @@ inline Args parse_args(int argc, char** argv) {
     else if (f == "--state") a.state = value();
     else if (f == "--out") a.state_out = value();
     else if (f == "--epochs") a.epochs = parse_int(f, value(), 0);
+    else if (f == "--max-steps") a.max_steps = parse_int(f, value(), 0);
     else if (f == "--checkpoint-every") a.checkpoint_every = parse_int(f, value(), 0);
     else if (f == "--threads") a.threads = parse_int(f, value(), 1);
     else if (f == "--seed") { a.seed = static_cast<uint64_t>(parse_int(f, value(), 0)); a.seed_given = true; }

@@ -1,14 +1,16 @@
 // far_train: train an exported FAR program on the device, without Python.
 //
-//   far_train OUT --examples FILE --state STATE --epochs N [--checkpoint-every S] [--out STATE_OUT]
-//             [--resume] [--seed K] [--threads T]
+//   far_train OUT --examples FILE --state STATE --epochs N [--max-steps M] [--checkpoint-every S]
+//             [--out STATE_OUT] [--resume] [--seed K] [--threads T]
 //
 // OUT is what `far export --executorch OUT` writes: train.pte (the joint forward+backward graph: "forward"
 // returns the loss, then the gradients, then the trainable tensors), an optional bottom.pte (the frozen bottom,
 // forward only: tokens -> hidden states), and manifest.json. STATE is a far.device state file (state.h): the
-// trainable tensors, momentum, and where training stands. The runner checks it all before the first step,
-// copies the state into the program's parameters, trains until N epochs are done with SGD (momentum),
-// checkpoints atomically every S steps to STATE_OUT (default: STATE itself), and writes the final state there.
+// trainable tensors, the optimizer's state, and where training stands. The runner checks it all before the
+// first step, copies the state into the program's parameters, and trains until N epochs (or M steps) are
+// done: each step averages the gradients of the manifest's `accumulate` micro-batches (the programs' batch)
+// and updates with its optimizer (optimizer.h: SGD with momentum or AdamW, clipping, schedule). It
+// checkpoints atomically every S steps to STATE_OUT (default: STATE itself) and writes the final state there.
 // A run killed at any moment resumes from its last checkpoint to the same final state, bit for bit.
 //
 // Exit status: 0 done; 2 refused before training (bad arguments, state, examples, manifest or program);
@@ -31,7 +33,7 @@
 #include "examples.h"
 #include "manifest.h"
 #include "safetensors.h"
-#include "sgd.h"
+#include "optimizer.h"
 #include "sha256.h"
 #include "state.h"
 
@@ -82,14 +84,17 @@ std::vector<Role> infer_roles(size_t n_inputs, bool has_bottom) {
                 " or their names in manifest.json's programs.train.inputs");
 }
 
-// One trainable tensor: where the program keeps it and its gradient, and its momentum buffer.
+// One trainable tensor: where the program keeps it and its gradient, its optimizer slots, and (with
+// micro-batches) the sum of its gradients over a step.
 struct Param {
   std::string name;
   std::vector<int64_t> shape;
   int64_t numel = 0;
   float* data = nullptr;  // the program's live parameter (an output aliasing planned memory)
   size_t grad_output = 0, param_output = 0;
-  std::vector<float> momentum;
+  std::vector<std::vector<float>> slots;  // optimizer.h's slots() order
+  std::vector<float> grad_sum;
+  float* grad = nullptr;  // this step's (mean) gradient
 };
 
 int run(int argc, char** argv) {
@@ -129,11 +134,12 @@ int run(int argc, char** argv) {
                     std::to_string(examples.int_labels[i]) + ", not a class id of the program (0-" +
                     std::to_string(manifest.num_labels - 1) + ")");
 
-  const int64_t B = manifest.batch_size;
-  if (examples.n < B)
-    throw Refusal(args.examples + " has " + std::to_string(examples.n) + " examples, fewer than the program's batch size " +
-                  std::to_string(B) + " (short batches are dropped, so nothing would train)");
-  const int64_t per_epoch = examples.n / B, total = args.epochs * per_epoch;
+  const int64_t B = manifest.batch_size, K = manifest.accumulate;  // the programs' batch; micro-batches per step
+  if (examples.n < B * K)
+    throw Refusal(args.examples + " has " + std::to_string(examples.n) + " examples, fewer than a step's " +
+                  std::to_string(B * K) + " (short batches are dropped, so nothing would train)");
+  const int64_t per_epoch = examples.n / (B * K);
+  const int64_t total = args.max_steps > 0 ? std::min(args.epochs * per_epoch, args.max_steps) : args.epochs * per_epoch;
 
   // Where to start: the state's step, in the order of the run that wrote it (epoch, batch = divmod(step, per_epoch)).
   if (args.seed_given && state.step > 0 && args.seed != state.order_seed)
@@ -144,10 +150,11 @@ int run(int argc, char** argv) {
   if (state.step > 0 && state.examples_sha256 != examples_sha)
     throw Refusal(state_path + " is at step " + std::to_string(state.step) + " of a run on another examples file; pass "
                   "the same --examples to resume it, or start from the export's state.safetensors");
-  const bool has_momentum = state.momentum(manifest.trainable.front().name) != nullptr;
-  if (manifest.optimizer.momentum != 0 && state.step > 0 && !has_momentum)
-    throw Refusal(state_path + " is at step " + std::to_string(state.step) + " but holds no momentum buffers; "
-                  "resuming without them would not be the same run");
+  const std::vector<std::string> slot_names = far_optim::slots(manifest.optimizer);
+  const bool has_slots = !slot_names.empty() && state.slot(slot_names[0], manifest.trainable.front().name) != nullptr;
+  if (!slot_names.empty() && state.step > 0 && !has_slots)
+    throw Refusal(state_path + " is at step " + std::to_string(state.step) + " but holds no " + manifest.optimizer.name +
+                  " state; resuming without it would not be the same run");
 
   // The programs, mapped read-only; the trainable parameters live in planned memory (checked below).
   far_et::LoadedProgram train(manifest.path(manifest.train));
@@ -224,13 +231,14 @@ int run(int argc, char** argv) {
   // Copy the state in. Parameters are written before the first execution; see et_program.h for why that works.
   for (Param& p : params) {
     std::memcpy(p.data, state.tensor(p.name).data, p.numel * sizeof(float));
-    if (manifest.optimizer.momentum != 0) {
-      p.momentum.assign(static_cast<size_t>(p.numel), 0.f);
-      if (const far_st::Tensor* mb = state.momentum(p.name))
-        std::memcpy(p.momentum.data(), mb->data, p.numel * sizeof(float));
+    for (const std::string& slot : slot_names) {
+      p.slots.emplace_back(static_cast<size_t>(p.numel), 0.f);
+      if (const far_st::Tensor* held = state.slot(slot, p.name))
+        std::memcpy(p.slots.back().data(), held->data, p.numel * sizeof(float));
     }
+    if (K > 1) p.grad_sum.assign(static_cast<size_t>(p.numel), 0.f);
   }
-  bool momentum_started = has_momentum && manifest.optimizer.momentum != 0;
+  bool slots_started = has_slots;
   state.file = far_st::File();  // unmap it: its values live in the program now
 
   // Batch buffers, and the tensors over them that feed the programs.
@@ -260,21 +268,23 @@ int run(int argc, char** argv) {
 
   int64_t n_values = 0;
   for (const Param& p : params) n_values += p.numel;
-  std::printf("far_train: %s (planned %.1f MB)%s; %zu trainable tensors (%lld values); batch %lld x %lld; %lld examples "
-              "-> %lld batches/epoch (%lld left over each epoch); from step %lld to step %lld (epoch %lld); order_seed %llu\n",
+  std::printf("far_train: %s (planned %.1f MB)%s; %zu trainable tensors (%lld values); %s; batch %lld x %lld in %lld "
+              "micro-batch(es); %lld examples -> %lld batches/epoch (%lld left over each epoch); from step %lld to step "
+              "%lld; order_seed %llu\n",
               train.path().c_str(), train.planned_bytes() / 1e6,
               bottom ? fmt(", bottom.pte (planned %.1f MB)", bottom->planned_bytes() / 1e6).c_str() : "", params.size(),
-              (long long)n_values, (long long)B, (long long)L, (long long)examples.n, (long long)per_epoch,
-              (long long)(examples.n - per_epoch * B), (long long)state.step, (long long)total, (long long)args.epochs,
-              (unsigned long long)seed);
+              (long long)n_values, manifest.optimizer.name.c_str(), (long long)(B * K), (long long)L, (long long)K,
+              (long long)examples.n, (long long)per_epoch, (long long)(examples.n - per_epoch * B * K),
+              (long long)state.step, (long long)total, (unsigned long long)seed);
   std::fflush(stdout);
 
   int64_t step = state.step;
   auto checkpoint = [&]() {
     std::vector<far_st::TensorView> views;
     for (const Param& p : params) views.push_back({p.name, "F32", p.shape, p.data});
-    if (momentum_started)
-      for (const Param& p : params) views.push_back({far_state::kMomentum + p.name, "F32", p.shape, p.momentum.data()});
+    if (slots_started)
+      for (size_t s = 0; s < slot_names.size(); ++s)
+        for (const Param& p : params) views.push_back({slot_names[s] + ":" + p.name, "F32", p.shape, p.slots[s].data()});
     far_state::write(args.state_out, manifest, views, step, step / per_epoch, step % per_epoch, seed,
                      step > 0 ? examples_sha : "");
   };
@@ -290,36 +300,64 @@ int run(int argc, char** argv) {
         order = far_examples::epoch_order(seed, epoch, examples.n);
         order_epoch = epoch;
       }
-      for (int64_t r = 0; r < B; ++r) batch.set_row(r, examples, order[next * B + r], manifest.pad_token_id);
-
-      if (bottom) {  // frozen bottom: tokens -> hidden states, forward only
-        Method& bm = bottom->forward();
-        set(bm, 0, EValue(*ids_t), "bottom.pte");
-        set(bm, 1, EValue(*mask_t), "bottom.pte");
-        if (bottom_inputs > 2) set(bm, 2, EValue(*tt_t), "bottom.pte");
-        bottom->execute();
-      }
-      for (size_t i = 0; i < roles.size(); ++i) {
-        switch (roles[i]) {
-          case Role::Hidden: set(fwd, i, bottom->forward().get_output(0), "train.pte"); break;
-          case Role::InputIds: set(fwd, i, EValue(*ids_t), "train.pte"); break;
-          case Role::AttentionMask: set(fwd, i, EValue(*mask_t), "train.pte"); break;
-          case Role::TokenTypeIds: set(fwd, i, EValue(*tt_t), "train.pte"); break;
-          case Role::Labels: set(fwd, i, EValue(*labels_t), "train.pte"); break;
+      float loss = 0.f;
+      for (int64_t part = 0; part < K; ++part) {  // each gradient is a micro-batch mean: their mean is the step's
+        for (int64_t r = 0; r < B; ++r)
+          batch.set_row(r, examples, order[(next * K + part) * B + r], manifest.pad_token_id);
+        if (bottom) {  // frozen bottom: tokens -> hidden states, forward only
+          Method& bm = bottom->forward();
+          set(bm, 0, EValue(*ids_t), "bottom.pte");
+          set(bm, 1, EValue(*mask_t), "bottom.pte");
+          if (bottom_inputs > 2) set(bm, 2, EValue(*tt_t), "bottom.pte");
+          bottom->execute();
+        }
+        for (size_t i = 0; i < roles.size(); ++i) {
+          switch (roles[i]) {
+            case Role::Hidden: set(fwd, i, bottom->forward().get_output(0), "train.pte"); break;
+            case Role::InputIds: set(fwd, i, EValue(*ids_t), "train.pte"); break;
+            case Role::AttentionMask: set(fwd, i, EValue(*mask_t), "train.pte"); break;
+            case Role::TokenTypeIds: set(fwd, i, EValue(*tt_t), "train.pte"); break;
+            case Role::Labels: set(fwd, i, EValue(*labels_t), "train.pte"); break;
+          }
+        }
+        train.execute();
+        const float part_loss = fwd.get_output(0).toTensor().const_data_ptr<float>()[0];
+        if (!std::isfinite(part_loss))
+          throw std::runtime_error("loss is " + std::to_string(part_loss) + " at step " + std::to_string(step + 1) +
+                                   "; stopping (" + args.state_out + " keeps the last checkpoint)");
+        loss += part_loss / static_cast<float>(K);
+        for (Param& p : params) {
+          if (fwd.get_output(p.param_output).toTensor().const_data_ptr<float>() != p.data)
+            throw std::runtime_error("'" + p.name + "' moved during execution; its output no longer aliases the weight");
+          float* g = fwd.get_output(p.grad_output).toTensor().mutable_data_ptr<float>();
+          if (K == 1) {
+            p.grad = g;
+          } else if (part == 0) {
+            std::memcpy(p.grad_sum.data(), g, p.numel * sizeof(float));
+          } else {
+            for (int64_t i = 0; i < p.numel; ++i) p.grad_sum[i] += g[i];
+          }
         }
       }
-      train.execute();
-      const float loss = fwd.get_output(0).toTensor().const_data_ptr<float>()[0];
-      if (!std::isfinite(loss))
-        throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                                 "; stopping (" + args.state_out + " keeps the last checkpoint)");
-      for (Param& p : params) {
-        if (fwd.get_output(p.param_output).toTensor().const_data_ptr<float>() != p.data)
-          throw std::runtime_error("'" + p.name + "' moved during execution; its output no longer aliases the weight");
-        const float* g = fwd.get_output(p.grad_output).toTensor().const_data_ptr<float>();
-        far_sgd::step(manifest.optimizer, p.data, g, p.momentum.data(), !momentum_started, p.numel);
+      if (K > 1)
+        for (Param& p : params) {
+          for (int64_t i = 0; i < p.numel; ++i) p.grad_sum[i] /= static_cast<float>(K);
+          p.grad = p.grad_sum.data();
+        }
+      if (manifest.optimizer.max_grad_norm > 0) {
+        std::vector<std::pair<float*, int64_t>> grads;
+        for (Param& p : params) grads.emplace_back(p.grad, p.numel);
+        const float factor = far_optim::clip_factor(grads, manifest.optimizer.max_grad_norm);
+        for (Param& p : params)
+          for (int64_t i = 0; i < p.numel; ++i) p.grad[i] *= factor;
       }
-      momentum_started = manifest.optimizer.momentum != 0;
+      const double lr = far_optim::lr_at(manifest.optimizer, step, total);
+      for (Param& p : params) {
+        std::vector<float*> slots;
+        for (auto& s : p.slots) slots.push_back(s.data());
+        far_optim::step(manifest.optimizer, lr, step + 1, p.data, p.grad, slots, !slots_started, p.numel);
+      }
+      slots_started = !slot_names.empty();
       ++step;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("step=%lld epoch=%lld loss=%.6f time_s=%.3f\n", (long long)step, (long long)epoch, loss, secs);

@@ -2,14 +2,18 @@
 // to know about the programs beside it (the manifest holds more: the model, its learners, the tokenizer).
 // The key names live here and nowhere else.
 //
-//   {"format": "far.device", "format_version": 1,
-//    "batch_size": 32, "max_length": 64,
+//   {"format": "far.device", "format_version": 2,
+//    "batch_size": 32, "micro_batch_size": 8, "accumulate": 4, "max_length": 64,   // the programs take 8
+
 //    "task": {"kind": "classification", "num_labels": 2},                       // or "regression"
 //    "programs": {"train": {"file": "train.pte", "sha256": "...",
 //                           "inputs": [{"name": "hidden", "shape": [...], "dtype": "float32"}, ...]},
 //                 "bottom": {"file": "bottom.pte", "sha256": "...", "inputs": [...]}},  // with a frozen bottom
 //    "trainable": [{"name": "...", "shape": [384, 384], "dtype": "float32"}, ...],     // program order
-//    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0, "weight_decay": 0, "nesterov": false},
+//    "optimizer": {"name": "adamw", "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0,
+//                  "max_grad_norm": 1.0,                                          // or null
+//                  "schedule": {"kind": "linear", "warmup_steps": 0, "total_steps": null, "offset": 0}},  // or null
+//                 // or {"name": "sgd", "lr": 0.01, "momentum": 0.9, "dampening": 0, "weight_decay": 0, "nesterov": false, ...}
 //    "base_fingerprint": "...",
 //    "tokenizer": {"pad_token_id": 0, ...}}
 #pragma once
@@ -26,9 +30,13 @@
 namespace far_manifest {
 
 struct Optimizer {
-  std::string name = "sgd";
+  std::string name = "sgd";  // or "adamw"
   double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double max_grad_norm = 0;  // 0: no clipping
+  bool linear_schedule = false;
+  int64_t warmup_steps = 0, total_steps = 0, offset = 0;  // total_steps 0: offset + the run's steps
 };
 
 struct Program {
@@ -42,7 +50,8 @@ struct TensorSpec {
 
 struct Manifest {
   std::string dir;  // the OUT folder
-  int64_t batch_size = 0, max_length = 0, pad_token_id = 0;
+  int64_t batch_size = 0, max_length = 0, pad_token_id = 0;  // batch_size: the programs' (a micro-batch)
+  int64_t accumulate = 1;                                      // micro-batches per optimizer step
   std::vector<TensorSpec> trainable;  // in the program's parameter order
   Optimizer optimizer;
   std::string base_fingerprint;
@@ -97,17 +106,21 @@ inline Manifest read(const std::string& dir) {
   if (const far_json::Value* format = root.find("format")) {
     if (!format->is_string() || format->string != "far.device")
       throw fail("not a far.device manifest (format '" + format->string + "')");
-    if (integer(root, "format_version", true, 0) != 1)
+    if (integer(root, "format_version", true, 0) != 2)
       throw fail("format_version " + std::to_string(integer(root, "format_version", true, 0)) +
-                 "; far_train reads version 1: rebuild far_train from this far, or export again");
+                 "; far_train reads version 2: rebuild far_train from this far, or export again");
   }
 
   Manifest m;
   m.dir = dir;
-  m.batch_size = integer(root, "batch_size", true, 0);
+  m.batch_size = integer(root, "micro_batch_size", true, 0);
+  m.accumulate = integer(root, "accumulate", true, 0);
   m.max_length = integer(root, "max_length", true, 0);
   if (const far_json::Value* tok = root.find("tokenizer")) m.pad_token_id = integer(*tok, "pad_token_id", false, 0);
-  if (m.batch_size <= 0 || m.max_length <= 0) throw fail("batch_size and max_length must be positive");
+  if (m.batch_size <= 0 || m.accumulate <= 0 || m.max_length <= 0)
+    throw fail("micro_batch_size, accumulate and max_length must be positive");
+  if (integer(root, "batch_size", true, 0) != m.batch_size * m.accumulate)
+    throw fail("batch_size is not micro_batch_size x accumulate");
   m.base_fingerprint = string("base_fingerprint");
   if (const far_json::Value* task = root.find("task")) {
     const far_json::Value* kind = task->find("kind");
@@ -162,13 +175,36 @@ inline Manifest read(const std::string& dir) {
   const far_json::Value* name = opt->find("name");
   if (!name || !name->is_string()) throw fail("missing \"optimizer\".\"name\"");
   m.optimizer.name = name->string;
-  if (m.optimizer.name != "sgd")
-    throw fail("optimizer \"" + m.optimizer.name + "\" is not supported by far_train (only \"sgd\"); export with SGD");
+  if (m.optimizer.name != "sgd" && m.optimizer.name != "adamw")
+    throw fail("optimizer \"" + m.optimizer.name + "\" is not supported by far_train (\"sgd\" or \"adamw\")");
   m.optimizer.lr = number(*opt, "lr", true);
-  m.optimizer.momentum = number(*opt, "momentum", false);
-  m.optimizer.dampening = number(*opt, "dampening", false);
   m.optimizer.weight_decay = number(*opt, "weight_decay", false);
-  if (const far_json::Value* n = opt->find("nesterov")) m.optimizer.nesterov = n->boolean;
+  if (m.optimizer.name == "sgd") {
+    m.optimizer.momentum = number(*opt, "momentum", false);
+    m.optimizer.dampening = number(*opt, "dampening", false);
+    if (const far_json::Value* n = opt->find("nesterov")) m.optimizer.nesterov = n->boolean;
+  } else {
+    const far_json::Value* betas = opt->find("betas");
+    if (!betas || !betas->is_array() || betas->array.size() != 2 || !betas->array[0].is_number() ||
+        !betas->array[1].is_number())
+      throw fail("\"optimizer\".\"betas\" must be two numbers");
+    m.optimizer.beta1 = betas->array[0].number;
+    m.optimizer.beta2 = betas->array[1].number;
+    m.optimizer.eps = number(*opt, "eps", true);
+  }
+  if (const far_json::Value* clip = opt->find("max_grad_norm"); clip && clip->kind != far_json::Value::Kind::Null) {
+    if (!clip->is_number() || clip->number <= 0) throw fail("\"optimizer\".\"max_grad_norm\" must be positive or null");
+    m.optimizer.max_grad_norm = clip->number;
+  }
+  if (const far_json::Value* sch = opt->find("schedule"); sch && sch->kind != far_json::Value::Kind::Null) {
+    const far_json::Value* kind = sch->find("kind");
+    if (!kind || kind->string != "linear") throw fail("\"optimizer\".\"schedule\" must be null or of kind \"linear\"");
+    m.optimizer.linear_schedule = true;
+    m.optimizer.warmup_steps = integer(*sch, "warmup_steps", true, 0);
+    m.optimizer.offset = integer(*sch, "offset", true, 0);
+    const far_json::Value* total = sch->find("total_steps");
+    if (total && total->kind != far_json::Value::Kind::Null) m.optimizer.total_steps = integer(*sch, "total_steps", true, 0);
+  }
   if (m.optimizer.lr <= 0) throw fail("\"optimizer\".\"lr\" must be positive");
   return m;
 }

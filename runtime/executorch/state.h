@@ -1,7 +1,8 @@
 // The training state file (far.device.state, format version 1), as far/device/state.py defines it: one
 // safetensors file holding
 //   <name>            float32, each trainable tensor, named and shaped as the manifest's "trainable" list;
-//   momentum:<name>   float32, its SGD momentum buffer, once a step was taken with momentum;
+//   <slot>:<name>     float32, its optimizer state once a step was taken: "momentum" (SGD with momentum),
+//                     "exp_avg" and "exp_avg_sq" (AdamW) -- optimizer.h's slots();
 //   metadata          format "far.device.state", format_version "1", base_fingerprint, program_sha256, step
 //                     (optimizer steps taken), epoch and batch (the next batch: batch `batch` of epoch `epoch`),
 //                     order_seed, examples_sha256 ("" before training) and content_sha256.
@@ -19,12 +20,13 @@
 #include <vector>
 
 #include "manifest.h"
+#include "optimizer.h"
 #include "safetensors.h"
 #include "sha256.h"
 
 namespace far_state {
 
-const std::string kFormat = "far.device.state", kVersion = "1", kMomentum = "momentum:", kContent = "content_sha256";
+const std::string kFormat = "far.device.state", kVersion = "1", kContent = "content_sha256";
 
 // A state that cannot be used with this export: damaged, foreign, or another run's.
 struct StateError : std::runtime_error {
@@ -68,7 +70,8 @@ struct State {
   std::string examples_sha256;
 
   const far_st::Tensor& tensor(const std::string& name) const { return *file.find(name); }
-  const far_st::Tensor* momentum(const std::string& name) const { return file.find(kMomentum + name); }
+  // The optimizer's `slot` of tensor `name`, or nullptr before the first step.
+  const far_st::Tensor* slot(const std::string& slot, const std::string& name) const { return file.find(slot + ":" + name); }
 };
 
 inline int64_t whole_number(const far_st::File& f, const std::string& key, const std::string& path) {
@@ -106,20 +109,24 @@ inline State read(const std::string& path, const far_manifest::Manifest& m) {
                      m.dir);
   std::set<std::string> expected;
   for (const auto& spec : m.trainable) expected.insert(spec.name);
-  bool any_momentum = false;
+  const std::vector<std::string> slot_names = far_optim::slots(m.optimizer);
+  std::set<std::string> slots_held;
   for (const auto& t : f.tensors) {
-    const bool is_momentum = t.name.rfind(kMomentum, 0) == 0;
-    any_momentum |= is_momentum;
-    if (!expected.count(is_momentum ? t.name.substr(kMomentum.size()) : t.name))
-      throw StateError(path + " holds '" + t.name + "', which this export does not train (a state of another export?)");
+    if (expected.count(t.name)) continue;
+    const size_t colon = t.name.find(':');
+    const std::string slot = colon == std::string::npos ? "" : t.name.substr(0, colon);
+    if (colon == std::string::npos || !expected.count(t.name.substr(colon + 1)) ||
+        std::find(slot_names.begin(), slot_names.end(), slot) == slot_names.end())
+      throw StateError(path + " holds '" + t.name + "', which this export does not train with " + m.optimizer.name +
+                       " (a state of another export?)");
+    slots_held.insert(slot);
   }
   for (const auto& spec : m.trainable) {
-    for (const std::string& name : {spec.name, kMomentum + spec.name}) {
+    std::vector<std::string> names = {spec.name};
+    for (const auto& slot : slots_held) names.push_back(slot + ":" + spec.name);
+    for (const std::string& name : names) {
       const far_st::Tensor* t = f.find(name);
-      if (!t) {
-        if (name == spec.name || any_momentum) throw StateError(path + " has no tensor '" + name + "'");
-        continue;
-      }
+      if (!t) throw StateError(path + " has no tensor '" + name + "'");
       if (t->dtype != "F32" || (!spec.shape.empty() && t->shape != spec.shape))
         throw StateError(path + ": '" + name + "' has shape " + far_st::shape_str(t->shape) + " " + torch_dtype(t->dtype) +
                          ", the manifest says " + far_st::shape_str(spec.shape) + " float32");
@@ -133,7 +140,7 @@ inline State read(const std::string& path, const far_manifest::Manifest& m) {
   return s;
 }
 
-// Write a state atomically (see safetensors.h): `tensors` are the trainable tensors then the momentum buffers.
+// Write a state atomically (see safetensors.h): `tensors` are the trainable tensors then the optimizer's slots.
 inline void write(const std::string& path, const far_manifest::Manifest& m, const std::vector<far_st::TensorView>& tensors,
                   int64_t step, int64_t epoch, int64_t batch, uint64_t order_seed, const std::string& examples_sha256) {
   std::map<std::string, std::string> meta = {

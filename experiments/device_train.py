@@ -1,0 +1,361 @@
+"""FAR trained on ExecuTorch (far.device, runtime/executorch/far_train) against torch: step time, memory, metric.
+
+    python experiments/device_train.py --part step      # step time: far_train vs torch eager, 32x64 and 8x128
+    python experiments/device_train.py --part memory    # far_train's whole-process peak RSS on CoLA, batch 32
+    python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
+    python experiments/device_train.py --part metric --task sst2
+
+The configuration is the issue's: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
+and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
+2-5 and the head), AdamW (lr 1e-4, clipping at 1.0, far's linear schedule), one thread everywhere.
+Build the runner first: `bash runtime/executorch/build.sh`. Each part writes
+experiments/results/device_train/<part>[_<task>].json with the machine's lscpu flags.
+
+- step: exports at 32x64 and 8x128 (XNNPACK "all", and 32x64 also as 4 micro-batches of 8), random
+  full-length examples; far_train (one process per measurement, /usr/bin/time -v) and torch eager's
+  AdamW step on the same reconfigured model and batches (a child process, eval mode: no dropout, as
+  exported), alternating, `--rounds` each; medians of the steps after the first.
+- memory: CoLA's training set written for exports of batch 32 in micro-batches of 32, 8 and 4;
+  far_train trains `--steps` steps under /usr/bin/time -v.
+- metric: `far glue --task T` with the settings above runs in this process (far.finetune, checkpoint at
+  the end of priming); the checkpoint there (priming done, FFNs split) is exported, and far_train
+  trains the rest of the run's steps with the rest of its schedule; the state comes back as a learners
+  file on the stock model and far's own evaluator scores it on the same dev set. Differences by design:
+  the device program runs without dropout, and takes its batches in far.device's order at a fixed
+  64 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results" / "device_train"
+RUNNER = ROOT / "runtime" / "executorch" / "build" / "far_train"
+FAR_CONFIG = dict(retention=0.2, freeze_embeddings=True, freeze_layers=2)
+LR, CLIP = 1e-4, 1.0
+
+
+def cpu_flags() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s*(.*)", out)
+    flags = re.search(r"Flags:\s*(.*)", out)
+    keep = sorted(f for f in (flags.group(1).split() if flags else []) if re.match(r"avx|amx|fma|f16c", f))
+    return f"{model.group(1).strip() if model else platform.processor()}; {' '.join(keep)}"
+
+
+def peak_rss_mib(time_v_stderr: str) -> float:
+    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_v_stderr).group(1))
+    return round(kib / 1024, 1)
+
+
+def write_result(name: str, record: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    record = {"machine": cpu_flags(), "cores": os.cpu_count(), "command": " ".join(sys.argv), **record}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def reconfigured_minilm(selection: str = "random"):
+    import far
+    from far.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer("minilm", "classification", num_labels=2)
+    far.reconfigure(model, far.FARConfig(selection=selection, **FAR_CONFIG))
+    return model, tokenizer
+
+
+def export(out: Path, batch: int, length: int, micro: int | None = None, xnnpack: str = "all", model=None, **opt):
+    """Export (or reuse) a folder; the model defaults to MiniLM reconfigured with random learners (timing only)."""
+    from far.device.export import export_executorch
+
+    if (out / "manifest.json").is_file():
+        return {"reused": str(out)}
+    if model is None:
+        model, tokenizer = reconfigured_minilm()
+    else:
+        model, tokenizer = model
+    settings = dict(optimizer="adamw", lr=LR, max_grad_norm=CLIP) | opt
+    start = time.perf_counter()
+    result = export_executorch(
+        model, tokenizer, out, batch_size=batch, micro_batch_size=micro, max_length=length, xnnpack=xnnpack, **settings
+    )
+    return {"export_s": round(time.perf_counter() - start, 1), "sizes": result.sizes}
+
+
+def random_examples(path: Path, n: int, manifest: dict) -> None:
+    """n full-length examples of random tokens, laid out as far.device.write_examples writes them."""
+    import torch
+    from safetensors.torch import save_file
+
+    length = int(manifest["max_length"])
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1000, int(manifest["vocab_size"]), (n, length), generator=g)
+    ids[:, 0] = 101
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(n, length, dtype=torch.long),
+        "token_type_ids": torch.zeros(n, length, dtype=torch.long),
+        "labels": torch.randint(0, 2, (n,), generator=g),
+    }
+    metadata = {
+        "format": "far.device.examples",
+        "format_version": "1",
+        "max_length": str(length),
+        "num_labels": "2",
+        "base_fingerprint": manifest["base_fingerprint"],
+        "truncated": "0",
+    }
+    save_file(tensors, path, metadata=metadata)
+
+
+def run_runner(out: Path, examples: Path, work: Path, *extra: str) -> dict:
+    state = work / "state.safetensors"
+    shutil.copy(out / "state.safetensors", state)
+    cmd = ["/usr/bin/time", "-v", str(RUNNER), str(out), "--examples", str(examples), "--state", str(state)]
+    cmd += ["--threads", "1", *extra]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(done.stdout + done.stderr)
+    steps = [dict(w.split("=") for w in line.split()) for line in done.stdout.splitlines() if line.startswith("step=")]
+    times = [float(s["time_s"]) for s in steps]
+    return {
+        "command": " ".join(cmd[2:]),
+        "step_s": round(statistics.median(times[1:]), 4),
+        "steps": len(times),
+        "last_loss": float(steps[-1]["loss"]),
+        "peak_rss_MiB": peak_rss_mib(done.stderr),
+        "process_s": round(time.perf_counter() - start, 1),
+        "plan": done.stdout.splitlines()[0],
+    }
+
+
+def eager_child(examples: Path, batch: int) -> None:
+    """Child process: torch eager's AdamW steps on the reconfigured model, the runner's batches; one JSON line."""
+    import torch
+    from safetensors.torch import load_file
+
+    from far.device.order import batch_indices
+
+    torch.set_num_threads(1)
+    model, _ = reconfigured_minilm()
+    model.eval()  # no dropout, as in the exported program; gradients flow all the same
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=LR)
+    data = load_file(examples)
+    n = data["labels"].shape[0]
+    times = []
+    for step in range(n // batch):
+        rows = torch.from_numpy(batch_indices(0, 0, step, n, batch))
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(**{k: v[rows] for k, v in data.items()}).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, CLIP)
+        opt.step()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"step_s": round(statistics.median(times[1:]), 4), "steps": len(times)}))
+
+
+def run_eager(examples: Path, batch: int) -> dict:
+    cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--eager-child", str(examples), "--batch", str(batch)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(done.stdout + done.stderr)
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak_rss_MiB": peak_rss_mib(done.stderr)}
+
+
+def part_step(work: Path, rounds: int, steps: int) -> None:
+    shapes = [(32, 64, None), (32, 64, 8), (8, 128, None)]
+    rows = []
+    for batch, length, micro in shapes:
+        out = work / (f"step-{batch}x{length}" + ("" if micro is None else f"-m{micro}"))
+        info = export(out, batch, length, micro)
+        manifest = json.loads((out / "manifest.json").read_text())
+        examples = work / f"random-{batch}x{length}.safetensors"
+        if not examples.is_file():
+            random_examples(examples, batch * steps, manifest)
+        runner, eager = [], []
+        for _ in range(rounds):  # alternating, so that both see the same machine
+            runner.append(run_runner(out, examples, work, "--epochs", "1"))
+            eager.append(run_eager(examples, batch))
+        runner_s = statistics.median(r["step_s"] for r in runner)
+        eager_s = statistics.median(r["step_s"] for r in eager)
+        row = {
+            "shape": f"{batch}x{length}",
+            "micro_batch": micro or batch,
+            "export": info,
+            "runner_step_s": runner_s,
+            "eager_step_s": eager_s,
+            "runner_over_eager": round(runner_s / eager_s, 3),
+            "runner_peak_rss_MiB": max(r["peak_rss_MiB"] for r in runner),
+            "eager_peak_rss_MiB": max(r["peak_rss_MiB"] for r in eager),
+            "runs": {"runner": runner, "eager": eager},
+        }
+        print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+        rows.append(row)
+    write_result("step", {"rows": rows})
+
+
+def glue_examples(out: Path, path: Path, task: str = "cola", limit: int | None = None) -> int:
+    """The task's first `limit` training examples, written for the export `out` (cut at its length)."""
+    from far.data.glue import GLUE_TASKS, load_glue
+    from far.data.locate import locate_data_dir
+    from far.device.examples import write_examples
+
+    spec = GLUE_TASKS[task]
+    train = load_glue(spec.name, locate_data_dir(None))["train"]
+    if limit is not None:
+        train = train.select(range(min(limit, len(train))))
+    columns = [list(train[c]) for c in spec.text_columns]
+    texts = columns[0] if len(columns) == 1 else list(zip(*columns))
+    write_examples(texts, None, out, path, labels=list(train["label"]), truncate=True)
+    return len(train)
+
+
+def part_memory(work: Path, steps: int) -> None:
+    rows = []
+    for micro in (32, 8, 4):
+        out = work / f"mem-32x64-m{micro}"
+        info = export(out, 32, 64, micro)
+        examples = work / f"cola-{micro}.safetensors"
+        if not examples.is_file():
+            glue_examples(out, examples)
+        result = run_runner(out, examples, work, "--epochs", "1", "--max-steps", str(steps))
+        row = {"micro_batch": micro, "export": info, **result}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    write_result("memory", {"batch": 32, "max_length": 64, "rows": rows})
+
+
+def part_metric(
+    work: Path, task: str, micro: int | None, max_train: int | None, epochs: float | None, xnnpack: str
+) -> None:
+    import far
+    from far.data.locate import locate_data_dir
+    from far.device.learners import to_learners
+    from far.models import load_model_and_tokenizer
+    from far.recipes.runs import glue_run
+    from far.recipes.settings import RunSettings
+    from far.saving.stock import stock_reader
+    from far.models import resolve_model
+    from far.training.checkpoint import read_checkpoint, load_model_state
+    from far.training.plan import plan_training
+
+    host_dir = work / f"host-{task}"
+    settings = RunSettings(
+        model="minilm",
+        method="far",
+        max_length=64,
+        seed=0,
+        output_dir=str(host_dir),
+        overwrite=True,
+        max_train_samples=max_train,
+        epochs=epochs,
+        progress=False,
+        priming_scores="change",
+        data_dir=str(locate_data_dir(None)),
+        **FAR_CONFIG,
+    )
+    run = glue_run(settings, task)
+    options = settings.train_options(run.hyperparameters)
+    plan = plan_training(len(run.train_data), options)
+    options = dataclasses.replace(options, checkpoint_every=plan.priming_steps, keep_checkpoints=None)
+    start = time.process_time()
+    host_dir.mkdir(parents=True, exist_ok=True)
+    result = far.finetune(
+        run.model,
+        run.train_data,
+        base_weights=stock_reader(resolve_model("minilm"), run.model),
+        options=options,
+        collate_fn=run.collate_fn,
+        loss_fn=run.loss_fn,
+        eval_fn=None,
+        output_dir=host_dir,
+    )
+    host_cpu_s = time.process_time() - start
+    host_metrics = run.evaluator(run.model)
+    print(json.dumps({"host": host_metrics, "cpu_s": round(host_cpu_s, 1)}), flush=True)
+
+    # The run at the end of priming: FFNs split, learners chosen, priming's changes kept.
+    switch = read_checkpoint(host_dir / "checkpoints" / f"step-{plan.priming_steps}")
+    primed, tokenizer = load_model_and_tokenizer("minilm", "classification", num_labels=run.model.config.num_labels)
+    load_model_state(primed, switch)
+    out = work / f"device-{task}"
+    schedule = {"warmup_steps": plan.warmup_steps, "total_steps": plan.total_steps, "offset": plan.priming_steps}
+    info = export(out, 32, 64, micro, xnnpack, model=(primed, tokenizer), schedule=schedule)
+    examples = work / f"{task}-train.safetensors"
+    n = glue_examples(out, examples, task, max_train)
+    remaining = plan.total_steps - plan.priming_steps
+    epochs_needed = -(-remaining // (n // 32)) + 1
+    device = run_runner(out, examples, work, "--epochs", str(epochs_needed), "--max-steps", str(remaining))
+    stock, _ = load_model_and_tokenizer("minilm", "classification", num_labels=run.model.config.num_labels)
+    learners = to_learners(out, work / "state.safetensors", stock, work / f"{task}-user.safetensors")
+    far.load_learners(stock, learners)
+    device_metrics = run.evaluator(stock)
+    print(json.dumps({"device": device_metrics, **device}), flush=True)
+    write_result(
+        f"metric_{task}",
+        {
+            "task": task,
+            "train_examples": n,
+            "plan": {"total_steps": plan.total_steps, "priming_steps": plan.priming_steps, "warmup": plan.warmup_steps},
+            "host": {"metrics": host_metrics, "cpu_s": round(host_cpu_s, 1), "trained": result.to_dict()},
+            "device": {"metrics": device_metrics, "export": info, **device},
+            "learners_file_bytes": learners.stat().st_size,
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("step", "memory", "metric"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--task", choices=("cola", "sst2"), default="cola")
+    parser.add_argument("--micro-batch", type=int, help="metric: the programs' micro-batch (default 32)")
+    parser.add_argument("--max-train-samples", type=int, help="metric: the first N training examples")
+    parser.add_argument("--epochs", type=float, help="metric: the host run's epochs (default: far glue's)")
+    parser.add_argument("--xnnpack", default="all", help="metric: the training program's XNNPACK level")
+    parser.add_argument("--eager-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.eager_child:
+        eager_child(args.eager_child, args.batch)
+        return
+    if args.part is None:
+        parser.error("--part is required")
+    if not RUNNER.is_file():
+        raise SystemExit(f"no runner at {RUNNER}: bash runtime/executorch/build.sh")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.part == "step":
+        part_step(args.work, args.rounds, args.steps)
+    elif args.part == "memory":
+        part_memory(args.work, args.steps)
+    else:
+        part_metric(args.work, args.task, args.micro_batch, args.max_train_samples, args.epochs, args.xnnpack)
+
+
+if __name__ == "__main__":
+    main()
