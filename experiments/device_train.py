@@ -185,7 +185,7 @@ def part_step(work: Path, rounds: int, steps: int) -> None:
     shapes = [(32, 64, None), (32, 64, 8), (8, 128, None)]
     rows = []
     for batch, length, micro in shapes:
-        out = work / (f"step-{batch}x{length}" + ("" if micro is None else f"-m{micro}"))
+        out = work / f"export-{batch}x{length}-m{micro or batch}"  # shared with the memory part
         info = export(out, batch, length, micro)
         manifest = json.loads((out / "manifest.json").read_text())
         examples = work / f"random-{batch}x{length}.safetensors"
@@ -232,7 +232,7 @@ def glue_examples(out: Path, path: Path, task: str = "cola", limit: int | None =
 def part_memory(work: Path, steps: int) -> None:
     rows = []
     for micro in (32, 8, 4):
-        out = work / f"mem-32x64-m{micro}"
+        out = work / f"export-32x64-m{micro}"
         info = export(out, 32, 64, micro)
         examples = work / f"cola-{micro}.safetensors"
         if not examples.is_file():

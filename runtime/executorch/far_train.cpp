@@ -34,6 +34,7 @@
 #include "manifest.h"
 #include "safetensors.h"
 #include "optimizer.h"
+#include "pages.h"
 #include "sha256.h"
 #include "state.h"
 
@@ -289,6 +290,11 @@ int run(int argc, char** argv) {
                      step > 0 ? examples_sha : "");
   };
 
+  // What a step reads of the mapped files is given back after it (pages.h), so resident memory holds one step's.
+  std::vector<std::string> mapped = {manifest.path(manifest.train), args.examples};
+  if (bottom) mapped.push_back(manifest.path(manifest.bottom));
+  const far_pages::FilePages file_pages(mapped);
+
   // ---- training ----
   try {
     std::vector<int64_t> order;
@@ -310,6 +316,7 @@ int run(int argc, char** argv) {
           set(bm, 1, EValue(*mask_t), "bottom.pte");
           if (bottom_inputs > 2) set(bm, 2, EValue(*tt_t), "bottom.pte");
           bottom->execute();
+          file_pages.release();  // the embedding rows (and, on the first step, the weights XNNPACK packed)
         }
         for (size_t i = 0; i < roles.size(); ++i) {
           switch (roles[i]) {
@@ -358,6 +365,7 @@ int run(int argc, char** argv) {
         far_optim::step(manifest.optimizer, lr, step + 1, p.data, p.grad, slots, !slots_started, p.numel);
       }
       slots_started = !slot_names.empty();
+      file_pages.release();
       ++step;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("step=%lld epoch=%lld loss=%.6f time_s=%.3f\n", (long long)step, (long long)epoch, loss, secs);
