@@ -183,11 +183,19 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: torch.nn.Module, path) -> None:
-    """A GGUF file of a tiny transformers model, converted as llama.cpp converts (permuted q/k, Gemma's 1 + w)."""
+def write_gguf(model: torch.nn.Module, path, vocabulary: list[str] | None = None) -> None:
+    """A GGUF file of a tiny transformers model, converted as llama.cpp converts (permuted q/k, Gemma's 1 + w);
+    with `vocabulary` (byte-level tokens, the last one the end of text), a GPT-2 style tokenizer without merges."""
     c = model.config
     arch = "llama" if c.model_type == "llama" else "gemma3"
     writer = GGUFWriter(str(path), arch)
+    if vocabulary is not None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(vocabulary)
+        writer.add_token_types([1] * (len(vocabulary) - 1) + [3])  # normal tokens, then a control token
+        writer.add_token_scores([0.0] * len(vocabulary))  # no merges: transformers derives them (none) from these
+        writer.add_eos_token_id(len(vocabulary) - 1)
+        writer.add_bos_token_id(len(vocabulary) - 1)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_embedding_length(c.hidden_size)
     writer.add_feed_forward_length(c.intermediate_size)

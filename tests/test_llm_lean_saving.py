@@ -1,4 +1,4 @@
-"""A lean fine-tune saved as its trained weights only, and put back on the base GGUF model."""
+"""A lean fine-tune saved as its learners file, and put back on the base GGUF model as it was trained."""
 
 from __future__ import annotations
 
@@ -71,15 +71,21 @@ def test_the_file_holds_only_trained_weights_and_the_learners(gguf, tmp_path):
     save_trained(model, tmp_path / "t.safetensors", base=gguf)
     raw = (tmp_path / "t.safetensors").read_bytes()
     header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
-    assert header.pop("__metadata__")["base_file"] == "llama.gguf"
-    assert {k for k in header if k.endswith(".learners")} == {f"layers.{i}.mlp.down_proj.learners" for i in range(2)}
-    ffn_blocks = [k for k in header if ".mlp." in k and k.endswith(".stored")]
-    assert all(".parts.0." in k for k in ffn_blocks)  # learner blocks only, never the frozen nodes
-    assert header["layers.0.mlp.up_proj.parts.0.stored"] == {
-        "dtype": "BF16",
-        "shape": [10, 32],
-        "data_offsets": header["layers.0.mlp.up_proj.parts.0.stored"]["data_offsets"],
+    metadata = header.pop("__metadata__")
+    assert metadata["base_file"] == "llama.gguf" and metadata["format"] == "far.lean-learners"
+    assert {k for k in header if k.endswith(".learner_indices")} == {
+        f"layers.{i}.mlp.down_proj.learner_indices" for i in range(2)
     }
+    assert not any(".parts." in k for k in header)  # learner rows only, never the frozen nodes
+    values = json.loads(metadata["values"])
+    ffn = {f"layers.{i}.mlp.{p}_proj.learner_weight" for i in range(2) for p in ("gate", "up", "down")}
+    attention = {f"layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "qkvo"}
+    norms = {f"layers.{i}.{n}.weight" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")}
+    assert set(values) == ffn | attention | norms | {"norm.weight"}
+    assert {values[k]["dtype"] for k in ffn | attention} == {"bfloat16"}
+    up = "layers.0.mlp.up_proj.learner_weight"
+    stored = header[up + ".delta" if values[up]["encoding"] == "delta8" else up]
+    assert stored["shape"] == [10, 32]
 
 
 def test_a_file_is_refused_before_anything_changes(gguf, tmp_path):
@@ -89,12 +95,14 @@ def test_a_file_is_refused_before_anything_changes(gguf, tmp_path):
     other.write_bytes(gguf.read_bytes() + b"\0" * 32)
     fresh = load_lean_model(gguf)
     before = {n: p.clone() for n, p in fresh.named_parameters()}
-    with pytest.raises(ValueError, match="was trained from llama.gguf"):
+    with pytest.raises(ValueError, match="was not read from"):
         load_trained(fresh, tmp_path / "t.safetensors", base=other)
-    with pytest.raises(ValueError, match="already split"):
+    with pytest.raises(ValueError, match="was trained from llama.gguf"):
+        load_trained(load_lean_model(other), tmp_path / "t.safetensors", base=other)
+    with pytest.raises(ValueError, match="split for training"):
         load_trained(model, tmp_path / "t.safetensors", base=gguf)
     save_file({"x": torch.zeros(1)}, str(tmp_path / "plain.safetensors"))
-    with pytest.raises(ValueError, match="not a file of trained weights"):
+    with pytest.raises(ValueError, match="not a learners file of a GGUF causal LM"):
         load_trained(fresh, tmp_path / "plain.safetensors", base=gguf)
     assert all(torch.equal(p, before[n]) for n, p in fresh.named_parameters())
     assert all(len(layer.mlp.down_proj.parts) == 1 for layer in fresh.layers)

@@ -2,6 +2,7 @@
 
 far eval --checkpoint runs/cola-minilm-far/model
 far eval --checkpoint runs/squad-minilm-far/model --holdout-articles 10 --output-dir runs/squad-minilm-far/eval
+far eval --checkpoint runs/notes-smollm2-135m-far --text-file letter.txt   # a causal LM's run on texts: perplexity
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from far.models import check_max_length, load_trained_model
 from far.recipes.report import write_json
 from far.recipes.runs import glue_evaluator, squad_evaluator
 from far.recipes.settings import first
+from far.recipes.text_scores import is_text_run, text_perplexity
 
 SQUAD_TASKS = {"squad": "1.1", "squad_v2": "2.0"}
 EVAL_METRICS_FILE = "eval_metrics.json"
@@ -31,7 +33,16 @@ def register(subparsers) -> None:
         description="Score a model saved by `far glue`/`far squad` (or any far.save_pretrained folder) on its task's "
         "dev data. The task defaults to the one recorded in the checkpoint's config.",
     )
-    parser.add_argument("--checkpoint", required=True, help="model folder (e.g. runs/cola-minilm-far/model)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="model folder (e.g. runs/cola-minilm-far/model); for a causal LM trained on texts, the run's folder",
+    )
+    parser.add_argument(
+        "--text-file",
+        default=None,
+        help="a causal LM's run on texts: the perplexity of this text (a .txt/.md/.jsonl file or a folder of them)",
+    )
     parser.add_argument(
         "--task",
         choices=[*GLUE_TASKS, *SQUAD_TASKS],
@@ -49,8 +60,28 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _score_text(args: argparse.Namespace, checkpoint: Path) -> int:
+    if args.text_file is None:
+        raise UsageError(f"{checkpoint} is a causal LM's run on texts: give --text-file, the text to score")
+    start = time.perf_counter()
+    scores = text_perplexity(
+        checkpoint, args.text_file, batch_size=min(args.eval_batch_size, 8), max_length=args.max_length
+    )
+    print_metrics(f"{args.text_file} ({checkpoint})", scores)
+    if args.output_dir:
+        out = Path(args.output_dir)
+        record = {"checkpoint": str(checkpoint), "text_file": str(args.text_file), "metrics": scores}
+        write_json(out / EVAL_METRICS_FILE, {**record, "eval_seconds": time.perf_counter() - start})
+        print(f"wrote {out / EVAL_METRICS_FILE}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
+    if is_text_run(checkpoint):
+        return _score_text(args, checkpoint)
+    if args.text_file is not None:
+        raise UsageError(f"--text-file scores a causal LM's run on texts; {checkpoint} is not one")
     if args.eval_file is None:  # before the model loads: without data the run stops here, saying what to pass
         root = locate_data_dir(args.data_dir)
         args.data_dir = None if root is None else str(root)

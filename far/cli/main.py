@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import far
 
-COMMANDS = ("demo", "train", "predict", "glue", "squad", "eval", "export")  # modules of far.cli, in help order
+# modules of far.cli, in help order
+COMMANDS = ("demo", "train", "predict", "generate", "glue", "squad", "eval", "export")
 
 
 def command_in(argv: Sequence[str]) -> str | None:

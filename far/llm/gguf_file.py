@@ -12,8 +12,10 @@ q/k rows for its rotary layout, and stores Gemma's norm weights as 1 + w.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -24,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from far.llm.compact import DenseEmbedding, Q8Embedding
+from far.llm.gguf_source import GGUFSource
 from far.llm.lean_config import LeanConfig, gemma3_layer_types
 from far.llm.lean_model import LeanCausalLM
 
@@ -217,6 +220,19 @@ class _TensorReader:
         return torch.from_numpy(np.ascontiguousarray(values))
 
 
+@contextlib.contextmanager
+def read_weights(path: str | os.PathLike) -> Iterator[tuple[LeanConfig, Callable[[str], torch.Tensor]]]:
+    """The file's config, and its weights one at a time by transformers name, in fp32 as `load_lean_model` reads."""
+    path = Path(path)
+    header = read_header(path)
+    config = read_config(header)
+    tensors = _TensorReader(path, header, config)
+    try:
+        yield config, tensors
+    finally:
+        tensors.file.close()
+
+
 def load_lean_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> LeanCausalLM:
     """A `LeanCausalLM` from a llama or gemma3 GGUF file, weights stored in `dtype` (all frozen).
 
@@ -237,4 +253,5 @@ def load_lean_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
         model = LeanCausalLM(config, embedding, tensors, dtype)
     finally:
         tensors.file.close()
+    model.source = GGUFSource.of(path)
     return model.eval()

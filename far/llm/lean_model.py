@@ -1,8 +1,10 @@
 """A small Llama / Gemma-3 decoder in plain torch, for prompt classification in little memory.
 
 The lean runtime reads a model tensor by tensor into compact storage (`far.llm.compact`) and
-computes in fp32. It only ever needs the label words' logits at each prompt's last token
-(`label_logits`), so there is no LM head over the vocabulary, no KV cache, no generation. The
+computes in fp32. A prompt classifier needs only the label words' logits at each prompt's last token
+(`label_logits`); a language model's fine-tune the next-token loss at every position, computed over
+the vocabulary in slices (`next_token_loss`); generation the vocabulary's logits at the last token,
+layer by layer with a `KVCache` of the tokens before (`next_token_logits`, `far.llm.generate`). The
 module names follow transformers' (`layers.3.mlp.down_proj`, ...), so a transformers state dict
 loads by name (`from_state_dict`), which is how the parity tests compare the two on tiny configs.
 
@@ -20,7 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from far.llm.compact import CompactLinear, CompactWeight, DenseEmbedding, Perturbation, Q8Embedding
+from far.llm.gguf_source import GGUFSource
 from far.llm.lean_config import SLIDING, LeanConfig
+from far.llm.next_token import VOCAB_SLICE, next_token_counts, next_token_loss
 
 TensorSource = Callable[[str], Tensor]  # transformers-style name -> fp32 (or any float) tensor
 
@@ -51,30 +55,60 @@ def rotary(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tens
     return angles.cos(), angles.sin()
 
 
+class KVCache:
+    """The keys and values of the tokens a model has read, per layer: decoding a token reads them
+    instead of running the whole text again (`LeanCausalLM.next_token_logits`)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[Tensor | None] = [None] * num_layers
+        self.values: list[Tensor | None] = [None] * num_layers
+
+    def seen(self, layer: int) -> int:
+        """Tokens whose keys `layer` holds."""
+        keys = self.keys[layer]
+        return 0 if keys is None else keys.shape[2]
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, kv_heads, t, head_dim) keys and values to `layer`'s; returns all of them."""
+        if self.keys[layer] is not None:
+            k, v = torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
 class Attention(nn.Module):
     def __init__(self, config: LeanConfig, layer: int, linear: Callable[[str], CompactLinear], norm) -> None:
         super().__init__()
         self.config, self.sliding = config, config.layer_types[layer] == SLIDING
+        self.layer = layer  # its slot in a KVCache
         self.theta = config.rope_local_theta if self.sliding else config.rope_theta
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             setattr(self, name, linear(name))
         if config.is_gemma:
             self.q_norm, self.k_norm = norm("q_norm"), norm("k_norm")
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         c = self.config
         b, t, _ = x.shape
+        start = 0 if cache is None else cache.seen(self.layer)  # x's first position
         q = self.q_proj(x).view(b, t, c.num_heads, c.head_dim)
         k = self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
         v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         if c.is_gemma:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, heads, T, head_dim)
-        cos, sin = rotary(torch.arange(t), c.head_dim, self.theta)
+        cos, sin = rotary(torch.arange(start, start + t), c.head_dim, self.theta)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.extend(self.layer, k, v)  # (B, kv_heads, start + t, head_dim)
         # Rows are padded on the right, so under a causal mask a real token never sees padding.
         mask = None
-        if self.sliding and c.sliding_window is not None and t > c.sliding_window:
+        if start:  # queries at start.., keys from 0: SDPA's is_causal would align them top-left
+            i, j = torch.arange(start, start + t)[:, None], torch.arange(start + t)[None, :]
+            mask = j <= i
+            if self.sliding and c.sliding_window is not None:
+                mask = mask & (i - j < c.sliding_window)
+        elif self.sliding and c.sliding_window is not None and t > c.sliding_window:
             i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
             mask = (j <= i) & (i - j < c.sliding_window)
         out = F.scaled_dot_product_attention(
@@ -117,11 +151,11 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = norm("post_feedforward_layernorm")
         self.mlp = MLP(config, lambda n: source.linear(f"{prefix}.mlp.{n}"))
 
-    def forward(self, h: Tensor) -> Tensor:
+    def forward(self, h: Tensor, cache: KVCache | None = None) -> Tensor:
         if self.gemma:
-            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h)))
+            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cache))
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
-        h = h + self.self_attn(self.input_layernorm(h))
+        h = h + self.self_attn(self.input_layernorm(h), cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -193,6 +227,8 @@ class LeanCausalLM(nn.Module):
         self.norm = source.norm("model.norm")
         self.embed_scale = config.hidden_size**0.5 if config.is_gemma else 1.0
         self._input_grad = False
+        # The GGUF file the weights were read from (`far.llm.gguf_file`), which a learners file is checked against.
+        self.source: GGUFSource | None = None
         self.index_weights()
 
     def index_weights(self) -> None:
@@ -269,6 +305,52 @@ class LeanCausalLM(nn.Module):
                 return i
         return len(self.layers)
 
+    def _next_token_positions(self, input_ids: Tensor, start: Tensor | None, start_layer: int) -> tuple[Tensor, Tensor]:
+        """The final norm's output at every position but the last, (B * (T - 1), hidden), and the tokens it predicts."""
+        if start is None and start_layer:
+            raise ValueError("start_layer needs start, the input of that layer (e.g. a PrefixCache's states)")
+        h = self.run_layers(self.embed(input_ids) if start is None else start, start_layer)
+        hidden = self.norm(h[:, :-1]).reshape(-1, h.shape[-1])
+        return hidden, input_ids[:, 1:].reshape(-1)
+
+    def next_token_loss(self, input_ids: Tensor, start: Tensor | None = None, start_layer: int = 0) -> Tensor:
+        """Mean next-token cross-entropy over packed rows (B, T), no padding: position t predicts token t + 1.
+
+        The logits over the vocabulary are never held whole (`far.llm.next_token`). With `start`, the
+        input of layer `start_layer` (a frozen bottom's cached output), only the layers from there run.
+        """
+        hidden, targets = self._next_token_positions(input_ids, start, start_layer)
+        return next_token_loss(hidden, targets, self.embed_tokens, self.config.vocab_size)
+
+    @torch.no_grad()
+    def next_token_counts(
+        self, input_ids: Tensor, start: Tensor | None = None, start_layer: int = 0
+    ) -> tuple[float, int, int]:
+        """Summed negative log-likelihood, arg-max hits and predicted positions of packed rows (B, T)."""
+        hidden, targets = self._next_token_positions(input_ids, start, start_layer)
+        return next_token_counts(hidden, targets, self.embed_tokens, self.config.vocab_size)
+
+    def new_cache(self) -> KVCache:
+        """An empty `KVCache` for `next_token_logits`."""
+        return KVCache(len(self.layers))
+
+    @torch.no_grad()
+    def next_token_logits(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Logits over the vocabulary for the token after each row's last, (B, vocab): rows of equal length.
+
+        With a `cache`, `input_ids` are the tokens after those it holds (the whole prompt first, then one
+        token a step), and it is extended with them.
+        """
+        h = self.embed(input_ids)
+        for layer in self.layers:
+            h = layer(h, cache)
+        last = self.norm(h[:, -1])  # (B, hidden)
+        # The tied head dequantised a slice at a time: whole, it would be an fp32 copy of the embedding
+        # (113 MB for SmolLM2, 671 MB for Gemma-3-270M); in slices it is also faster (cache-sized).
+        slices = range(0, self.config.vocab_size, VOCAB_SLICE)
+        rows = (self.embed_tokens.rows(torch.arange(s, min(s + VOCAB_SLICE, self.config.vocab_size))) for s in slices)
+        return torch.cat([last @ r.t() for r in rows], dim=1)
+
     def logits(self, input_ids: Tensor) -> Tensor:
         """Full (B, T, vocab) logits, for tests and checks only (the vocabulary is large)."""
         h = self.norm(self.hidden_states(input_ids))
@@ -286,4 +368,4 @@ def from_state_dict(
     return LeanCausalLM(config, embedding, lambda name: state_dict[name], dtype).eval()
 
 
-__all__ = ["DenseEmbedding", "LeanCausalLM", "Q8Embedding", "from_state_dict"]
+__all__ = ["DenseEmbedding", "KVCache", "LeanCausalLM", "Q8Embedding", "from_state_dict"]

@@ -1,18 +1,20 @@
-"""What a lean fine-tune changed, as one safetensors file, and how to put it back on its base model.
+"""What a lean fine-tune changed, as a learners file for its GGUF base, and how to train on from one.
 
-The file holds every trainable weight as it is stored (bf16 or fp32) under its name in the lean
-model (`layers.3.self_attn.q_proj.parts.0.stored`), each split FFN's learner nodes
-(`layers.3.mlp.down_proj.learners`), and in its metadata the base GGUF file's name and size, so
-that it is applied only to the model it was trained from. Frozen weights are not in it: they are
-the GGUF file's.
+`save_trained` writes the learners file of `far.llm.lean_learners`: the learner nodes' rows and
+columns of each split FFN and every other trained weight, each kept as its difference from the stock
+GGUF weight where that is exact and smaller, with the GGUF file's sha256 as the base fingerprint.
+`far.load_learners(model, path)` applies one to the stock model for inference (and swaps users);
+`load_trained` puts a fine-tune back as it was trained (FFNs split, the same weights trainable), so
+that MeZO can go on from it. Files of the earlier format (`far-lean-trained/1`) are refused with a
+message: train again to get a learners file.
 
-The file is written tensor by tensor straight from the model's storage (safetensors' own writer
-first copies every tensor into a bytes object, which would add the whole file's size to the run's
-peak: docs/llm.md, "Running one"), to a temporary name renamed into place when complete.
+The file is written tensor by tensor straight from memory (safetensors' own writer first copies every
+tensor into a bytes object, which would add the file's size to the run's peak), to a temporary name
+renamed into place when complete.
 
-    >>> save_trained(model, "out/trained.safetensors", base=gguf_path)
+    >>> save_trained(model, "out/learners.safetensors", base=gguf_path)
     >>> model = load_lean_model(gguf_path)
-    >>> load_trained(model, "out/trained.safetensors", base=gguf_path)   # the fine-tuned model again
+    >>> load_trained(model, "out/learners.safetensors", base=gguf_path)   # the fine-tuned model again
 """
 
 from __future__ import annotations
@@ -23,46 +25,112 @@ import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import Tensor, nn
 
 from far.atomic import atomic_file
-from far.llm.compact import CompactWeight
-from far.llm.lean_far import INPUTS, OUTPUT, ffn_names, split_ffns
+from far.llm.compact import CompactLinear, CompactWeight
+from far.llm.gguf_file import read_weights
+from far.llm.gguf_source import GGUFSource
+from far.llm.lean_far import OUTPUT, ffn_names, split_ffns
+from far.llm.lean_learners import (
+    DELTA8,
+    FORMAT,
+    FORMAT_VERSION,
+    INDICES,
+    LEARNERS,
+    Slot,
+    check_stock,
+    config_record,
+    content_sha256,
+    decode,
+    encode,
+    plan,
+    read_file,
+    value_key,
+)
 from far.llm.lean_model import LeanCausalLM
 
-FORMAT = "far-lean-trained/1"
-LEARNERS = ".learners"
-_DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"}
+_DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int8: "I8"}
 
 
-def _base_identity(base: Path) -> dict[str, str]:
-    return {"base_file": base.name, "base_bytes": str(base.stat().st_size)}
-
-
-def trained_tensors(model: LeanCausalLM) -> dict[str, Tensor]:
-    """Every trainable weight by name, then each split FFN's learner nodes (sorted original indices)."""
-    tensors = {
-        f"{name}.stored": module.stored.detach()
-        for name, module in model.named_modules()
-        if isinstance(module, CompactWeight) and module.trainable
-    }
-    for name, layer in zip(ffn_names(model), model.layers, strict=True):
-        if layer.mlp.learner_nodes is not None:
-            tensors[name + LEARNERS] = layer.mlp.learner_nodes
-    return tensors
-
-
-def save_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.PathLike) -> int:
-    """Write what MeZO trains in `model` to `path` (atomically); returns the file's size in bytes.
+def trained_slots(model: LeanCausalLM) -> list[Slot]:
+    """Every trained value of `model`: a split FFN's learner block at its nodes, any other weight whole.
 
     Raises:
-        ValueError: nothing in the model is trainable.
+        ValueError: a frozen block of a split FFN is marked trainable (a file keeps learners and whole weights only).
     """
-    tensors = trained_tensors(model)
-    if not any(name.endswith(".stored") for name in tensors):
+    modules = dict(model.named_modules())
+    slots = []
+    for name, weight in modules.items():
+        if not (isinstance(weight, CompactWeight) and weight.trainable):
+            continue
+        parent, _, part = name.rpartition(".parts.")
+        linear = modules.get(parent)
+        if not (isinstance(linear, CompactLinear) and len(linear.parts) == 2):
+            slots.append(Slot(value_key(name), weight))
+        elif part == "0":
+            nodes = modules[parent.rpartition(".")[0]].learner_nodes
+            slots.append(Slot(parent + LEARNERS, weight, linear.node_dim, nodes))
+        else:
+            raise ValueError(f"{name}, the frozen nodes of a split FFN, is trainable; only its learners can be saved")
+    return slots
+
+
+def _stock(read, slot: Slot) -> Tensor:
+    """The stock GGUF value (fp32) of what `slot` holds: a whole weight, or a projection's learner nodes."""
+    if slot.nodes is None:
+        return read(f"model.{slot.key}")
+    return read(f"model.{slot.key.removesuffix(LEARNERS)}.weight").index_select(slot.node_dim, slot.nodes)
+
+
+@torch.no_grad()
+def save_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.PathLike) -> int:
+    """Write what training changed in `model` as a learners file for the GGUF file `base`, atomically.
+
+    Args:
+        model: A lean model read from `base` and trained (some weights trainable, FFNs split or not).
+        path: Where to write, e.g. `"alice.safetensors"`.
+        base: The GGUF file the model was read from: the file records its sha256.
+
+    Returns:
+        The file's size in bytes.
+
+    Raises:
+        ValueError: nothing in the model is trainable, or `base` holds a model of another shape.
+    """
+    slots = trained_slots(model)
+    if not slots:
         raise ValueError("nothing in this model is trainable, so there is no fine-tune to save")
-    header: dict[str, dict] = {"__metadata__": {"format": FORMAT, **_base_identity(Path(base))}}
+    base = Path(base)
+    tensors: dict[str, Tensor] = {}
+    values: dict[str, dict[str, str]] = {}
+    with read_weights(base) as (config, read):
+        if config != model.config:
+            raise ValueError(f"{base} holds a model of another shape than this one: pass the GGUF file it came from")
+        for slot in slots:  # one stock tensor in memory at a time
+            encoding, parts = encode(slot.weight.stored, _stock(read, slot))
+            values[slot.key] = {"encoding": encoding, "dtype": str(slot.weight.stored.dtype).removeprefix("torch.")}
+            tensors.update({slot.key + suffix: tensor for suffix, tensor in parts.items()})
+            if slot.nodes is not None:
+                ffn = f"{slot.key.split('.mlp.')[0]}.mlp.{OUTPUT}"
+                tensors[ffn + INDICES] = slot.nodes.to(torch.int64).contiguous()
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "base_file": base.name,
+        "base_bytes": str(base.stat().st_size),
+        "base_sha256": GGUFSource.of(base).sha256(),
+        "lean_config": json.dumps(config_record(model)),
+        "values": json.dumps(values),
+    }
+    metadata["content_sha256"] = content_sha256(metadata, tensors.items())
+    _write(path, metadata, tensors)
+    return Path(path).stat().st_size
+
+
+def _write(path: str | os.PathLike, metadata: dict[str, str], tensors: dict[str, Tensor]) -> None:
+    """A safetensors file, tensor by tensor from memory (no bytes copy of the whole file), atomically."""
+    header: dict[str, dict] = {"__metadata__": metadata}
     offset = 0
     for name, tensor in tensors.items():
         size = tensor.numel() * tensor.element_size()
@@ -76,67 +144,44 @@ def save_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.Pa
         f.write(encoded)
         for tensor in tensors.values():
             f.write(memoryview(tensor.contiguous().view(torch.uint8).numpy()))
-    return Path(path).stat().st_size
 
 
+@torch.no_grad()
 def load_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.PathLike) -> LeanCausalLM:
-    """Apply a `save_trained` file to `model`, freshly loaded from `base`, in place.
+    """Put a `save_trained` fine-tune back on `model`, freshly read from `base`, as it was trained, in place.
 
-    Splits the FFNs as they were split in training (when the file has learners), replaces each
-    saved weight and marks exactly those trainable, so that MeZO can also go on from here. Every
-    check runs before anything changes.
+    The FFNs are split as in training (when the file has learners), each saved weight is written (in the
+    dtype it was trained in) and exactly those are marked trainable, so that MeZO can go on from here.
+    For inference and for swapping users, `far.load_learners` applies the same file without splitting.
+    Every check runs before anything changes.
 
     Raises:
-        ValueError: not such a file, trained from another base model, a model already split, or a
-            weight the model does not have in that shape.
+        ValueError: `model` was not read from `base`, is not the stock model, or the file does not fit it
+            (`far.llm.lean_learners.LeanLearnersFileError`).
     """
-    path, base = Path(path), Path(base)
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        metadata, keys = f.metadata() or {}, list(f.keys())
-        learners = {key.removesuffix(LEARNERS): f.get_tensor(key) for key in keys if key.endswith(LEARNERS)}
-        shapes = {key: tuple(f.get_slice(key).get_shape()) for key in keys if not key.endswith(LEARNERS)}
-    if metadata.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a file of trained weights written by far's lean runtime (save_trained)")
-    want, have = (metadata.get("base_file"), metadata.get("base_bytes")), tuple(_base_identity(base).values())
-    if want != have:
-        raise ValueError(
-            f"{path} was trained from {want[0]} ({want[1]} bytes), not {have[0]} ({have[1]} bytes): "
-            "load it onto the model it was trained from"
-        )
-    if learners and set(learners) != set(ffn_names(model)):
-        raise ValueError(f"{path} has learners for {len(learners)} FFNs, this model has {len(model.layers)}")
-    if learners and any(len(layer.mlp.down_proj.parts) != 1 for layer in model.layers):
-        raise ValueError("this model's FFNs are already split; load the trained file onto a freshly loaded model")
-    expected = _shapes_after_split(model, {name: nodes.numel() for name, nodes in learners.items()})
-    for key, shape in shapes.items():
-        if expected.get(key) != shape:
-            raise ValueError(
-                f"{path} holds {key} of shape {list(shape)}, which this model does not have "
-                f"({'no such weight' if key not in expected else f'its shape is {list(expected[key])}'})"
-            )
-    if learners:  # the learner blocks are replaced below, so they are split off in the smaller dtype
-        split_ffns(model, learners, torch.bfloat16)  # checks the indices before it changes anything
+    check_stock(model)
+    if GGUFSource.of(base).sha256() != model.source.sha256():
+        raise ValueError(f"this model was not read from {base}; load it with load_lean_model(base) first")
+    metadata, tensors = read_file(path)
+    planned = plan(model, path, metadata, tensors, retype=True)
+    learners = {slot.key: slot.nodes for slot, _, _ in planned if slot.nodes is not None}
+    dtypes = {torch.bfloat16 if e == DELTA8 else parts[""].dtype for s, e, parts in planned if s.nodes is not None}
+    if len(dtypes) > 1:
+        raise ValueError(f"{path} holds learners in several dtypes ({sorted(map(str, dtypes))}); save it again")
+    if learners:  # every FFN split, as `prime_and_split` left them: empty where a layer had no learners
+        by_ffn = {f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}": nodes for key, nodes in learners.items()}
+        empty = torch.empty(0, dtype=torch.int64)
+        split_ffns(model, {name: by_ffn.get(name, empty) for name in ffn_names(model)}, dtypes.pop())
     modules = dict(model.named_modules())
     for weight in model.compact_weights():
         weight.trainable = False
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        for key in shapes:
-            weight = modules[key.removesuffix(".stored")]
-            weight.stored = nn.Parameter(f.get_tensor(key), requires_grad=False)
-            weight.trainable = True
+    for slot, encoding, parts in planned:
+        if slot.nodes is not None:  # now the learner block itself, its rows in the file's (sorted) order
+            slot = Slot(slot.key, modules[slot.key.removesuffix(LEARNERS)].parts[0])
+        value = decode(encoding, parts, slot.read())
+        if value.dtype == slot.weight.stored.dtype:
+            slot.write(value)
+        else:  # trained in another dtype than the base stores (e.g. fp32): kept in it, as in training
+            slot.weight.stored = nn.Parameter(value.clone(), requires_grad=False)
+        slot.weight.trainable = True
     return model
-
-
-def _shapes_after_split(model: LeanCausalLM, learners: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """Every weight's name and shape, with the learner blocks FFNs split with `learners` nodes have."""
-    shapes = {
-        f"{name}.stored": tuple(module.stored.shape)
-        for name, module in model.named_modules()
-        if isinstance(module, CompactWeight)
-    }
-    hidden = model.config.hidden_size
-    for name, n in learners.items():
-        prefix = name.removesuffix(f".{OUTPUT}")
-        for proj in (*INPUTS, OUTPUT):
-            shapes[f"{prefix}.{proj}.parts.0.stored"] = (hidden, n) if proj == OUTPUT else (n, hidden)
-    return shapes

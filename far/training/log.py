@@ -36,7 +36,8 @@ class RunLog:
         mode = "w"
         if resume_step is not None and self.path.is_file():
             lines = self.path.read_text(encoding="utf-8").splitlines()
-            kept = [line for line in lines if (_step_of(line) or 0) in range(1, resume_step + 1)]
+            # Step 0 is a record from before the first step (a causal LM's perplexity before training).
+            kept = [line for line in lines if _step_of(line) in range(0, resume_step + 1)]
             with atomic_file(self.path) as tmp:
                 tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             mode = "a"

@@ -1,0 +1,103 @@
+"""First-order gradients of a lean model's trainable weights, for AdamW on the same weights MeZO trains.
+
+The lean runtime keeps no weight gradients: a `CompactLinear`'s backward rebuilds its weight, returns
+the input's gradient, and hands the weight's gradient to the layer's `grad_sink`, if it has one, then
+drops it (`far.llm.compact`). `LearnerGradients` gives each layer that holds a trainable block a sink
+that adds that block's slice of the gradient into the block's `.grad` (a learner block is the first
+`k` rows or columns of its FFN projection: FAR's split puts learners first), and lets autograd reach
+the trainable norm gains directly. Frozen blocks' gradients are never kept, so memory grows with
+what trains, not with the model. Backward stops where the graph starts: with a frozen bottom's cached
+output as the input of the layers that train (`LeanCausalLM.next_token_loss(start=...)`), nothing
+below them runs backward at all.
+
+    >>> gradients = LearnerGradients(model)
+    >>> optimizer = FusedAdamW(gradients.parameters(), lr=1e-4)
+    >>> with gradients, model.input_gradients(), torch.enable_grad():
+    ...     model.next_token_loss(ids, start=cached, start_layer=20).backward()
+    >>> optimizer.step(); gradients.zero()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+
+import torch
+from torch import Tensor
+
+from far.llm.compact import CompactLinear, CompactWeight
+from far.llm.lean_model import LeanCausalLM
+
+
+class LearnerGradients:
+    """Collects the gradients of `model.trainable_weights()` into each weight's `stored.grad` while active.
+
+    Args:
+        model: A lean model whose trainable weights are stored in fp32 (AdamW's updates are far below
+            bf16's resolution).
+
+    Raises:
+        ValueError: nothing is trainable, or a trainable weight is not fp32.
+    """
+
+    def __init__(self, model: LeanCausalLM) -> None:
+        weights = model.trainable_weights()
+        if not weights:
+            raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+        wrong = [w for w in weights if w.stored.dtype != torch.float32]
+        if wrong:
+            raise ValueError(
+                f"first-order training needs its {len(wrong)} trainable weights in float32, not "
+                f"{wrong[0].stored.dtype}: store them with set_trainable(..., dtype=torch.float32)"
+            )
+        self.model, self.weights = model, weights
+        self.linears = [
+            m for m in model.modules() if isinstance(m, CompactLinear) and any(p.trainable for p in m.parts)
+        ]
+        in_linear = {id(p) for m in self.linears for p in m.parts}
+        # Norm gains are read by plain torch ops, so autograd gives their gradient directly.
+        self.gains = [w for w in weights if id(w) not in in_linear]
+
+    def parameters(self) -> list[Tensor]:
+        """The trainable tensors (each weight's storage), for an optimizer."""
+        return [w.stored for w in self.weights]
+
+    def zero(self) -> None:
+        for w in self.weights:
+            w.stored.grad = None
+
+    @staticmethod
+    def _sink(linear: CompactLinear) -> Callable[[Tensor], None]:
+        def add(grad: Tensor) -> None:  # grad: (out, in) of the whole projection, blocks along node_dim
+            offset = 0
+            for part in linear.parts:
+                size = part.stored.shape[linear.node_dim]
+                if part.trainable:
+                    block = grad.narrow(linear.node_dim, offset, size)
+                    _accumulate(part, block)
+                offset += size
+
+        return add
+
+    def __enter__(self) -> LearnerGradients:
+        for linear in self.linears:
+            if linear.grad_sink is not None:
+                raise RuntimeError("a layer already has a gradient sink (gradient priming running?)")
+        for linear in self.linears:
+            linear.grad_sink = self._sink(linear)
+        for gain in self.gains:
+            gain.stored.requires_grad_(True)
+        return self
+
+    def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        for linear in self.linears:
+            linear.grad_sink = None
+        for gain in self.gains:
+            gain.stored.requires_grad_(False)
+
+
+def _accumulate(weight: CompactWeight, block: Tensor) -> None:
+    if weight.stored.grad is None:
+        weight.stored.grad = block.contiguous().clone()
+    else:
+        weight.stored.grad.add_(block)

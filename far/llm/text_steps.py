@@ -1,0 +1,120 @@
+"""A step of a causal LM's fine-tune on packed text: MeZO's two forward passes, the batched one-sided
+zeroth-order estimator's n + 1 (`far.llm.zo_batched`), or AdamW's forward and backward.
+
+Both read the frozen bottom's output of each chunk from a `PrefixCache` (computed chunk by chunk, so
+that a chunk's states never depend on the batch it came in), run the trained layers above it, and
+take the mean next-token loss over a batch given as micro-batches (their losses, or gradients,
+summed with their share of the batch). Priming scores nodes from the same loss, with backward
+stopping at the frozen depth.
+
+    >>> steps = TextSteps(model, "adamw", 1e-4, PrefixCache(model))
+    >>> loss = steps([chunks[:2], chunks[2:4]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from far.llm.backprop import LearnerGradients
+from far.llm.lean_model import LeanCausalLM
+from far.llm.prefix import PrefixCache
+from far.llm.zo import CompactMeZO
+from far.llm.zo_batched import CompactBatchedZO
+from far.training.adamw import FusedAdamW
+
+OPTIMIZERS = ("adamw", "mezo", "zo-batched")
+# Directions per batched zeroth-order step: 5 forward passes a step, against MeZO's 2.
+BATCHED_DIRECTIONS = 4
+
+
+def priming_loss(depth: int) -> Callable[[LeanCausalLM, Tensor], Tensor]:
+    """The next-token loss with backward stopping at layer `depth`: nodes below it get no learners anyway."""
+
+    def loss(model: LeanCausalLM, ids: Tensor) -> Tensor:
+        if not depth:
+            return model.next_token_loss(ids)
+        with torch.no_grad():
+            bottom = model.run_layers(model.embed(ids), 0, depth)
+        return model.next_token_loss(ids, start=bottom, start_layer=depth)
+
+    return loss
+
+
+def bottom_states(cache: PrefixCache | None, ids: Tensor) -> Tensor | None:
+    """The frozen bottom's output for chunks (B, T), chunk by chunk: a chunk's states then depend on it alone, not on
+    the batch it came in, so a resumed run recomputes what the killed one had kept to the bit."""
+    if cache is None:
+        return None
+    return torch.cat([cache.hidden(row, torch.ones_like(row)) for row in ids.split(1)])
+
+
+class TextSteps:
+    """One optimizer step on a batch of chunks, in micro-batches: MeZO's two passes, or AdamW's forward and backward."""
+
+    def __init__(
+        self,
+        model: LeanCausalLM,
+        optimizer: str,
+        lr: float,
+        cache: PrefixCache | None,
+        *,
+        eps: float = 1e-3,
+        seed: int = 0,
+        weight_decay: float = 0.0,
+        directions: int = BATCHED_DIRECTIONS,
+    ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        self.model, self.cache, self.optimizer_name = model, cache, optimizer
+        self.depth = 0 if cache is None else cache.n_layers
+        if optimizer == "mezo":
+            self.zeroth_order = CompactMeZO(model, lr, eps, seed=seed, weight_decay=weight_decay)
+        elif optimizer == "zo-batched":
+            self.zeroth_order = CompactBatchedZO(model, lr, eps, directions, seed=seed, weight_decay=weight_decay)
+        else:
+            self.gradients = LearnerGradients(model)
+            self.adamw = FusedAdamW(self.gradients.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the optimizer: MeZO's step counter (its directions' seeds), AdamW's moments."""
+        if self.optimizer_name != "adamw":
+            return {"steps_taken": self.zeroth_order.steps_taken, "steps_skipped": self.zeroth_order.steps_skipped}
+        return self.adamw.state_dict()
+
+    def load(self, state: dict) -> None:
+        """Go on from a `state()`."""
+        if self.optimizer_name != "adamw":
+            self.zeroth_order.steps_taken = state["steps_taken"]
+            self.zeroth_order.steps_skipped = state["steps_skipped"]
+        else:
+            self.adamw.load_state_dict(state)
+
+    def __call__(self, micro_batches: list[Tensor]) -> float:
+        """One step on the batch that `micro_batches` (each (b, T)) make up; returns its mean loss."""
+        n = sum(len(ids) for ids in micro_batches)
+        starts = [bottom_states(self.cache, ids) for ids in micro_batches]  # once for all zeroth-order passes
+        model, depth = self.model, self.depth
+        if self.optimizer_name != "adamw":
+
+            def closure() -> float:
+                return (
+                    sum(
+                        float(model.next_token_loss(ids, start=s, start_layer=depth)) * len(ids)
+                        for ids, s in zip(micro_batches, starts, strict=True)
+                    )
+                    / n
+                )
+
+            return self.zeroth_order.step(closure)
+        total = 0.0
+        with self.gradients, model.input_gradients(), torch.enable_grad():
+            for ids, start in zip(micro_batches, starts, strict=True):
+                loss = model.next_token_loss(ids, start=start, start_layer=depth) * (len(ids) / n)
+                loss.backward()
+                total += float(loss.detach())
+        self.adamw.step()
+        self.gradients.zero()
+        return total
