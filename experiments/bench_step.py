@@ -45,7 +45,8 @@ from step_memory import peak_live_bytes, saved_for_backward_bytes
 import far
 from far.analysis.flops import step_flops
 from far.analysis.roofline import step_seconds
-from far.layers import SplitLinear, native_bf16
+from far.hardware import native_bf16
+from far.layers import SplitLinear
 from far.methods.lora import LoraSettings, add_lora
 
 CONFIGS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {}

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 SELECTIONS = ("per_layer", "global", "random")
-AUTO = "auto"  # freeze_layers chosen from the priming scores (see far.selection.auto_freeze_layers)
+AUTO = "auto"  # chosen from the priming scores: far.selection.auto_freeze_layers, far.selection.auto_retention
 
 
 def check_retention(retention: object, name: str = "retention", what: str = "FFN nodes") -> float:
@@ -53,7 +53,10 @@ class FARConfig:
     """How a model is reconfigured.
 
     Args:
-        retention: Fraction of each FFN's nodes that stay trainable (the *learners*), in (0, 1].
+        retention: Fraction of each FFN's nodes that stay trainable (the *learners*), in (0, 1], or
+            `"auto"`: each FFN's own fraction chosen from the priming scores (the fewest top nodes that
+            hold a set share of the FFN's total score, see `far.selection.auto_retention`); it needs
+            scores, so not `selection="random"`.
         selection: `"per_layer"` (top nodes of each FFN by priming score), `"global"` (top nodes
             across all FFNs, at least one per FFN) or `"random"` (seeded; the paper's baseline).
         seed: Seed of the random selection; unused by the other strategies.
@@ -76,7 +79,7 @@ class FARConfig:
             trainable, by the same `selection`. None (default): every layer keeps learners.
     """
 
-    retention: float = 0.4
+    retention: float | str = 0.4
     selection: str = "per_layer"
     seed: int = 0
     freeze_embeddings: bool = False
@@ -85,7 +88,20 @@ class FARConfig:
     freeze_layers: int | str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "retention", check_retention(self.retention))
+        if isinstance(self.retention, str):
+            if self.retention != AUTO:  # a type error, as for any other non-number
+                raise TypeError(
+                    f"retention must be a number in (0, 1] or {AUTO!r}, got the string {self.retention!r}; e.g. "
+                    f"retention=0.4 keeps 40% of each FFN's nodes trainable, retention={AUTO!r} picks each FFN's "
+                    "share from the priming scores"
+                )
+            if self.selection == "random":
+                raise ValueError(
+                    f"retention={AUTO!r} is chosen from the priming scores, which selection='random' does not read; "
+                    "give random selection a number (e.g. retention=0.2), or use selection='per_layer'"
+                )
+        else:
+            object.__setattr__(self, "retention", check_retention(self.retention))
         if self.attention_retention is not None:
             value = check_retention(self.attention_retention, "attention_retention", "attention heads")
             object.__setattr__(self, "attention_retention", value)

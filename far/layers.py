@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
+from far.hardware import native_bf16
 from far.split_ops import ColumnSplitFn, RowSplitFn, activation_rebuilder
 
 INPUT, OUTPUT = "input", "output"
@@ -46,12 +47,6 @@ def node_rows(module: nn.Linear | Conv1D, role: str, weight: Tensor | None = Non
 
 
 @functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AVX-512 BF16 or AMX); asked once."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-
-
 def compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     """The dtype the matrix products run in: autocast's when it is on, else the weight's."""
     if x.is_floating_point() and torch.is_autocast_enabled(x.device.type):

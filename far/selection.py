@@ -8,6 +8,10 @@ the budget that all FFNs would hold, round(retention x all nodes), is spent over
 score across them ("global"), in equal shares ("per_layer", top nodes of each), or in equal
 shares of random nodes ("random"). A group's layer comes from `layer_of` (`{name: layer index}`,
 as `far.freezing.layer_index` finds it); by default the groups, in order, are layers 0, 1, ...
+
+With `retention="auto"` each group's learner count comes from its own scores (`auto_retention`),
+and with `freeze_layers` the trainable groups keep those counts: the rule already says how many
+learners a layer needs, so nothing moves up from the frozen ones.
 """
 
 from __future__ import annotations
@@ -32,10 +36,57 @@ from far.config import AUTO, UNSET, FARConfig, as_config
 # always stays trainable.
 AUTO_FREEZE_MASS = 0.4
 
+# retention="auto" keeps, in each FFN, the fewest top-scoring nodes that together hold this share of the
+# FFN's total priming score, within AUTO_RETENTION_BOUNDS: where the change is concentrated in a few
+# nodes few learners suffice, where it is spread more are kept. The share was chosen on a part of the
+# training data held out from training (docs/results.md, "Retention from priming"), never on a dev set.
+AUTO_RETAIN_MASS = 0.5
+# At least a twentieth of a layer's nodes learn (a layer whose scores are all in one node still adapts),
+# and at most three fifths (beyond that FAR saves little over full fine-tuning).
+AUTO_RETENTION_BOUNDS = (0.05, 0.6)
+
 
 def learner_count(n_nodes: int, retention: float) -> int:
     """Learners kept in an FFN of `n_nodes` nodes: round(retention * n), at least 1."""
     return min(n_nodes, max(1, round(retention * n_nodes)))
+
+
+def auto_retention(scores: Mapping[str, Tensor], mass: float | None = None) -> dict[str, float]:
+    """Each group's retention under `retention="auto"`: the fewest top nodes holding `mass` of its total score.
+
+    The count k is the smallest such that the k highest scores add up to at least `mass` (default
+    `AUTO_RETAIN_MASS`) of the group's sum; the retention k / n is then held within
+    `AUTO_RETENTION_BOUNDS` (a group whose scores are all zero gets the lower bound).
+
+    Example:
+        >>> auto_retention({"ffn": torch.tensor([8.0, 1.0, 1.0, 0.0] + [0.0] * 16)})
+        {'ffn': 0.05}
+        >>> auto_retention({"ffn": torch.ones(10)})
+        {'ffn': 0.5}
+    """
+    mass = AUTO_RETAIN_MASS if mass is None else mass
+    if not 0.0 < mass <= 1.0:
+        raise ValueError(f"mass is the share of a group's total score its learners hold, in (0, 1]; got {mass!r}")
+    low, high = AUTO_RETENTION_BOUNDS
+    chosen = {}
+    for name, s in scores.items():
+        s = s.double().flatten()  # (n,)
+        total = float(s.sum())
+        if s.numel() == 0:
+            raise ValueError(f"{name} has no nodes to score")
+        if not total > 0:  # all zero (or not finite): nothing to tell the nodes apart
+            chosen[name] = low
+            continue
+        held = torch.sort(s, descending=True).values.cumsum(0)  # (n,) score of the top 1, 2, ... n nodes
+        # The tolerance keeps k from slipping one node past where the sum holds `mass` exactly.
+        k = int((held < mass * total * (1 - 1e-12)).sum()) + 1
+        chosen[name] = min(high, max(low, k / s.numel()))
+    return chosen
+
+
+def auto_counts(scores: Mapping[str, Tensor]) -> dict[str, int]:
+    """Learners per group under `retention="auto"`: `learner_count(n, auto_retention(...)[group])`."""
+    return {name: learner_count(scores[name].numel(), r) for name, r in auto_retention(scores).items()}
 
 
 def _top(scores: Tensor, k: int) -> Tensor:
@@ -167,8 +218,12 @@ def select_depth(
         )
     trainable = [name for name in n_nodes if layers[name] >= k]
     sizes = [n_nodes[name] for name in trainable]
-    # Freezing layers moves their share of the budget up; it shrinks only where the layers above are full.
-    budget = min(sum(sizes), max(len(trainable), round(config.retention * sum(n_nodes.values()))))
+    if config.retention == AUTO:
+        counts = auto_counts({name: scores[name] for name in trainable})
+        budget = sum(counts.values())
+    else:
+        # Freezing layers moves their share of the budget up; it shrinks only where the layers above are full.
+        budget = min(sum(sizes), max(len(trainable), round(config.retention * sum(n_nodes.values()))))
     if config.selection == "global":
         chosen = select_global({name: scores[name] for name in trainable}, config.retention, budget=budget)
     elif config.selection == "random":
@@ -177,6 +232,8 @@ def select_depth(
             name: torch.randperm(n, generator=generator)[:share].sort().values
             for name, n, share in zip(trainable, sizes, _shares(sizes, budget), strict=True)
         }
+    elif config.retention == AUTO:
+        chosen = {name: _top(scores[name], counts[name]) for name in trainable}
     else:
         chosen = {
             name: _top(scores[name], share) for name, share in zip(trainable, _shares(sizes, budget), strict=True)
@@ -208,7 +265,8 @@ def select_learners(
     """Learner node indices (sorted, int64) of every FFN.
 
     Args:
-        config: A `far.FARConfig`, or the retention (fraction of nodes kept trainable, in (0, 1]).
+        config: A `far.FARConfig`, or the retention (fraction of nodes kept trainable, in (0, 1], or
+            "auto": see `auto_retention`).
         scores: `{ffn_name: (n,) scores}`; needed by "per_layer" and "global".
         n_nodes: `{ffn_name: n}`; needed by "random" when no scores are given.
         retention / selection / seed / freeze_layers: The config's fields, as keywords: the
@@ -231,6 +289,11 @@ def select_learners(
         return select_random(n_nodes, config.retention, config.seed)
     if scores is None:
         raise ValueError(f"{config.selection!r} selection needs priming scores")
+    if config.retention == AUTO:
+        counts = auto_counts(scores)
+        if config.selection == "global":
+            return select_global(scores, 0.0, budget=sum(counts.values()))
+        return {name: _top(s, counts[name]) for name, s in scores.items()}
     if config.selection == "global":
         return select_global(scores, config.retention)
     return select_per_layer(scores, config.retention)

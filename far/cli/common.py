@@ -32,7 +32,8 @@ from far.training.budget import (
     plan_run_memory,
 )
 from far.training.memory import release_freed_memory
-from far.training.options import check_length
+from far.training.options import PRIMING_SCORES, check_length
+from far.training.precision import PRECISIONS
 
 T = TypeVar("T")
 
@@ -69,6 +70,18 @@ def layers_or_auto(text: str) -> int | str:
     return value
 
 
+def retention_or_auto(text: str) -> float | str:
+    """argparse type of --retention: a fraction of FFN nodes, or "auto" (FARConfig checks the range)."""
+    if text == AUTO:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a fraction of FFN nodes (e.g. 0.2) nor {AUTO!r}"
+        ) from None
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
@@ -94,10 +107,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retention",
-        type=float,
+        type=retention_or_auto,
         default=None,
+        metavar="R|auto",
         help="fraction of FFN nodes kept trainable by far/random (default: 0.4; MeZO + FAR on a GGUF causal LM: 0.1, "
-        "all in the top third of the layers)",
+        "all in the top third of the layers); far: auto picks each layer's fraction from the priming scores",
     )
     parser.add_argument(
         "--attention-retention",
@@ -127,6 +141,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         type=fraction_or_steps,
         default=0.1,
         help="steps that prime FAR's node scores: a fraction of the run (0.1) or a number of steps (50)",
+    )
+    parser.add_argument(
+        "--priming-scores",
+        choices=PRIMING_SCORES,
+        default="change",
+        help="far: score nodes by how far the priming steps move them (change), or by their gradients over the "
+        "priming steps' batches, with no update, before the first step (gradient: cheaper, every step then trains "
+        "the reconfigured model) (default: change)",
     )
     parser.add_argument(
         "--warmup",
@@ -183,6 +205,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "so that after the first epoch a step runs only the layers above it (not with --memory-budget)",
     )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="of the training steps: fp32, bf16 (autocast), or auto: bf16 where the CPU multiplies it natively "
+        "(avx512_bf16 or amx_bf16) or the CUDA GPU supports it, fp32 elsewhere; metrics.json says which ran and why. "
+        "bf16 steps took 0.43x of fp32's on an avx512_bf16 CPU, but lost CoLA points (docs/results.md) "
+        "(default: fp32)",
+    )
     parser.add_argument(
         "--trainable-dtype",
         choices=TRAINABLE_DTYPES,

@@ -33,9 +33,11 @@ HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "war
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
     "priming",
+    "priming_scores",
     "weight_decay",
     "grad_accum",
     "bf16",
+    "precision",
     "reset_frozen",
     "prime_frozen",
     "cache_frozen",
@@ -75,7 +77,7 @@ class RunSettings:
 
     model: str = DEFAULT_MODEL
     method: str = "far"
-    retention: float | None = None  # None: DEFAULT_RETENTION (MeZO + FAR on a causal LM has its own default)
+    retention: float | str | None = None  # None: DEFAULT_RETENTION (MeZO + FAR on a causal LM has its own default)
     attention_retention: float | None = None
     optimizer: str = "adamw"
     lr: float | None = None
@@ -85,6 +87,7 @@ class RunSettings:
     max_length: int | None = None
     warmup: float | int | None = None
     priming: float | int = 0.1
+    priming_scores: str = "change"  # or "gradient" (far.finetune's priming_scores)
     weight_decay: float = 0.0
     grad_accum: int = 1
     mezo_eps: float = 1e-3
@@ -99,6 +102,7 @@ class RunSettings:
     prime_frozen: bool | None = None  # None: not when reset_frozen (far.finetune)
     cache_frozen: bool = False  # keep the frozen bottom's output per example (far.training.frozen_bottom)
     bf16: bool = False
+    precision: str = "fp32"  # of the training steps; "auto": bf16 where native (far.training.precision)
     trainable_dtype: str = "bfloat16"
     eval_every: int | None = None
     seed: int = 0
@@ -200,6 +204,7 @@ class RunSettings:
             config=self.far,
             optimizer=self.optimizer,
             priming=self.priming,
+            priming_scores=self.priming_scores,
             # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
             freeze_embeddings=self.freeze_embeddings and self.far is None,
             freeze_layers=self.freeze_layers if self.far is None else None,
@@ -215,6 +220,7 @@ class RunSettings:
             weight_decay=self.weight_decay,
             grad_accum=self.grad_accum,
             bf16=self.bf16,
+            precision=None if self.bf16 else self.precision,  # --bf16 asks for bf16, whatever --precision says
             eval_every=self.eval_every,
             seed=self.seed,
             mezo_eps=self.mezo_eps,

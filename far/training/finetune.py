@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from transformers import default_data_collator
 
@@ -31,6 +32,7 @@ from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.memory import release_freed_memory
 from far.training.options import OPTION_NAMES, TrainOptions
 from far.training.plan import plan_training
+from far.training.precision import choose_precision
 from far.training.result import FinetuneResult
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,11 @@ logger = logging.getLogger(__name__)
 def _checkpointing(model: nn.Module) -> bool:
     """Whether the model already recomputes its layers in backward (transformers' gradient checkpointing)."""
     return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (a model without any is refused later, with its own message)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _check_data(train_data: object) -> int:
@@ -63,6 +70,7 @@ def finetune(
     priming: float | int = 0.1,
     priming_optimizer: str = "adamw",
     priming_lr: float | None = None,
+    priming_scores: str = "change",
     freeze_embeddings: bool = False,
     freeze_ffn: bool = False,
     epochs: float = 1.0,
@@ -74,6 +82,7 @@ def finetune(
     grad_accum: int = 1,
     max_grad_norm: float | None = 1.0,
     bf16: bool = False,
+    precision: str | None = None,
     collate_fn: Callable[[list], Any] | None = None,
     loss_fn: LossFn | None = None,
     eval_fn: EvalFn | None = None,
@@ -131,6 +140,10 @@ def finetune(
         priming_optimizer: "adamw" (default), "sgd" or "mezo".
         priming_lr: Base LR of priming; default `lr` if the optimizers match, else the priming
             optimizer's default.
+        priming_scores: "change" (default): nodes scored by how far the priming steps moved them.
+            "gradient": by their weights' gradient L1 over the batches of the first `priming` steps,
+            computed before step 0 without an update (`far.training.gradient_priming`); no weight moves,
+            nothing is snapshotted, and every step of the run trains the reconfigured model.
         freeze_embeddings: Also freeze every `nn.Embedding` (with a `FARConfig`, set its field instead).
         freeze_ffn: With config=None: freeze every FFN (the freeze-FFN ablation).
         epochs: Passes over `train_data` (fractions allowed); ignored when `max_steps` is set.
@@ -141,7 +154,11 @@ def finetune(
         weight_decay: Decoupled weight decay for tensors of 2 or more dimensions (not biases, norms).
         grad_accum: Batches per optimizer step.
         max_grad_norm: Gradient clipping of first-order steps; None or 0 turns it off.
-        bf16: Run forward passes under `torch.autocast(dtype=torch.bfloat16)`.
+        bf16: Run forward passes under `torch.autocast(dtype=torch.bfloat16)`; the same as precision="bf16".
+        precision: "fp32", "bf16" (autocast), or "auto": bf16 where the hardware multiplies it natively (a CPU
+            with avx512_bf16 or amx_bf16, a CUDA GPU with bf16), fp32 elsewhere (`far.training.precision`; `--precision
+            auto`). None (default): what `bf16` says, fp32 unless it is True, so that a call
+            computes the same on every machine unless asked. The result's `precision` says which ran and why.
         collate_fn: Makes a batch from a list of examples; default `transformers.default_data_collator`.
         loss_fn: `loss_fn(model, batch) -> scalar tensor`; default `model(**batch).loss`.
         eval_fn: `eval_fn(model) -> dict[str, float]`, run in eval mode under no_grad every
@@ -211,6 +228,8 @@ def finetune(
     keywords = {name: value for name, value in locals().items() if name in OPTION_NAMES}
     options = TrainOptions.from_call(options, config, keywords, deprecated)
     plan = plan_training(n_examples, options)
+    precision = choose_precision(options.requested_precision, _device_of(model))
+    plan = dataclasses.replace(plan, bf16=precision.bf16)
     memory = None
     if options.memory_budget is not None and getattr(getattr(model, "config", None), "model_type", None) in (
         CAUSAL_LM_TYPES
@@ -304,7 +323,8 @@ def finetune(
     if recompute_layers:
         model.gradient_checkpointing_enable()
     try:
-        result = loop.run(checkpoint)
+        logger.info("precision: %s (%s)", precision.name, precision.reason)
+        result = dataclasses.replace(loop.run(checkpoint), precision=precision.to_dict())
         if memory is not None:
             result = dataclasses.replace(result, memory_plan=dataclasses.asdict(memory))
     finally:

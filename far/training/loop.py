@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec
+from far.architectures import FFNSpec, find_ffns
 from far.atomic import atomic_file
 from far.config import AUTO
 from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
@@ -21,6 +21,7 @@ from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
 from far.selection import layer_changes
 from far.surgery.reconfigure import freeze_ffns, reconfigure
+from far.surgery.state import learners, node_groups
 from far.training.batches import BatchStream, MicroBatch, to_device
 from far.training.checkpoint import (
     Checkpoint,
@@ -30,6 +31,7 @@ from far.training.checkpoint import (
     save_checkpoint,
 )
 from far.training.frozen_bottom import FrozenBottom
+from far.training.gradient_priming import gradient_scores
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
@@ -89,6 +91,8 @@ class Loop:
         self.scheduler: Any = None
         self.frozen: FrozenBottom | None = None  # with plan.cache_frozen: the frozen bottom's kept states
         self.layer_change: list[float] | None = None  # each layer's share of priming's change
+        self.learner_shares: dict[str, float] | None = None  # each split group's learners / nodes
+        self._surgery_record: dict | None = None  # logged with the first step after the surgery
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
@@ -124,7 +128,10 @@ class Loop:
         """Surgery at the end of priming, evaluation, the log line and the checkpoint of step `done`."""
         plan = self.plan
         if done == plan.priming_steps:
-            record["trainable_parameters"] = self._reconfigure(done)
+            self._reconfigure(done)
+        if self._surgery_record is not None:  # the surgery ran at the end of priming, or before step 0
+            record.update(self._surgery_record)
+            self._surgery_record = None
         if self.eval_fn is not None and (done == plan.total_steps or (plan.eval_every and done % plan.eval_every == 0)):
             record["eval"] = self._evaluate(done)
         self._tick()
@@ -134,6 +141,7 @@ class Loop:
         if self._checkpoint_due(done):
             state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
             state["layer_change"] = self.layer_change
+            state["learner_shares"] = self.learner_shares
             self.checkpoint = save_checkpoint(
                 self.output_dir,
                 done,
@@ -157,12 +165,15 @@ class Loop:
                 _freeze_embeddings(model)
             if plan.freeze_layers is not None:
                 freeze_layers(model, plan.freeze_layers, self.spec)
+        elif plan.gradient_priming_steps:
+            self._prime_by_gradients()
         elif plan.priming_steps:
             self._freeze_up_front()
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
             self.primer = self._primer()
         else:  # random selection: no scores needed
             reconfigure(model, plan.far, spec=self.spec)
+            self._note_surgery()
         self._build(0)
         self.seconds["priming"] += time.perf_counter() - t
         return 0
@@ -201,9 +212,10 @@ class Loop:
         self.seconds.update(checkpoint.trainer_state["seconds"])
         self.metrics = dict(checkpoint.trainer_state.get("metrics", {}))
         self.layer_change = checkpoint.trainer_state.get("layer_change")
+        self.learner_shares = checkpoint.trainer_state.get("learner_shares")
         return checkpoint.step
 
-    def _reconfigure(self, step: int) -> int:
+    def _reconfigure(self, step: int) -> None:
         """End of priming: select learners from the priming scores, split the FFNs, rebuild the optimizer.
 
         Priming's weight changes are kept. Every optimizer state is dropped, the learners' AdamW
@@ -217,9 +229,44 @@ class Loop:
         # The Primer stays attached to the model until reconfigure has put the frozen values back from it.
         far_config, reset = self.plan.far, self.plan.reset_frozen
         reconfigure(self.model, far_config, scores=scores, head_scores=head_scores, spec=self.spec, reset_frozen=reset)
+        self._note_surgery()
         self._build(step)
         self.seconds["priming"] += time.perf_counter() - t
-        return sum(p.numel() for _, p in trainable_parameters(self.model))
+
+    def _prime_by_gradients(self) -> None:
+        """Gradient priming: score the first steps' batches without an update, then reconfigure, before step 0.
+
+        Nothing moves, so there is no snapshot to keep and nothing to put back; the scored batches
+        are trained on again by the steps that follow, in the same order.
+        """
+        plan, far_config = self.plan, self.plan.far
+        stream = self.stream.batches(0)
+        pieces = (
+            to_device(piece.batch, self.device)
+            for _ in range(plan.gradient_priming_steps * plan.grad_accum)
+            for piece in next(stream)
+        )
+        heads = far_config.attention_retention is not None
+        # Encoders here are small: recomputing layers would cost a forward per batch to save memory not needed.
+        scores = gradient_scores(
+            self.model, pieces, lambda _, batch: self._loss(batch, ()), spec=self.spec, checkpointing=False, heads=heads
+        )
+        ffn_names = set(find_ffns(self.model, self.spec))
+        ffn_scores = {name: s for name, s in scores.items() if name in ffn_names}
+        head_scores = {name: s for name, s in scores.items() if name not in ffn_names} if heads else None
+        self.layer_change = self._layer_change(ffn_scores)
+        reconfigure(self.model, far_config, scores=ffn_scores, head_scores=head_scores, spec=self.spec)
+        self._note_surgery()
+
+    def _note_surgery(self) -> None:
+        """What the surgery chose, for the log line after it and the result: trainable parameters, learner shares."""
+        groups = node_groups(self.model, self.spec)
+        chosen = learners(self.model, self.spec)
+        self.learner_shares = {name: round(idx.numel() / groups[name].n_nodes, 4) for name, idx in chosen.items()}
+        self._surgery_record = {
+            "trainable_parameters": sum(p.numel() for _, p in trainable_parameters(self.model)),
+            "learner_shares": self.learner_shares,
+        }
 
     def _layer_change(self, scores: dict[str, Tensor]) -> list[float] | None:
         try:
@@ -347,6 +394,7 @@ class Loop:
             checkpoint=None if self.checkpoint is None else str(self.checkpoint),
             frozen_cache_bytes=0 if self.frozen is None else self.frozen.bytes,
             priming_layer_change=self.layer_change,
+            learner_shares=self.learner_shares,
             history=self.history,
         )
         if self.output_dir is not None:

@@ -20,9 +20,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from far.config import AUTO, UNSET, FARConfig, as_config
+from far.training.precision import check_precision
 
 DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
 OPTIMIZERS = tuple(DEFAULT_LR)
+# What priming scores a node by: "change", how far the first `priming` steps of ordinary fine-tuning moved
+# it; "gradient", its weights' gradient L1 summed over the first `priming` steps' batches, before any
+# update (far.training.gradient_priming): those batches are scored, not trained on, and every step of
+# the run then trains the reconfigured model.
+PRIMING_SCORES = ("change", "gradient")
 
 # The config's fields that far.finetune once took as keywords of its own.
 _DEPRECATED_FIELDS = ("retention", "selection", "attention_retention")
@@ -140,6 +146,7 @@ class TrainOptions:
     priming: float | int = 0.1
     priming_optimizer: str = "adamw"
     priming_lr: float | None = None
+    priming_scores: str = "change"
     freeze_embeddings: bool = False
     freeze_ffn: bool = False
     freeze_layers: int | None = None
@@ -154,6 +161,7 @@ class TrainOptions:
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     bf16: bool = False
+    precision: str | None = None
     seed: int = 0
     mezo_eps: float = 1e-3
     mezo_directions: int = 1
@@ -179,12 +187,26 @@ class TrainOptions:
             )
         if not is_int(self.seed):
             raise TypeError(f"seed must be an int, got {self.seed!r}")
+        if self.precision is not None:
+            check_precision(self.precision)
+            if self.bf16 and self.precision != "bf16":
+                raise ValueError(f"bf16=True asks for bf16 and precision={self.precision!r} for another: give one")
         check_cache_frozen(self.cache_frozen, self.depth, self.memory_budget)
         hint = "it must be > 0, e.g. 5e-5 for AdamW or 1e-6 for MeZO (None picks the optimizer's default)"
         set_ = self._set
         set_("optimizer", check_optimizer("optimizer", self.optimizer))
         set_("priming_optimizer", check_optimizer("priming_optimizer", self.priming_optimizer))
         set_("priming", check_length("priming", self.priming))
+        if self.priming_scores not in PRIMING_SCORES:
+            raise ValueError(
+                f"priming_scores must be one of {', '.join(map(repr, PRIMING_SCORES))}, got {self.priming_scores!r}"
+            )
+        auto_retention = self.config is not None and self.config.retention == AUTO
+        if self.memory_budget is not None and (auto_retention or self.scores_gradients):
+            raise ValueError(
+                "the memory budget (--memory-budget) plans for a fixed retention and weight-change priming: give "
+                "retention a number and priming_scores='change' (--priming-scores change), or no memory budget"
+            )
         set_("warmup", check_length("warmup", self.warmup))
         set_("seed", int(self.seed))
         set_("batch_size", check_int("batch_size", self.batch_size, 1))
@@ -275,6 +297,13 @@ class TrainOptions:
         return self.config.freeze_layers if self.config is not None else self.freeze_layers
 
     @property
+    def requested_precision(self) -> str:
+        """The precision asked for: `precision` ("auto", "fp32" or "bf16"); when None, `bf16` says (True: "bf16")."""
+        if self.precision is not None:
+            return self.precision
+        return "bf16" if self.bf16 else "fp32"
+
+    @property
     def embeddings_frozen(self) -> bool:
         """Whether the run freezes the embeddings (by the config's surgery, or plainly)."""
         return self.config.freeze_embeddings if self.config is not None else self.freeze_embeddings
@@ -298,16 +327,21 @@ class TrainOptions:
         by `reset_frozen`. A depth chosen from the scores (`"auto"`) is known only after priming.
         """
         config = self.config
-        if config is None or not self.primes:
+        if config is None or not self.primes or self.scores_gradients:  # gradient priming trains nothing
             return False
         up_front = config.freeze_embeddings or (config.freeze_layers is not None and config.freeze_layers != AUTO)
         prime = (not self.reset_frozen) if self.prime_frozen is None else self.prime_frozen
         return up_front and not prime
 
     @property
+    def scores_gradients(self) -> bool:
+        """Whether the run primes by gradients (`priming_scores="gradient"`): scored batches, no priming steps."""
+        return self.primes and self.priming_scores == "gradient"
+
+    @property
     def active_priming_optimizer(self) -> str | None:
-        """The optimizer of the priming steps; None without priming."""
-        return self.priming_optimizer if self.primes else None
+        """The optimizer of the priming steps; None without priming steps (none, or gradient priming)."""
+        return self.priming_optimizer if self.primes and not self.scores_gradients else None
 
 
 OPTION_NAMES = tuple(f.name for f in fields(TrainOptions) if f.name != "config")

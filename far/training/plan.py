@@ -16,6 +16,7 @@ _BEFORE_THE_OPTION = {
     "freeze_layers": None,
     "frozen_from_start": False,
     "cache_frozen": False,
+    "gradient_priming_steps": 0,
 }
 
 
@@ -80,6 +81,9 @@ class TrainingPlan:
     # The frozen bottom runs without dropout and its output is kept per example (far.training.frozen_bottom).
     cache_frozen: bool = False
     cache_frozen_mib: float = 1024.0
+    # Gradient priming (TrainOptions.priming_scores="gradient"): the batches of this many first steps are
+    # scored before step 0, without an update; priming_steps is then 0 and every step trains the split model.
+    gradient_priming_steps: int = 0
 
     def optimizer_at(self, step: int) -> str:
         """The optimizer that takes step `step` (0-based)."""
@@ -110,7 +114,10 @@ def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
         else max(1, math.ceil(options.epochs * math.ceil(n_examples / options.batch_size) / options.grad_accum))
     )
     priming_steps = length_in_steps("priming", options.priming, total_steps) if options.primes else 0
-    if options.primes and priming_steps == 0:
+    gradient_priming_steps = 0
+    if options.scores_gradients:
+        gradient_priming_steps, priming_steps = priming_steps, 0
+    if options.primes and priming_steps + gradient_priming_steps == 0:
         raise ValueError(
             f"selection={options.config.selection!r} ranks FFN nodes by how much they move during priming, so "
             "priming must be > 0 (e.g. priming=0.1, a tenth of the steps); or use selection='random'"
@@ -149,4 +156,5 @@ def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
         frozen_from_start=options.frozen_from_start,
         cache_frozen=options.cache_frozen,
         cache_frozen_mib=options.cache_frozen_mib,
+        gradient_priming_steps=gradient_priming_steps,
     )

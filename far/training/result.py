@@ -29,6 +29,11 @@ class FinetuneResult:
         priming_layer_change: Each layer's share of the change priming measured in the FFNs (its nodes' mean
             score over the layers' sum), bottom layer first: what `freeze_layers="auto"` reads. None without
             priming, or for a model whose layers cannot be told apart.
+        learner_shares: `{group name: learners / nodes}` of every group the surgery split (FFNs, and attention
+            blocks where split): the retention each got, which `retention="auto"` chooses per group. None
+            without surgery.
+        precision: The precision the steps computed in and why (`far.training.precision.Precision`'s fields:
+            name, requested, reason).
     """
 
     metrics: dict[str, float]
@@ -47,6 +52,8 @@ class FinetuneResult:
     frozen_cache_bytes: int = 0
     priming_layer_change: list[float] | None = None
     memory_plan: dict | None = None
+    learner_shares: dict[str, float] | None = None
+    precision: dict | None = None
     history: list[dict] = field(default_factory=list, repr=False)  # every eval: {"step": s, **metrics}
 
     def to_dict(self) -> dict:

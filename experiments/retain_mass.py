@@ -1,0 +1,139 @@
+"""Choose `far.selection.AUTO_RETAIN_MASS` on training data held out from training, never on a dev set.
+
+Each run is `far glue ... --retention auto --validation-from-train F` in its own process, with the constant set to
+one candidate value: the run trains on the rest of the training split and reports its metric on the held-out part
+(seeded by --seed), and the per-layer retention the rule chose (metrics.json's `learner_shares`). The summary
+(`<output>/<name>.{json,md}`) gives, per candidate, the held-out metric, the retention chosen and the whole process's
+CPU seconds.
+
+    OMP_NUM_THREADS=1 python experiments/retain_mass.py --task sst2 --masses 0.2 0.35 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import children_cpu_seconds, command_line, machine, write_report
+
+import far.selection
+
+TASKS = {
+    # 4,000 of SST-2's training sentences, one epoch; a quarter of the training split is held out, and its first 4,000
+    # sentences score the candidates.
+    "sst2": dict(
+        args="--task sst2 --max-train-samples 4000 --epochs 1 --validation-from-train 0.25 --max-eval-samples 4000",
+        metric="accuracy",
+    ),
+    "cola": dict(
+        args="--task cola --max-train-samples 4000 --epochs 1 --validation-from-train 0.25 --max-eval-samples 4000",
+        metric="matthews_correlation",
+    ),
+}
+EVAL_ROWS = 4000  # held-out examples that score a candidate (--max-eval-samples)
+# The automatic configuration: retention and depth from priming, the frozen bottom kept.
+FAR_AUTO = "--method far --retention auto --freeze-embeddings --freeze-layers auto --cache-frozen"
+
+
+def run_with_mass(mass: float, argv: list[str]) -> int:
+    """`far <argv>` in this process, with the rule's constant set to `mass` (only this process sees it)."""
+    from far.cli.main import main
+
+    far.selection.AUTO_RETAIN_MASS = mass
+    return main(argv)
+
+
+def one_run(task: str, mass: float, seed: int, output: Path, extra: list[str]) -> dict:
+    out = output / "runs" / f"{task}-mass{mass:g}-s{seed}"
+    metrics_file = out / "metrics.json"
+    if metrics_file.exists():
+        return json.loads(metrics_file.read_text())
+    argv = ["glue", *TASKS[task]["args"].split(), *FAR_AUTO.split(), "--seed", str(seed), "--no-save-model",
+            "--no-progress", *extra, "--output-dir", str(out)]  # fmt: skip
+    print(f"$ AUTO_RETAIN_MASS={mass:g} far {' '.join(argv)}", flush=True)
+    start, cpu = time.perf_counter(), children_cpu_seconds()
+    subprocess.run([sys.executable, __file__, "--run", str(mass), *argv], check=True)
+    record = json.loads(metrics_file.read_text())
+    record.update(process_seconds=time.perf_counter() - start, process_cpu_seconds=children_cpu_seconds() - cpu)
+    metrics_file.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def held_out_metric(task: str, record: dict, run_dir: Path) -> float:
+    """The run's metric in points, over the first EVAL_ROWS held-out examples: a run made before the candidates were
+    cut to those rows evaluated on all of them, and its accuracy there is read back from its predictions."""
+    metric = TASKS[task]["metric"]
+    if record.get("eval_examples", 0) <= EVAL_ROWS:
+        return 100 * record["metrics"][metric]
+    if metric != "accuracy":
+        raise ValueError(f"{run_dir} evaluated on more than {EVAL_ROWS} rows; rerun it with --max-eval-samples")
+    with open(run_dir / "predictions.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))[:EVAL_ROWS]
+    return 100 * sum(row["prediction"] == row["label"] for row in rows) / len(rows)
+
+
+def summarize(task: str, records: dict[float, list[dict]], output: Path) -> list[dict]:
+    rows = []
+    for mass, runs in records.items():
+        values = [
+            held_out_metric(task, r, output / "runs" / f"{task}-mass{mass:g}-s{r['hyperparameters']['seed']}")
+            for r in runs
+        ]
+        shares = [[round(s, 3) for s in r["learner_shares"].values()] for r in runs]
+        rows.append(
+            {
+                "task": task,
+                "mass": mass,
+                "held_out_metric": round(statistics.mean(values), 2),
+                "per_seed": [round(v, 2) for v in values],
+                "learner_shares_bottom_first": shares,
+                "frozen_layers": [r["frozen_layers"] for r in runs],
+                # None: a run whose driver was stopped before it could add the process's CPU seconds
+                "process_cpu_seconds": [
+                    None if r.get("process_cpu_seconds") is None else round(r["process_cpu_seconds"], 1) for r in runs
+                ],
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--run":
+        sys.exit(run_with_mass(float(sys.argv[2]), sys.argv[3:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="sst2", choices=list(TASKS))
+    parser.add_argument("--masses", type=float, nargs="+", default=[0.2, 0.35, 0.5])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "retain_mass")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further `far` arguments for every run")
+    args = parser.parse_args()
+    records = {m: [one_run(args.task, m, seed, args.output, args.extra) for seed in args.seeds] for m in args.masses}
+    rows = summarize(args.task, records, args.output)
+    name = args.name or args.task
+    write_report(
+        args.output / f"{name}.json",
+        {"command": command_line(__file__, sys.argv[1:]), "machine": machine(), "rows": rows},
+    )
+    lines = [
+        "| mass | held-out metric | learner share per layer, bottom first | K | process CPU s |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        shares = " / ".join(" ".join(f"{s:.2f}" for s in seed) for seed in row["learner_shares_bottom_first"])
+        lines.append(
+            f"| {row['mass']:g} | {row['held_out_metric']:.2f} | {shares} | {row['frozen_layers']} | "
+            f"{row['process_cpu_seconds']} |"
+        )
+    (args.output / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
