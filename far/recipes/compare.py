@@ -1,4 +1,9 @@
-"""Side-by-side comparisons for the demo and for scripts: a majority-class baseline, paired step times.
+"""Side-by-side comparisons for the demo and for scripts: a majority-class baseline, a run's CPU seconds,
+the file a plainly frozen model ships, paired step times.
+
+What a user waits for is the whole run, priming and evaluation included: `cpu_timed` measures a call
+in process CPU seconds, which stay comparable across runs on a shared machine where wall time does not
+(another job's load stretches wall time, not this process's CPU time).
 
 Step times of two configurations are only comparable when measured in the same process at the same
 time: `paired_step_times` interleaves one training step of each model per round, on the same batch,
@@ -14,9 +19,12 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from far.training.optim import build_optimizer
@@ -33,6 +41,38 @@ def majority_baseline(labels: Sequence[int], metric) -> tuple[int, dict[str, flo
         raise ValueError("majority_baseline needs at least one label")
     majority = Counter(int(y) for y in labels).most_common(1)[0][0]
     return majority, metric.compute(predictions=[majority] * len(labels), references=list(labels))
+
+
+T = TypeVar("T")
+
+
+def cpu_timed(run: Callable[[], T]) -> tuple[T, float]:
+    """`run()`'s result and the process CPU seconds it took (every thread's, user and system).
+
+    Example:
+        >>> result, seconds = cpu_timed(lambda: far.finetune(model, data, None))
+    """
+    started = time.process_time()
+    result = run()
+    return result, time.process_time() - started
+
+
+def save_trained_tensors(model: nn.Module, path: str | Path) -> Path:
+    """Write the tensors `model` trains (`requires_grad`), and only those, to a safetensors file.
+
+    What a model fine-tuned with a plainly frozen bottom ships beside its stock base: everything else
+    is the base's. Tied tensors are written once (`named_parameters` yields each tensor once).
+
+    Returns:
+        The path written.
+    """
+    trained = {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    if not trained:
+        raise ValueError("the model trains no tensor (every requires_grad is False): there is nothing to write")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(trained, str(path))
+    return path
 
 
 def paired_step_times(
