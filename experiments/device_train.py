@@ -11,7 +11,7 @@ and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and 
 Build the runner first: `bash runtime/executorch/build.sh`. Each part writes
 experiments/results/device_train/<part>[_<task>].json with the machine's lscpu flags.
 
-- step: exports at 32x64 and 8x128 (XNNPACK "all", and 32x64 also as 4 micro-batches of 8), random
+- step: exports at 32x64 and 8x128 (XNNPACK "all"; 32x64 also as 4 micro-batches of 8 and 8 of 4), random
   full-length examples; far_train (one process per measurement, /usr/bin/time -v) and torch eager's
   AdamW step on the same reconfigured model and batches (a child process, eval mode: no dropout, as
   exported), alternating, `--rounds` each; medians of the steps after the first.
@@ -182,7 +182,7 @@ def run_eager(examples: Path, batch: int) -> dict:
 
 
 def part_step(work: Path, rounds: int, steps: int) -> None:
-    shapes = [(32, 64, None), (32, 64, 8), (8, 128, None)]
+    shapes = [(32, 64, None), (32, 64, 8), (32, 64, 4), (8, 128, None)]
     rows = []
     for batch, length, micro in shapes:
         out = work / f"export-{batch}x{length}-m{micro or batch}"  # shared with the memory part
@@ -232,7 +232,7 @@ def glue_examples(out: Path, path: Path, task: str = "cola", limit: int | None =
 def part_memory(work: Path, steps: int) -> None:
     rows = []
     for micro in (32, 8, 4):
-        out = work / f"export-32x64-m{micro}"
+        out = work / f"export-32x64-m{micro}"  # shared with the step part
         info = export(out, 32, 64, micro)
         examples = work / f"cola-{micro}.safetensors"
         if not examples.is_file():
@@ -245,7 +245,13 @@ def part_memory(work: Path, steps: int) -> None:
 
 
 def part_metric(
-    work: Path, task: str, micro: int | None, max_train: int | None, epochs: float | None, xnnpack: str
+    work: Path,
+    task: str,
+    micro: int | None,
+    max_train: int | None,
+    epochs: float | None,
+    xnnpack: str,
+    host_dropout: bool = True,
 ) -> None:
     import far
     from far.data.locate import locate_data_dir
@@ -257,6 +263,7 @@ def part_metric(
     from far.models import resolve_model
     from far.training.checkpoint import read_checkpoint, load_model_state
     from far.training.plan import plan_training
+    import torch
 
     host_dir = work / f"host-{task}"
     settings = RunSettings(
@@ -274,6 +281,10 @@ def part_metric(
         **FAR_CONFIG,
     )
     run = glue_run(settings, task)
+    if not host_dropout:  # the host arm as the device program runs: no dropout
+        for module in run.model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
     options = settings.train_options(run.hyperparameters)
     plan = plan_training(len(run.train_data), options)
     options = dataclasses.replace(options, checkpoint_every=plan.priming_steps, keep_checkpoints=None)
@@ -291,7 +302,13 @@ def part_metric(
     )
     host_cpu_s = time.process_time() - start
     host_metrics = run.evaluator(run.model)
-    print(json.dumps({"host": host_metrics, "cpu_s": round(host_cpu_s, 1)}), flush=True)
+    print(json.dumps({"host": host_metrics, "cpu_s": round(host_cpu_s, 1), "dropout": host_dropout}), flush=True)
+    if not host_dropout:
+        write_result(
+            f"metric_{task}_host_no_dropout",
+            {"task": task, "host": {"metrics": host_metrics, "cpu_s": round(host_cpu_s, 1), "dropout": False}},
+        )
+        return
 
     # The run at the end of priming: FFNs split, learners chosen, priming's changes kept.
     switch = read_checkpoint(host_dir / "checkpoints" / f"step-{plan.priming_steps}")
@@ -334,6 +351,11 @@ def main() -> None:
     parser.add_argument("--max-train-samples", type=int, help="metric: the first N training examples")
     parser.add_argument("--epochs", type=float, help="metric: the host run's epochs (default: far glue's)")
     parser.add_argument("--xnnpack", default="all", help="metric: the training program's XNNPACK level")
+    parser.add_argument(
+        "--host-without-dropout",
+        action="store_true",
+        help="metric: only the host run, with dropout off as in the device program",
+    )
     parser.add_argument("--eager-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -354,7 +376,15 @@ def main() -> None:
     elif args.part == "memory":
         part_memory(args.work, args.steps)
     else:
-        part_metric(args.work, args.task, args.micro_batch, args.max_train_samples, args.epochs, args.xnnpack)
+        part_metric(
+            args.work,
+            args.task,
+            args.micro_batch,
+            args.max_train_samples,
+            args.epochs,
+            args.xnnpack,
+            host_dropout=not args.host_without_dropout,
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The README's and docs/*.md's ```bash blocks run as written in a fresh clone, shrunk to a few steps.
 
-Every line runs in order, in one folder laid out as a fresh clone (examples/ there, ../shared/data
+Every line runs in order, in one folder laid out as a fresh clone (examples/, docs/ there, ../shared/data
 beside it, no $FAR_DATA_DIR, the hub offline), so that a stale flag, a wrong path or a file that an
 earlier command does not write fails here. `far` runs in this process (`far.cli.main.main`, what
 the console script calls) with flags appended that shrink it (argparse: the last value wins);
@@ -74,9 +74,11 @@ def bash(pipeline: list[list[str]], cwd) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def clone(tmp_path, data_dir, monkeypatch):
-    """A fresh clone's folder, made current: examples/ in it, ../shared/data beside it, no runs/ yet."""
+    """A fresh clone's folder, made current: examples/, docs/ and README.md in it, ../shared/data beside it, no runs/ yet."""
     root = tmp_path / "far"
     shutil.copytree(ROOT / "examples", root / "examples")
+    shutil.copytree(ROOT / "docs", root / "docs")  # texts the own-texts commands train on
+    shutil.copy(ROOT / "README.md", root / "README.md")
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "data").symlink_to(data_dir, target_is_directory=True)
     monkeypatch.chdir(root)
