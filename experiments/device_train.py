@@ -224,7 +224,7 @@ def glue_examples(out: Path, path: Path, task: str = "cola", limit: int | None =
     if limit is not None:
         train = train.select(range(min(limit, len(train))))
     columns = [list(train[c]) for c in spec.text_columns]
-    texts = columns[0] if len(columns) == 1 else list(zip(*columns))
+    texts = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
     write_examples(texts, None, out, path, labels=list(train["label"]), truncate=True)
     return len(train)
 
@@ -253,17 +253,17 @@ def part_metric(
     xnnpack: str,
     host_dropout: bool = True,
 ) -> None:
+    import torch
+
     import far
     from far.data.locate import locate_data_dir
     from far.device.learners import to_learners
-    from far.models import load_model_and_tokenizer
+    from far.models import load_model_and_tokenizer, resolve_model
     from far.recipes.runs import glue_run
     from far.recipes.settings import RunSettings
     from far.saving.stock import stock_reader
-    from far.models import resolve_model
-    from far.training.checkpoint import read_checkpoint, load_model_state
+    from far.training.checkpoint import load_model_state, read_checkpoint
     from far.training.plan import plan_training
-    import torch
 
     host_dir = work / f"host-{task}"
     settings = RunSettings(

@@ -73,14 +73,38 @@ METHODS: dict[str, list[str]] = {
     # Priming by gradients over the first 16 batches, with no update (--priming-scores gradient), and the retention
     # chosen per layer from the priming scores (--retention auto).
     "far-0.2+depth-auto+cache+gradient-16": [
-        *FAR_02, "--freeze-layers", "auto", "--cache-frozen", "--priming-scores", "gradient", "--priming", "16"
+        *FAR_02,
+        "--freeze-layers",
+        "auto",
+        "--cache-frozen",
+        "--priming-scores",
+        "gradient",
+        "--priming",
+        "16",
     ],
     "far-auto+depth-auto+cache": [
-        "--method", "far", "--retention", "auto", "--freeze-embeddings", "--freeze-layers", "auto", "--cache-frozen"
+        "--method",
+        "far",
+        "--retention",
+        "auto",
+        "--freeze-embeddings",
+        "--freeze-layers",
+        "auto",
+        "--cache-frozen",
     ],
     "far-auto+depth-auto+cache+gradient-16": [
-        "--method", "far", "--retention", "auto", "--freeze-embeddings", "--freeze-layers", "auto", "--cache-frozen",
-        "--priming-scores", "gradient", "--priming", "16",
+        "--method",
+        "far",
+        "--retention",
+        "auto",
+        "--freeze-embeddings",
+        "--freeze-layers",
+        "auto",
+        "--cache-frozen",
+        "--priming-scores",
+        "gradient",
+        "--priming",
+        "16",
     ],
     "far-0.2+frozen-emb+bottom-2+cache": [*FAR_02, "--freeze-layers", "2", "--cache-frozen"],
     "full+frozen-bottom-3+cache": ["--method", "full", "--freeze-layers", "3", "--cache-frozen"],

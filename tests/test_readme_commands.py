@@ -74,7 +74,7 @@ def bash(pipeline: list[list[str]], cwd) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def clone(tmp_path, data_dir, monkeypatch):
-    """A fresh clone's folder, made current: examples/, docs/ and README.md in it, ../shared/data beside it, no runs/ yet."""
+    """A fresh clone's folder, made current: examples/, docs/, README.md; ../shared/data beside it; no runs/."""
     root = tmp_path / "far"
     shutil.copytree(ROOT / "examples", root / "examples")
     shutil.copytree(ROOT / "docs", root / "docs")  # texts the own-texts commands train on

@@ -81,7 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum (default 0.9)")
     group.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default 0)")
     group.add_argument(
-        "--max-grad-norm", type=float, default=1.0, help="clip the gradients' total norm (default 1.0, as far train; 0: off)"
+        "--max-grad-norm",
+        type=float,
+        default=1.0,
+        help="clip the gradients' total norm (default 1.0, as far train; 0: off)",
     )
     group.add_argument(
         "--schedule",

@@ -90,7 +90,9 @@ def _tokenizer_json(tokenizer) -> tuple[str, str, int]:
     return backend.to_str(pretty=True), str(tokenizer.pad_token), int(tokenizer.pad_token_id)
 
 
-def _manifest(plan: ExportPlan, model: nn.Module, batch_size: int, micro: int, max_length: int, optimizer: dict) -> dict:
+def _manifest(
+    plan: ExportPlan, model: nn.Module, batch_size: int, micro: int, max_length: int, optimizer: dict
+) -> dict:
     """The manifest's fields that the model and the settings give (the programs' are added as they are written)."""
     config = getattr(model, "config", None)
     return {
