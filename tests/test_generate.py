@@ -190,3 +190,16 @@ def test_the_generate_command_path_imports_neither_datasets_nor_transformers():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_far_generate_loads_the_base_in_float32_for_a_first_order_users_file(tiny_gguf_with_users, tmp_path, capsys):
+    # A first-order run keeps its learners in float32 and writes them so; a bfloat16 base cannot hold them.
+    gguf, (_, bob) = tiny_gguf_with_users
+    carol = tmp_path / "carol.safetensors"
+    save_trained(train_user(gguf, 2, dtype=torch.float32, lr=0.05), carol, base=gguf)
+    args = ["generate", "--model", str(gguf), "--prompt", "Hello world", "--max-new-tokens", "4"]
+    assert main([*args, "--learners", str(carol), str(bob)]) == 0
+    captured = capsys.readouterr()
+    assert "skipped" not in captured.err
+    assert f"== {carol} ==" in captured.out and f"== {bob} ==" in captured.out

@@ -15,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from far.llm.generate import GenerationConfig, generate
-from far.llm.lean_learners import load_learners
+from far.llm.lean_learners import load_learners, values_dtype
 from far.models import load_lean_lm
 
 
@@ -49,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise ValueError(f"--learners: no such file {missing[0]!r}")
-    model, tokenizer = load_lean_lm(args.model)
+    # A first-order run's learners are float32: the base is then loaded in float32, so that they apply exactly.
+    dtypes = {values_dtype(f) for f in files}
+    model, tokenizer = load_lean_lm(args.model, dtype=torch.float32 if torch.float32 in dtypes else torch.bfloat16)
     prompt = tokenizer(args.prompt)["input_ids"]
     if not prompt:
         raise ValueError("--prompt is empty; give some text to continue")

@@ -253,6 +253,22 @@ def _json(path: Path, metadata: Mapping[str, str], key: str) -> dict:
     return value
 
 
+def values_dtype(path: str | os.PathLike) -> torch.dtype:
+    """The widest dtype of a learners file's values, from its header alone: what the base must be loaded in.
+
+    A first-order run keeps its learners in float32 and writes them so; a base loaded in bfloat16 cannot hold
+    them exactly (`plan` refuses that), so a caller that loads the base for given files loads it in this dtype.
+    A file whose header cannot be read says bfloat16 here: it is refused, with its reason, when it is applied.
+    """
+    try:
+        with safe_open(Path(path), framework="pt") as f:
+            values = json.loads((f.metadata() or {}).get("values", "{}"))
+    except Exception:  # SafetensorError, OSError, ValueError alike
+        return torch.bfloat16
+    dtypes = {_DTYPES.get((spec or {}).get("dtype")) for spec in values.values()} if isinstance(values, dict) else set()
+    return torch.float32 if torch.float32 in dtypes else torch.bfloat16
+
+
 def plan(
     model: LeanCausalLM,
     path: str | os.PathLike,
