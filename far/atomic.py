@@ -1,4 +1,4 @@
-"""Atomic writes: a file or folder appears whole under its final name, or not at all.
+"""Atomic writes: a file or folder appears whole under its final name, or not at all; and a file's sha256.
 
 A process killed mid-write leaves at most a temporary `*.tmp-*` sibling behind; the previous
 version of the target stays intact, because the target is only ever replaced by a rename.
@@ -6,6 +6,7 @@ version of the target stays intact, because the target is only ever replaced by 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -15,6 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, read 1 MiB at a time (what checkpoints, exports and GGUF caches check)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -9,10 +9,11 @@ OUT/state.safetensors   the trainable tensors at step 0 (`far.device.state`)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
+
+from far.atomic import file_sha256 as sha256_file  # the name the export's readers use
 
 FORMAT = "far.device"
 FORMAT_VERSION = 2  # 2: micro-batches (micro_batch_size, accumulate) and the optimizer's own settings
@@ -27,14 +28,6 @@ MANIFEST, TRAIN, BOTTOM, TOKENIZER, STATE = (
 
 class DeviceFileError(ValueError):
     """A file of an export folder, or one made for it, that cannot be used: damaged, foreign or mismatched."""
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True) -> dict:

@@ -10,7 +10,6 @@ cache is built, and by default in a child process, so the caller's own peak RSS 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from far.atomic import atomic_dir
+from far.atomic import atomic_dir, file_sha256
 
 CACHE_ENV = "FAR_CACHE"
 SOURCE_FILE = "far_gguf.json"  # written into each cache folder: which GGUF it was built from
@@ -32,14 +31,6 @@ def default_cache_dir() -> Path:
         return Path(os.environ[CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "far"
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()  # a small fraction of a load's time (docs/llm.md, "The models")
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def gguf_cache_path(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

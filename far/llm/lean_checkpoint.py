@@ -19,7 +19,6 @@ leaves its previous checkpoint intact; one damaged later fails its manifest and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from far.atomic import atomic_dir, atomic_file
+from far.atomic import atomic_dir, atomic_file, file_sha256
 from far.llm.compact import CompactWeight
 from far.llm.lean_far import ffn_names, set_trainable, split_ffns
 from far.llm.lean_model import LeanCausalLM
@@ -39,14 +38,6 @@ STATE_FILE, TRAINER_FILE, MANIFEST = "state.pt", "trainer_state.json", "manifest
 FORMAT = "far-lean-lm-checkpoint/1"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 logger = logging.getLogger(__name__)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def trained_state(model: LeanCausalLM) -> dict[str, dict[str, Tensor]]:
@@ -77,7 +68,7 @@ def save_lean_checkpoint(
         torch.save({**trained_state(model), "optimizer": optimizer_state}, tmp / STATE_FILE)
         (tmp / TRAINER_FILE).write_text(json.dumps({**trainer_state, "step": step, "format": FORMAT}, indent=1))
         manifest = {
-            n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in (STATE_FILE, TRAINER_FILE)
+            n: {"bytes": (tmp / n).stat().st_size, "sha256": file_sha256(tmp / n)} for n in (STATE_FILE, TRAINER_FILE)
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     with atomic_file(root / LATEST) as tmp:
@@ -96,7 +87,7 @@ def _problem(folder: Path) -> str | None:
         return "incomplete (no readable manifest.json)"
     for name, entry in manifest.items():
         file = folder / name
-        if not file.is_file() or file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
+        if not file.is_file() or file.stat().st_size != entry["bytes"] or file_sha256(file) != entry["sha256"]:
             return f"corrupted ({name} does not match its size and sha256)"
     return None
 

@@ -20,7 +20,6 @@ then falls back to the newest checkpoint that is intact, with a logged warning.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -36,7 +35,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from far.architectures import FFNSpec
-from far.atomic import atomic_dir, atomic_file
+from far.atomic import atomic_dir, atomic_file, file_sha256
 from far.config import FARConfig
 from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
@@ -53,14 +52,6 @@ _PRIMER = "primer.safetensors"
 _MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 logger = logging.getLogger(__name__)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_checkpoint(
@@ -104,7 +95,7 @@ def save_checkpoint(
         state = {**trainer_state, "step": step, "format": FORMAT, "primer": primer is not None}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
         files = sorted(f.name for f in tmp.iterdir())
-        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files}
+        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)} for name in files}
         (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
     with atomic_file(root / LATEST) as tmp:
         tmp.write_text(target.name)
@@ -197,7 +188,7 @@ def verify_checkpoint(folder: Path) -> str | None:
         return "unreadable (its manifest.json is not JSON)"
     for name, entry in entries.items():
         file = folder / name
-        if not file.is_file() or file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
+        if not file.is_file() or file.stat().st_size != entry["bytes"] or file_sha256(file) != entry["sha256"]:
             return f"corrupted ({name} does not match its size and sha256 in manifest.json)"
     return None
 
