@@ -109,10 +109,12 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, options, ret
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert len(rows) == 8 and {r["prediction"] for r in rows} <= {"negative", "positive"}
     assert "sst2 (far, prompts): accuracy = " in capsys.readouterr().out
-    # The fine-tune is kept as its trained weights (bf16) and, applied to the base model, predicts the same.
+    # The fine-tune is kept as a learners file for the stock GGUF model: each trained bf16 value as a one-byte
+    # difference from its stock value, or in full where that does not fit, so never more than bf16 itself; and,
+    # applied to the base model, it predicts the same.
     trained = out / record["files"]["trained"]
     assert record["trained_file_bytes"] == trained.stat().st_size
-    assert 2 * record["trainable_parameters"] < trained.stat().st_size < 2 * record["trainable_parameters"] + 2**20
+    assert record["trainable_parameters"] < trained.stat().st_size < 2 * record["trainable_parameters"] + 2**20
     model, tokenizer = load_lean_lm("smollm2-135m", trained=trained)
     texts, labels = read_labelled_tsv(data_dir / "glue" / "SST-2" / "dev.tsv")
     dev = PromptBatches(tokenizer, SST2_TEMPLATE, texts[:8], labels[:8], 128)
