@@ -33,6 +33,15 @@ from far.llm.lean_model import LeanCausalLM
 from far.seeds import derive_seed
 
 
+def check_zo_settings(model: LeanCausalLM, lr: object, eps: object) -> None:
+    """What every zeroth-order optimizer of the lean runtime needs: finite lr and eps > 0, a trainable weight."""
+    for name, value in (("lr", lr), ("eps", eps)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if not model.trainable_weights():
+        raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+
+
 class CompactMeZO:
     """MeZO over a `LeanCausalLM`'s trainable weights, perturbed on read, updated in place.
 
@@ -55,14 +64,10 @@ class CompactMeZO:
         weight_decay: float = 0.0,
         layer_fraction: float = 1.0,
     ) -> None:
-        for name, value in (("lr", lr), ("eps", eps)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        check_zo_settings(model, lr, eps)
         if not (isinstance(layer_fraction, (int, float)) and 0 < layer_fraction <= 1):
             raise ValueError(f"layer_fraction must be in (0, 1], got {layer_fraction!r}; e.g. 0.25 (LeZO)")
         trainable = model.trainable_weights()
-        if not trainable:
-            raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
         self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
         self.layer_fraction = float(layer_fraction)
         in_layer = [{w.index for w in layer.modules() if isinstance(w, CompactWeight)} for layer in model.layers]

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from far.llm.lean_model import LeanCausalLM
+from far.llm.zo import check_zo_settings
 from far.seeds import derive_seed
 
 
@@ -53,13 +54,9 @@ class CompactBatchedZO:
         seed: int = 0,
         weight_decay: float = 0.0,
     ) -> None:
-        for name, value in (("lr", lr), ("eps", eps)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        check_zo_settings(model, lr, eps)
         if not (isinstance(directions, int) and directions >= 1):
             raise ValueError(f"directions must be an integer >= 1, got {directions!r}; e.g. 4")
-        if not model.trainable_weights():
-            raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
         self.model, self.lr, self.eps, self.seed = model, float(lr), float(eps), seed
         self.directions, self.weight_decay = directions, weight_decay
         self.steps_taken = 0
