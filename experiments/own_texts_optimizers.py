@@ -37,10 +37,9 @@ from far.evaluation.perplexity import perplexity
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
 from far.llm.prefix import PrefixCache
-from far.llm.text_steps import TextSteps, priming_loss
+from far.llm.text_steps import MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH, TextSteps, priming_loss
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
-from far.recipes.own_texts import MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH
 from far.seeds import derive_seed
 from far.training.log import peak_rss_bytes
 

@@ -58,6 +58,7 @@ def test_demo_end_to_end(data_dir, minilm_path, tmp_path, capsys, monkeypatch):
     summary = out.split("== summary")[1]
     for arm in ("full fine-tuning", "FAR r=0.2, auto depth", "bottom 3 frozen, kept"):
         assert arm in summary, summary
+    assert "grouped by length" in summary  # every arm batches sentences of similar lengths
     assert (tmp_path / "bottom3" / "trained.safetensors").is_file()
     assert (tmp_path / "learners.safetensors").stat().st_size < (
         tmp_path / "merged" / "model.safetensors"

@@ -13,7 +13,8 @@ from test_llm_lean import right_padded, tiny_hf, write_gguf
 from far.config import FARConfig
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import prime_and_split, set_trainable
-from far.llm.lean_saving import load_trained, save_trained
+from far.llm.lean_learners import load_learners, values_dtype
+from far.llm.lean_saving import load_trained, round_trained, save_trained
 from far.llm.zo import CompactMeZO
 
 LABELS = torch.tensor([5, 11])
@@ -64,6 +65,23 @@ def test_the_trained_file_restores_the_fine_tuned_model(gguf, tmp_path, method, 
     differs = load_lean_model(gguf)
     with torch.no_grad():
         assert not torch.equal(differs.label_logits(ids, mask, LABELS), model.label_logits(ids, mask, LABELS))
+
+
+def test_fp32_training_shipped_in_bf16_scores_on_the_stock_model_as_the_rounded_model(gguf, tmp_path):
+    model = trained_model(gguf, "far", torch.float32)
+    ids, mask = right_padded()
+    save_trained(model, tmp_path / "fp32.safetensors", base=gguf)
+    round_trained(model, torch.bfloat16)  # the model now holds what the file keeps
+    assert all(torch.equal(w.stored, w.stored.bfloat16().float()) for w in model.trainable_weights())
+    assert all(w.stored.dtype == torch.float32 for w in model.trainable_weights())
+    size = save_trained(model, tmp_path / "bf16.safetensors", base=gguf, values_dtype=torch.bfloat16)
+    assert size < (tmp_path / "fp32.safetensors").stat().st_size
+    assert values_dtype(tmp_path / "bf16.safetensors") == torch.bfloat16  # a base loaded in bf16 applies it
+    stock = load_learners(load_lean_model(gguf), tmp_path / "bf16.safetensors")  # bf16 base, as far generate
+    with torch.no_grad():  # the same weights; the split model sums its FFN nodes in another order (fp32 rounding)
+        torch.testing.assert_close(
+            stock.label_logits(ids, mask, LABELS), model.label_logits(ids, mask, LABELS), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_the_file_holds_only_trained_weights_and_the_learners(gguf, tmp_path):

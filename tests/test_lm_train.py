@@ -15,20 +15,23 @@ from safetensors import safe_open
 from test_llm_lean import tiny_hf, write_gguf
 from test_lm_texts import char_tokenizer
 
+import far.llm.bottom_on_disk as bottom_on_disk
 import far.llm.next_token as next_token
 from far.cli.main import main
 from far.llm.backprop import LearnerGradients
 from far.llm.gguf import CACHE_ENV, gguf_cache_path
 from far.llm.lean_config import from_hf_config
 from far.llm.lean_far import set_trainable, split_ffns
+from far.llm.lean_learners import values_dtype
 from far.llm.lean_model import from_state_dict
 from far.llm.prefix import PrefixCache
+from far.llm.state_file import StateFile
 from far.llm.text_budget import PREFIX_CACHE_MIB, TrainedShare, plan_text_memory
 from far.llm.text_steps import TextSteps
 from far.llm.tokenizer import SPECIAL_FILE, TOKENIZER_FILE
 from far.llm.zo import CompactMeZO
 from far.models import find_gguf
-from far.recipes.own_texts import TextRun, own_texts_run
+from far.recipes.own_texts import LEARNERS_FILE, TextRun, own_texts_run
 from far.recipes.settings import RunSettings
 from far.seeds import derive_seed
 from far.training.adamw import FusedAdamW
@@ -205,11 +208,24 @@ def test_adamw_on_far_with_depth_brings_held_out_perplexity_down(tiny_gguf, note
     )
     assert record["frozen_layers"] == 1 and record["trainable_dtype"] == "float32"
     assert record["metrics"]["perplexity"] < 0.8 * record["before"]["perplexity"]
+    # Trained in fp32, shipped in bf16: the final scores are the rounded model's, the fp32 ones kept beside them.
+    assert record["shipped_dtype"] == "bfloat16" and values_dtype(tmp_path / "run" / LEARNERS_FILE) == torch.bfloat16
+    fp32 = record["trained_precision_metrics"]["perplexity"]
+    assert fp32 != record["metrics"]["perplexity"] and fp32 == pytest.approx(record["metrics"]["perplexity"], rel=0.02)
     assert [e["step"] for e in record["evals"]] == [6, 12]
     lines = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert lines[0] == {"step": 0, "epoch": 0.0, "eval": record["before"]}
     assert [line["step"] for line in lines[1:]] == list(range(1, 13)) and "eval" in lines[6]
     assert (tmp_path / "run" / "learners.safetensors").is_file()
+    # The bottom's output went to a nameless scratch file, its weights were freed: nothing is left in the folder.
+    chunk_bytes = 32 * tiny_hf("llama").config.hidden_size * 4  # fp32 states; repeated chunks are kept once
+    chunks_read = record["texts"]["train_chunks"] + record["texts"]["validation_chunks"]  # 12 steps of 4 read all
+    kept = record["bottom_states"].pop("bytes")
+    assert record["bottom_states"] == {"layers": 1, "kept": "disk", "released": 1}
+    assert kept % chunk_bytes == 0 and 0 < kept <= chunks_read * chunk_bytes
+    assert sorted(f.name for f in (tmp_path / "run").iterdir()) == [
+        "learners.safetensors", "log.jsonl", "metrics.json", "run.json"
+    ]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -324,7 +340,12 @@ def test_the_budget_plan_shrinks_micro_batches_down_to_its_named_minimum():
         plan(300)
     tight = plan(refused.value.minimum_mib)
     assert tight.micro_batch == 1 and tight.estimate_mib <= refused.value.minimum_mib
-    assert 1 < plan(roomy.estimate_mib - PREFIX_CACHE_MIB - 40).micro_batch < 8
+    assert 1 < plan(roomy.estimate_mib - 40).micro_batch < 8
+    # The frozen bottom's weights are freed before training: a run with none frozen needs them all.
+    assert plan(5000, trained=TrainedShare(0, 0.1)).minimum_mib > tight.minimum_mib + 100
+    # Below the whole batch, AdamW holds the earlier micro-batches' gradients: a step in one pass can need less.
+    pair = plan(5000, batch_size=2)
+    assert pair.micro_batch == 2 and pair.estimate_mib == pair.minimum_mib < tight.minimum_mib
 
 
 def test_an_encoder_run_still_needs_its_validation_file(tmp_path, capsys):
@@ -342,3 +363,100 @@ def test_a_step_in_micro_batches_is_the_step_on_the_whole_batch(optimizer):
     assert whole([ids]) == pytest.approx(split([ids[:1], ids[1:]]), rel=1e-5)
     for a, b in zip(models[0].trainable_weights(), models[1].trainable_weights(), strict=True):
         torch.testing.assert_close(a.stored, b.stored, rtol=1e-4, atol=1e-6)
+
+
+def far_split_llama():
+    model = lean_and_hf("llama")[0]
+    learners = {
+        f"layers.{i}.mlp.down_proj": torch.tensor([] if i == 0 else [3, 17, 30]) for i in range(len(model.layers))
+    }
+    split_ffns(model, learners)
+    set_trainable(model, "learners", torch.float32, frozen_layers=1)
+    return model
+
+
+def test_adamw_stepping_each_block_in_backward_is_the_step_after_backward_bit_for_bit():
+    stepped, after = far_split_llama(), far_split_llama()
+    gradients = LearnerGradients(after)
+    optimizer = FusedAdamW(gradients.parameters(), lr=1e-2, weight_decay=0.01)
+    steps = TextSteps(stepped, "adamw", 1e-2, PrefixCache(stepped), weight_decay=0.01)
+    held = []  # the largest gradient held at once, in values, while stepping in backward
+    step_one = steps.adamw.step_one
+    steps.adamw.step_one = lambda p: (
+        held.append(sum(w.stored.grad is not None for w in steps.gradients.weights)),
+        step_one(p),
+    )[1]
+    for seed in (1, 2):  # two steps: the moments carry over
+        ids = chunks(seed, n=4)
+        steps([ids[:2], ids[2:]])
+        bottom = PrefixCache(after).hidden(ids, torch.ones_like(ids))
+        with gradients, after.input_gradients(), torch.enable_grad():
+            for part in (slice(0, 2), slice(2, 4)):
+                (after.next_token_loss(ids[part], start=bottom[part], start_layer=1) / 2).backward()
+        optimizer.step()
+        gradients.zero()
+    for a, b in zip(stepped.trainable_weights(), after.trainable_weights(), strict=True):
+        assert torch.equal(a.stored, b.stored)
+    n_blocks = sum(1 for w in steps.gradients.weights if w not in steps.gradients.gains)
+    # In the last micro-batch's backward the blocks already stepped hold no gradient any more.
+    assert held and min(held) < n_blocks and held[-1] <= len(steps.gradients.gains) + 1
+
+
+def test_bottom_states_in_a_file_then_the_bottom_released_train_as_from_memory(tmp_path):
+    from_memory, from_file = far_split_llama(), far_split_llama()
+    store = StateFile(tmp_path)
+    memory_cache, file_cache = PrefixCache(from_memory), PrefixCache(from_file, store=store)
+    batches = [chunks(seed, n=4) for seed in (1, 2)]
+    file_cache.prefill(torch.cat(batches))
+    assert len(store) == 8 and store.bytes == 8 * 9 * from_file.config.hidden_size * 4 and file_cache.bytes == 0
+    freed = from_file.release_bottom(1)
+    assert freed > 0 and from_file.num_parameters() == from_memory.num_parameters()
+    with pytest.raises(RuntimeError, match="released"):
+        from_file.next_token_loss(batches[0])
+    with pytest.raises(ValueError, match="trainable"):
+        from_file.release_bottom(2)
+    a = TextSteps(from_memory, "adamw", 1e-2, memory_cache)
+    b = TextSteps(from_file, "adamw", 1e-2, file_cache)
+    for ids in batches:
+        assert a([ids]) == b([ids])
+    for x, y in zip(from_memory.trainable_weights(), from_file.trainable_weights(), strict=True):
+        assert torch.equal(x.stored, y.stored)
+    assert not list(tmp_path.iterdir())  # the file has no name
+    store.close()
+
+
+def test_a_state_file_gives_back_what_was_put_bit_for_bit(tmp_path):
+    with StateFile(tmp_path) as store:
+        tensors = {b"a": torch.randn(3, 5), b"b": torch.randn(7).bfloat16(), b"c": torch.empty(0, 4)}
+        for key, t in tensors.items():
+            store.put(key, t)
+        store.put(b"a", torch.zeros(3, 5))  # a key already there keeps its first tensor
+        for key, t in tensors.items():
+            got = store.get(key)
+            assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+    assert store._file.closed and not list(tmp_path.iterdir())
+
+
+def test_the_batched_zeroth_order_estimator_trains_from_the_command_line(tiny_gguf, notes, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--model", str(tiny_gguf), "--train-file", str(notes), "--optimizer", "zo-batched"]
+    args += ["--mezo-directions", "3", "--max-steps", "2", "--max-length", "32", "--batch-size", "4"]
+    assert main([*args, "--output-dir", str(out), "--no-progress"]) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["optimizer"] == "zo-batched" and record["hyperparameters"]["directions"] == 3
+    assert record["trainable_dtype"] == "bfloat16" and (out / "learners.safetensors").is_file()
+    csv = tmp_path / "rows.csv"
+    csv.write_text("sentence,label\na,0\nb,1\n")
+    encoder = ["train", "--train-file", str(csv), "--validation-file", str(csv), "--optimizer", "zo-batched"]
+    assert main([*encoder, "--output-dir", str(tmp_path / "enc")]) == 2
+    assert "--optimizer zo-batched is not available for this run; use adamw or mezo" in capsys.readouterr().err
+    assert not (tmp_path / "enc").exists()
+
+
+def test_without_room_on_disk_the_bottom_stays_and_nothing_changes(tmp_path, monkeypatch):
+    model = far_split_llama()
+    monkeypatch.setattr(bottom_on_disk, "SPARE_DISK_BYTES", 2**62)  # no disk has that much room
+    before = [w.stored.clone() for w in model.compact_weights()]
+    assert bottom_on_disk.keep_bottom_on_disk(model, 1, [chunks(1, n=4)], tmp_path) is None
+    assert model.released_layers == 0 and not list(tmp_path.iterdir())
+    assert all(torch.equal(a, w.stored) for a, w in zip(before, model.compact_weights(), strict=True))

@@ -298,3 +298,24 @@ def test_fewshot_time_figure_draws_each_arms_seed_mean_against_seconds():
     assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "MeZO (all weights) (2 seeds)"
     with pytest.raises(ValueError, match="no curves"):
         plotting.plot_fewshot_time([], "x")
+
+
+def test_own_texts_figure_draws_perplexity_against_cpu_seconds_and_peak_rss():
+    def row(arm, model, before, points, rss):
+        curve = [{"cpu_seconds": s, "perplexity": p} for s, p in points]
+        return {"arm": arm, "model": model, "perplexity_before": before, "perplexity": points[-1][1],
+                "peak_rss_mib": rss, "curve": curve}  # fmt: skip
+
+    rows = [
+        row("adamw", "smollm2-135m", 20.0, [(0, 20.0), (100, 15.0), (200, 12.0)], 600.0),
+        row("mezo", "smollm2-135m", 20.0, [(0, 20.0), (300, 19.0)], 450.0),
+    ]
+    fig = plotting.plot_own_texts(rows, "texts setting", rss_bars={"smollm2-135m": 640})
+    left, right = fig.axes
+    np.testing.assert_allclose(left.lines[0].get_xdata(), [0, 100, 200])
+    np.testing.assert_allclose(left.lines[0].get_ydata(), [100, 75, 60])
+    np.testing.assert_allclose(right.collections[1].get_offsets(), [[450.0, 95.0]])
+    assert any(line.get_xdata()[0] == 640 for line in right.lines)  # the target
+    assert "peak RSS" in right.get_xlabel() and fig._suptitle.get_text() == "texts setting"
+    with pytest.raises(ValueError, match="no runs"):
+        plotting.plot_own_texts([], "x")

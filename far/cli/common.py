@@ -120,7 +120,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="also split attention: fraction of each layer's heads kept trainable by far/random (default: attention "
         "untouched)",
     )
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="(default: adamw)")
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="adamw",
+        help="(default: adamw); zo-batched: a batched one-sided zeroth-order estimator, for causal LMs on texts",
+    )
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: per task and optimizer)")
     parser.add_argument("--epochs", type=float, default=None, help="training epochs (default: per task)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps")
@@ -159,7 +164,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: 0)")
     parser.add_argument("--grad-accum", type=int, default=1, help="batches per optimizer step (default: 1)")
     parser.add_argument("--mezo-eps", type=float, default=1e-3, help="MeZO perturbation size (default: 0.001)")
-    parser.add_argument("--mezo-directions", type=int, default=1, help="MeZO random directions per step (default: 1)")
+    parser.add_argument(
+        "--mezo-directions", type=int, default=1, help="MeZO random directions per step (default: 1; zo-batched: 4)"
+    )
     lora = parser.add_argument_group("LoRA (--method lora, Hugging Face PEFT; defaults are PEFT's)")
     lora.add_argument("--lora-r", type=int, default=8, help="adapter rank (default: 8)")
     lora.add_argument("--lora-alpha", type=int, default=8, help="scale numerator, alpha / r (default: 8)")
@@ -203,6 +210,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --freeze-layers: run the frozen bottom without dropout and keep its output per training example, "
         "so that after the first epoch a step runs only the layers above it (not with --memory-budget)",
+    )
+    parser.add_argument(
+        "--group-by-length",
+        action="store_true",
+        help="batch examples of similar lengths together: every example once an epoch, far less padding",
     )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument(

@@ -63,6 +63,13 @@ def register(subparsers) -> None:
         "CPU time is what a user waits for)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--group-by-length",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="batch sentences of similar lengths together, in every arm (default: on; SST-2's random batches of "
+        "32 pad to 3x their tokens)",
+    )
     parser.add_argument("--output-dir", default="runs/demo", help="(default: runs/demo)")
     add_data_arguments(parser)
     parser.set_defaults(func=run, max_eval_samples=None)
@@ -112,9 +119,17 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"majority-class baseline (always {TASK.label_names[majority]!r}): dev accuracy {baseline['accuracy']:.4f}")
     hyper = dict(
-        epochs=args.epochs, lr=args.lr, batch_size=32, warmup=0.06, collate_fn=collate, eval_fn=evaluate, seed=args.seed
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=32,
+        warmup=0.06,
+        collate_fn=collate,
+        eval_fn=evaluate,
+        seed=args.seed,
+        group_by_length=args.group_by_length,
     )
-    shown = f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch 32, seed {args.seed}"
+    grouped = ", grouped by length" if args.group_by_length else ""
+    shown = f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch 32{grouped}, seed {args.seed}"
     print("time: process CPU seconds of each arm's whole far.finetune call (priming and the final evaluation included)")
 
     def report(result, seconds: float) -> None:

@@ -10,16 +10,26 @@ what trains, not with the model. Backward stops where the graph starts: with a f
 output as the input of the layers that train (`LeanCausalLM.next_token_loss(start=...)`), nothing
 below them runs backward at all.
 
+Within `stepping(step)` (the last micro-batch of a step), each block is handed to `step` as soon as its
+gradient is complete and the gradient dropped: AdamW then holds one block's gradient at a time instead
+of all of them (64 MiB for SmolLM2's 16.8M trained values). A layer's sink runs after its input's
+gradient is computed (`far.llm.compact`), and a layer's weights are read by no later part of backward,
+so the update is the one a step after backward would make, bit for bit.
+
     >>> gradients = LearnerGradients(model)
     >>> optimizer = FusedAdamW(gradients.parameters(), lr=1e-4)
     >>> with gradients, model.input_gradients(), torch.enable_grad():
     ...     model.next_token_loss(ids, start=cached, start_layer=20).backward()
     >>> optimizer.step(); gradients.zero()
+    >>> with gradients, gradients.stepping(optimizer.step_one), ...:   # the same, one block's gradient at a time
+    ...     loss.backward()
+    >>> optimizer.step(); gradients.zero()                              # what autograd filled: the norm gains
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 import torch
@@ -57,17 +67,27 @@ class LearnerGradients:
         in_linear = {id(p) for m in self.linears for p in m.parts}
         # Norm gains are read by plain torch ops, so autograd gives their gradient directly.
         self.gains = [w for w in weights if id(w) not in in_linear]
+        self._step: Callable[[Tensor], None] | None = None
 
     def parameters(self) -> list[Tensor]:
         """The trainable tensors (each weight's storage), for an optimizer."""
         return [w.stored for w in self.weights]
 
+    @contextlib.contextmanager
+    def stepping(self, step: Callable[[Tensor], None]) -> Iterator[None]:
+        """Within the block, a learner block's gradient, once added to `.grad`, goes to `step(tensor)` and is
+        then dropped. Use it for a step's last backward only; the norm gains' gradients stay for `step()`."""
+        self._step = step
+        try:
+            yield
+        finally:
+            self._step = None
+
     def zero(self) -> None:
         for w in self.weights:
             w.stored.grad = None
 
-    @staticmethod
-    def _sink(linear: CompactLinear) -> Callable[[Tensor], None]:
+    def _sink(self, linear: CompactLinear) -> Callable[[Tensor], None]:
         def add(grad: Tensor) -> None:  # grad: (out, in) of the whole projection, blocks along node_dim
             offset = 0
             for part in linear.parts:
@@ -75,6 +95,9 @@ class LearnerGradients:
                 if part.trainable:
                     block = grad.narrow(linear.node_dim, offset, size)
                     _accumulate(part, block)
+                    if self._step is not None:
+                        self._step(part.stored)
+                        part.stored.grad = None
                 offset += size
 
         return add

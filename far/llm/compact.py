@@ -128,9 +128,11 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (x,) = ctx.saved_tensors
         layer = ctx.layer
+        # The input's gradient first: a sink may update the weight in place (AdamW stepping in backward).
+        grad_input = grad @ layer.weight_value()
         if layer.grad_sink is not None:
             layer.grad_sink(grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1]))  # (out, in)
-        return grad @ layer.weight_value(), None
+        return grad_input, None
 
 
 class CompactLinear(nn.Module):

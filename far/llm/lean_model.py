@@ -229,6 +229,8 @@ class LeanCausalLM(nn.Module):
         self._input_grad = False
         # The GGUF file the weights were read from (`far.llm.gguf_file`), which a learners file is checked against.
         self.source: GGUFSource | None = None
+        self.released_layers = 0  # the bottom layers whose weights `release_bottom` freed
+        self._released_values = 0
         self.index_weights()
 
     def index_weights(self) -> None:
@@ -248,7 +250,31 @@ class LeanCausalLM(nn.Module):
         embedding = sum(t.numel() for t in self.embed_tokens.parameters()) or (
             self.config.vocab_size * self.config.hidden_size
         )
-        return embedding + sum(w.stored.numel() for w in self.compact_weights())
+        return embedding + self._released_values + sum(w.stored.numel() for w in self.compact_weights())
+
+    def release_bottom(self, n_layers: int) -> int:
+        """Free the weights of layers 0..n_layers-1, for a run that has kept their output for every input it
+        will read (`far.llm.prefix.PrefixCache.prefill`): they are never read again. Returns the bytes freed.
+
+        The weights keep their modules and indices (MeZO's directions are seeded by index); running a
+        released layer raises instead.
+
+        Raises:
+            ValueError: one of those layers holds a trainable weight.
+        """
+        if n_layers > self.lowest_trainable_layer():
+            raise ValueError(
+                f"layer {self.lowest_trainable_layer()} holds a trainable weight: only frozen layers can be released"
+            )
+        freed = 0
+        for layer in self.layers[self.released_layers : n_layers]:
+            for weight in layer.modules():
+                if isinstance(weight, CompactWeight):
+                    freed += weight.stored.nbytes
+                    self._released_values += weight.stored.numel()
+                    weight.stored = nn.Parameter(weight.stored.new_empty(0), requires_grad=False)
+        self.released_layers = max(self.released_layers, n_layers)
+        return freed
 
     @contextlib.contextmanager
     def input_gradients(self) -> Iterator[None]:
@@ -267,6 +293,7 @@ class LeanCausalLM(nn.Module):
 
     def run_layers(self, h: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
         """Layers `start` to `stop` (exclusive; default: the last) applied to `h`, the input of layer `start`."""
+        self._check_not_released(start)
         layers = self.layers[start:stop]
         if self._input_grad and torch.is_grad_enabled():
             h.requires_grad_(True)
@@ -279,6 +306,13 @@ class LeanCausalLM(nn.Module):
         for layer in layers:
             h = layer(h)
         return h
+
+    def _check_not_released(self, start: int) -> None:
+        if start < self.released_layers:
+            raise RuntimeError(
+                f"layers 0..{self.released_layers - 1} of this model were released (release_bottom) after their "
+                f"output was kept: read it from the PrefixCache that kept it, or load the model again"
+            )
 
     def hidden_states(self, input_ids: Tensor) -> Tensor:
         """The last layer's output before the final norm: (B, T, hidden)."""
@@ -341,6 +375,7 @@ class LeanCausalLM(nn.Module):
         With a `cache`, `input_ids` are the tokens after those it holds (the whole prompt first, then one
         token a step), and it is extended with them.
         """
+        self._check_not_released(0)
         h = self.embed(input_ids)
         for layer in self.layers:
             h = layer(h, cache)

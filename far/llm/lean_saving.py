@@ -84,13 +84,21 @@ def _stock(read, slot: Slot) -> Tensor:
 
 
 @torch.no_grad()
-def save_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.PathLike) -> int:
+def save_trained(
+    model: LeanCausalLM,
+    path: str | os.PathLike,
+    base: str | os.PathLike,
+    values_dtype: torch.dtype | None = None,
+) -> int:
     """Write what training changed in `model` as a learners file for the GGUF file `base`, atomically.
 
     Args:
         model: A lean model read from `base` and trained (some weights trainable, FFNs split or not).
         path: Where to write, e.g. `"alice.safetensors"`.
         base: The GGUF file the model was read from: the file records its sha256.
+        values_dtype: Keep the trained values in this dtype (rounded to nearest), e.g. bfloat16 for weights
+            trained in float32: one byte a value as a difference from the stock bf16 value, where float32 takes
+            four, and a file any base loaded in bf16 applies. None: the dtype they were trained in.
 
     Returns:
         The file's size in bytes.
@@ -108,8 +116,9 @@ def save_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.Pa
         if config != model.config:
             raise ValueError(f"{base} holds a model of another shape than this one: pass the GGUF file it came from")
         for slot in slots:  # one stock tensor in memory at a time
-            encoding, parts = encode(slot.weight.stored, _stock(read, slot))
-            values[slot.key] = {"encoding": encoding, "dtype": str(slot.weight.stored.dtype).removeprefix("torch.")}
+            value = slot.weight.stored if values_dtype is None else slot.weight.stored.to(values_dtype)
+            encoding, parts = encode(value, _stock(read, slot))
+            values[slot.key] = {"encoding": encoding, "dtype": str(value.dtype).removeprefix("torch.")}
             tensors.update({slot.key + suffix: tensor for suffix, tensor in parts.items()})
             if slot.nodes is not None:
                 ffn = f"{slot.key.split('.mlp.')[0]}.mlp.{OUTPUT}"
@@ -126,6 +135,14 @@ def save_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.Pa
     metadata["content_sha256"] = content_sha256(metadata, tensors.items())
     _write(path, metadata, tensors)
     return Path(path).stat().st_size
+
+
+@torch.no_grad()
+def round_trained(model: LeanCausalLM, dtype: torch.dtype) -> None:
+    """Round every trained weight to `dtype`'s values in place (its storage dtype unchanged): the model then
+    holds what `save_trained(..., values_dtype=dtype)` keeps, and scores what the file will."""
+    for weight in model.trainable_weights():
+        weight.stored.copy_(weight.stored.to(dtype))
 
 
 def _write(path: str | os.PathLike, metadata: dict[str, str], tensors: dict[str, Tensor]) -> None:

@@ -8,6 +8,10 @@ passes it costs with every layer trained, less with a small training set seen ag
 few-shot set of 32 prompts costs the bottom layers once in a whole run), and at worst (a cache that
 is full) the bottom once a step instead of twice.
 
+States live in memory, up to `max_bytes`, or in a scratch file (`far.llm.state_file.StateFile`) with
+no cap: a text run fills the file with every chunk it will read (`prefill`), then frees the bottom
+layers' weights (`LeanCausalLM.release_bottom`), which nothing reads any more.
+
 Rows are cached by their tokens. A causal model whose rows are padded on the right computes a row's
 real positions from that row's tokens alone, so a row's states do not depend on the batch it came
 in; the positions past a row's end are filled with zeros, which only padded positions ever read.
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from far.llm.lean_model import LeanCausalLM
+from far.llm.state_file import StateFile
 
 DEFAULT_MAX_BYTES = 256 * 2**20
 
@@ -39,12 +44,19 @@ class PrefixCache:
             `model.lowest_trainable_layer()`).
         max_bytes: Memory the kept states may take; rows seen once it is full are computed each
             time they are asked for (once for both of a MeZO step's passes, through `loss_fn`).
+        store: Keep the states in this file instead, all of them (`max_bytes` does not apply).
 
     Raises:
         ValueError: `n_layers` covers a trainable weight, or is not in [0, number of layers].
     """
 
-    def __init__(self, model: LeanCausalLM, n_layers: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        model: LeanCausalLM,
+        n_layers: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        store: StateFile | None = None,
+    ) -> None:
         lowest = model.lowest_trainable_layer()
         n_layers = lowest if n_layers is None else n_layers
         if not 0 <= n_layers <= len(model.layers):
@@ -57,8 +69,9 @@ class PrefixCache:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.model, self.n_layers, self.max_bytes = model, n_layers, max_bytes
-        self.rows: dict[tuple[int, ...], Tensor] = {}
-        self.bytes = 0
+        self.rows: dict[bytes, Tensor] = {}
+        self.store = store
+        self.bytes = 0  # kept in memory
         self.computed_rows = 0  # rows run through the bottom layers, for reports and tests
 
     def _check_frozen(self) -> None:
@@ -73,8 +86,8 @@ class PrefixCache:
         """The input of layer `n_layers` for a right-padded batch: (B, T, hidden), zeros past each row's end."""
         self._check_frozen()
         lengths = attention_mask.sum(dim=1).tolist()
-        keys = [tuple(input_ids[i, :n].tolist()) for i, n in enumerate(lengths)]
-        missing = [i for i, key in enumerate(keys) if key not in self.rows]
+        keys = [input_ids[i, :n].to(torch.int64).numpy().tobytes() for i, n in enumerate(lengths)]
+        missing = [i for i, key in enumerate(keys) if not self._has(key)]
         fresh: dict[int, Tensor] = {}
         if missing:
             longest = max(lengths[i] for i in missing)
@@ -83,13 +96,29 @@ class PrefixCache:
             for row, i in enumerate(missing):
                 state = h[row, : lengths[i]].clone()
                 fresh[i] = state
-                if self.bytes + state.nbytes <= self.max_bytes and keys[i] not in self.rows:
-                    self.rows[keys[i]] = state
-                    self.bytes += state.nbytes
+                self._keep(keys[i], state)
         out = torch.zeros(input_ids.shape[0], input_ids.shape[1], self.model.config.hidden_size)
         for i, key in enumerate(keys):
-            out[i, : lengths[i]] = fresh[i] if i in fresh else self.rows[key]
+            out[i, : lengths[i]] = fresh[i] if i in fresh else self._kept(key)
         return out
+
+    def prefill(self, input_ids: Tensor) -> None:
+        """Compute and keep the states of packed rows (N, T) not kept yet, one row at a time (as a step reads them)."""
+        for row in input_ids.split(1):
+            self.hidden(row, torch.ones_like(row))
+
+    def _has(self, key: bytes) -> bool:
+        return key in self.store if self.store is not None else key in self.rows
+
+    def _kept(self, key: bytes) -> Tensor:
+        return self.store.get(key) if self.store is not None else self.rows[key]
+
+    def _keep(self, key: bytes, state: Tensor) -> None:
+        if self.store is not None:
+            self.store.put(key, state)
+        elif self.bytes + state.nbytes <= self.max_bytes and key not in self.rows:
+            self.rows[key] = state
+            self.bytes += state.nbytes
 
     def label_logits(self, input_ids: Tensor, attention_mask: Tensor, label_ids: Tensor, start: Tensor | None = None):
         """`model.label_logits`, running layers `n_layers`.. on the cached states (or on `start`, if given)."""

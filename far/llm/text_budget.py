@@ -1,18 +1,22 @@
 """The memory plan of a causal LM's fine-tune on text: from the GGUF file's header, before anything loads.
 
-A run on the lean runtime holds, at its peak:
+A run on the lean runtime peaks in one of two phases:
 
-    peak = base + weights + trainable state + activations(micro-batch) + kept bottom states
+    loading  = base + weights + one chunk's forward (the bottom's output computed for every chunk)
+    training = base + weights - frozen bottom + trainable state + activations(micro-batch)
 
-`base` is the process without the model (torch, tokenizers, the packed texts); `weights` is every
-matrix in bf16 plus the Q8_0 embedding (`far.llm.compact`); the trainable state is what the optimizer
-adds per trained value (MeZO in bf16: nothing; fp32 storage: 2 bytes more; AdamW: fp32 weight,
-gradient and two moments); activations are one micro-batch's: one layer's temporaries and the
-vocabulary slices of the loss (`far.llm.next_token`), and for a backward pass each trained layer's
-input, kept for its recomputation; the kept bottom states (`far.llm.prefix.PrefixCache`) take what
-the budget leaves, up to `PREFIX_CACHE_MIB`. The levers, in order: fewer kept states, then smaller
-micro-batches (the same chunks per step, their losses or gradients summed). The minimum is one chunk
-per micro-batch and nothing kept; a smaller budget is refused with that number, before loading.
+`base` is the process without the model (torch, the tokenizer, which grows with the vocabulary, the
+packed texts); `weights` is every matrix in bf16 plus the Q8_0 embedding (`far.llm.compact`). With a
+frozen bottom, its output for every chunk the run reads goes to a scratch file before the first step
+and its weights are freed (`far.llm.bottom_on_disk`), so training holds only the layers above it; the
+trainable state is what the optimizer adds per trained value (MeZO in bf16: nothing; fp32 storage: 2
+bytes more; AdamW: fp32 weight and two moments, its gradients dropped block by block in backward,
+`far.llm.backprop`); activations are one micro-batch's: one layer's temporaries and the vocabulary
+slices of the loss (`far.llm.next_token`), and for a backward pass each trained layer's input, kept
+for its recomputation. The lever is the micro-batch (the same chunks per step, their losses or
+gradients summed); the minimum is one chunk per micro-batch, and a smaller budget is refused with that
+number, before loading. Where the disk has no room for the states, they are kept in memory instead,
+with every weight loaded, in what the budget leaves (`prefix_cache_mib`, at most `PREFIX_CACHE_MIB`).
 
     >>> plan = plan_text_memory(700, "SmolLM2-135M.gguf", optimizer="mezo", trained=TrainedShare(...), ...)
     >>> plan.micro_batch, plan.prefix_cache_mib
@@ -27,16 +31,26 @@ from dataclasses import dataclass
 from far.llm.gguf_file import read_config, read_header
 from far.llm.lean_config import LeanConfig
 from far.llm.next_token import VOCAB_SLICE
+from far.llm.text_steps import PRIMING_MICRO_BATCH
 from far.training.budget import MemoryBudgetError
 
 MIB = 2**20
-# The process before the weights load: torch and tokenizers imported, the tokenizer and the packed texts
-# in memory, and what the first forward pass allocates for good (SmolLM2-135M, one thread; see docs/llm.md).
-BASE_MIB = 300.0
-# The frozen bottom's kept states take at most this much (more keeps more chunks' states; fewer recomputes them).
+# The process before the weights load: torch and tokenizers imported, the packed texts and what the first
+# forward pass allocates for good, plus the tokenizer, which grows with the vocabulary (SmolLM2-135M, 49k
+# words: 300 MiB; Gemma-3-270M, 262k words: 560; one thread; docs/llm.md).
+BASE_MIB, TOKENIZER_BYTES_PER_WORD = 250.0, 1200
+# Measured peaks over the activations counted here: 1.07 for an AdamW step of SmolLM2-135M in micro-batches of 4.
+ACTIVATION_SLACK = 1.1
+# Kept in memory (no room on disk), the frozen bottom's states take at most this much.
 PREFIX_CACHE_MIB = 64.0
 # Extra bytes per trained value beyond its bf16 storage.
-STATE_BYTES = {("mezo", "bfloat16"): 0, ("mezo", "float32"): 2, ("adamw", "float32"): 2 + 4 + 8}
+STATE_BYTES = {
+    ("mezo", "bfloat16"): 0,
+    ("mezo", "float32"): 2,
+    ("zo-batched", "bfloat16"): 0,
+    ("zo-batched", "float32"): 2,
+    ("adamw", "float32"): 2 + 4 + 4,
+}
 
 
 @dataclass(frozen=True)
@@ -76,10 +90,12 @@ def _activation_mib(config: LeanConfig, micro: int, length: int, trained_layers:
     layer = tokens * (8 * h + 4 * f) * 4  # one layer's temporaries: norms, q/k/v/o, gate/up/act, residuals
     scores = micro * config.num_heads * length * length * 4 * 2  # attention weights, where a mask makes them explicit
     head = tokens * VOCAB_SLICE * 4 * 2 + VOCAB_SLICE * h * 4 + tokens * h * 4 * 2  # logits, exp, slice, hidden
-    total = layer + scores + head
-    if backward:  # each trained layer's input kept, and one layer rebuilt with its graph at a time
-        total += tokens * h * 4 * trained_layers + layer + scores
-    return total / MIB
+    # The loss's vocabulary slices and the layers never hold their temporaries at once: a forward pass
+    # holds the larger; backward holds each trained layer's input, kept for recomputation, and one layer
+    # rebuilt with its graph. ACTIVATION_SLACK covers the allocator's rounding (measured: docs/llm.md).
+    if not backward:
+        return ACTIVATION_SLACK * max(layer + scores, head) / MIB
+    return ACTIVATION_SLACK * max(tokens * h * 4 * trained_layers + layer + scores, head) / MIB
 
 
 def plan_text_memory(
@@ -95,22 +111,32 @@ def plan_text_memory(
     """The largest micro-batch (and kept states) that fits `budget_mib`, from the GGUF header alone.
 
     Raises:
-        MemoryBudgetError: even one chunk per micro-batch with nothing kept does not fit; names the minimum.
+        MemoryBudgetError: no micro-batch size fits; names the minimum.
     """
     header = read_header(gguf_path)
     config = read_config(header)
     counts = parameter_counts(config)
-    non_embedding = (counts["attention"] + counts["ffn"]) * config.num_layers
-    weights = (non_embedding * 2 + counts["embedding"] * 34 / 32) / MIB
-    key = (optimizer, trainable_dtype if optimizer == "mezo" else "float32")
+    layer = (counts["attention"] + counts["ffn"]) * 2 / MIB
+    weights = layer * config.num_layers + counts["embedding"] * 34 / 32 / MIB
+    base = BASE_MIB + config.vocab_size * TOKENIZER_BYTES_PER_WORD / MIB
+    key = (optimizer, trainable_dtype if optimizer != "adamw" else "float32")
     state = trained_values(config, trained) * STATE_BYTES[key] / MIB
-    fixed = BASE_MIB + weights + state
     trained_layers = config.num_layers - trained.frozen_layers
+    backward = optimizer == "adamw"
+    # Gradient priming runs backward through the layers above the frozen ones, every weight loaded.
+    loading = base + weights + _activation_mib(config, PRIMING_MICRO_BATCH, max_length, trained_layers, True)
+    freed = layer * trained.frozen_layers
 
-    def estimate(micro: int, cache: float) -> float:
-        return fixed + _activation_mib(config, micro, max_length, trained_layers, optimizer == "adamw") + cache
+    def held_gradients(micro: int) -> float:
+        # AdamW steps each block as its gradient completes, in the last micro-batch's backward: with more than
+        # one micro-batch, the earlier ones' gradients are held until then (fp32, 4 bytes a trained value).
+        return trained_values(config, trained) * 4 / MIB if backward and micro < batch_size else 0.0
 
-    minimum = math.ceil(estimate(1, 0.0))
+    def estimate(micro: int) -> float:
+        activations = _activation_mib(config, micro, max_length, trained_layers, backward)
+        return max(loading, base + weights - freed + state + held_gradients(micro) + activations)
+
+    minimum = math.ceil(min(estimate(micro) for micro in range(1, batch_size + 1)))
     if budget_mib < minimum:
         raise MemoryBudgetError(
             f"a memory budget of {budget_mib:g} MiB cannot fit this run: it needs {minimum} MiB at least (the model's "
@@ -119,8 +145,10 @@ def plan_text_memory(
             minimum,
         )
     for micro in range(batch_size, 0, -1):
-        left = budget_mib - estimate(micro, 0.0)
-        if left >= 0:
-            cache = min(PREFIX_CACHE_MIB, left)
-            return TextMemoryPlan(int(budget_mib), math.ceil(estimate(micro, cache)), minimum, micro, cache)
+        if estimate(micro) <= budget_mib:
+            # Kept in memory, the states come on top of every weight: what the budget leaves then.
+            activations = _activation_mib(config, micro, max_length, trained_layers, backward)
+            in_memory = base + weights + state + held_gradients(micro) + activations
+            cache = max(0.0, min(PREFIX_CACHE_MIB, budget_mib - in_memory))
+            return TextMemoryPlan(int(budget_mib), math.ceil(estimate(micro)), minimum, micro, cache)
     raise AssertionError("unreachable: one chunk fits")

@@ -13,6 +13,7 @@ stopping at the frozen depth.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -26,6 +27,8 @@ from far.llm.zo_batched import CompactBatchedZO
 from far.training.adamw import FusedAdamW
 
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
+# Gradient priming scores nodes from a few chunks (a backward pass of the layers above the frozen ones each).
+MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH = 8, 2
 # Directions per batched zeroth-order step: 5 forward passes a step, against MeZO's 2.
 BATCHED_DIRECTIONS = 4
 
@@ -111,10 +114,13 @@ class TextSteps:
             return self.zeroth_order.step(closure)
         total = 0.0
         with self.gradients, model.input_gradients(), torch.enable_grad():
-            for ids, start in zip(micro_batches, starts, strict=True):
+            for k, (ids, start) in enumerate(zip(micro_batches, starts, strict=True)):
                 loss = model.next_token_loss(ids, start=start, start_layer=depth) * (len(ids) / n)
-                loss.backward()
+                # The last micro-batch completes each block's gradient: step it there and drop the gradient.
+                last = k == len(micro_batches) - 1
+                with self.gradients.stepping(self.adamw.step_one) if last else contextlib.nullcontext():
+                    loss.backward()
                 total += float(loss.detach())
-        self.adamw.step()
+        self.adamw.step()  # the norm gains, whose gradients autograd fills
         self.gradients.zero()
         return total

@@ -485,3 +485,40 @@ def plot_fewshot_time(curves: Sequence[Sequence[Mapping]], title: str, target: f
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def plot_own_texts(rows: Sequence[Mapping], title: str, rss_bars: Mapping[str, float] | None = None):
+    """`far train` on a user's texts (experiments/own_texts_runs.py): held-out perplexity, as a share of the stock
+    model's, against CPU seconds (left) and at the end against the whole process's peak RSS (right).
+
+    Args:
+        rows: The summary's rows: {"arm", "model", "curve": [{"cpu_seconds", "perplexity"}], "perplexity_before",
+            "perplexity", "peak_rss_mib"}.
+        title: The setting (corpus, batch, thread).
+        rss_bars: Peak-RSS targets to mark, by model name.
+    """
+    plt = _pyplot()
+    if not rows:
+        raise ValueError("no runs to plot: run experiments/own_texts_runs.py")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for i, row in enumerate(rows):
+        label = f"{row['arm']} ({MODEL_NAMES.get(row['model'], row['model'])})"
+        before = row["perplexity_before"]
+        seconds = [p["cpu_seconds"] for p in row["curve"]]
+        left.plot(seconds, [100 * p["perplexity"] / before for p in row["curve"]], "o-", color=f"C{i}", label=label)
+        share = 100 * row["perplexity"] / before
+        right.scatter(row["peak_rss_mib"], share, color=f"C{i}", s=40)
+        # Arms that end alike would print over each other: each label steps down from its point.
+        offset = (4, -4 - 9 * (i % 4))
+        label = f"{row['arm']}, {row['peak_rss_mib']:.0f} MiB"
+        right.annotate(label, (row["peak_rss_mib"], share), xytext=offset, textcoords="offset points", fontsize=7)
+    for j, (model, bar) in enumerate((rss_bars or {}).items()):
+        right.axvline(bar, color="black", linestyle=("--", ":")[j % 2], linewidth=1)
+        right.annotate(f"{MODEL_NAMES.get(model, model)} target", (bar, 100), rotation=90, fontsize=7, va="top")
+    left.axhline(80, color="grey", linestyle=":", linewidth=1)
+    left.set(xlabel="CPU seconds of training (one thread; evaluation apart)", ylabel="held-out perplexity (% of stock)")
+    right.set(xlabel="whole-process peak RSS (MiB)", ylabel="final held-out perplexity (% of stock)")
+    left.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -86,6 +86,9 @@ RESULT_SOURCES: dict[str, str] = {
         "--seconds 900 --eval-seconds 150 --steps 3000; the same two phases with --model gemma3-270m (grid --lrs 3e-7 "
         "1e-6 3e-6 1e-5 3e-5) and with --k 512 (seed 0; see docs/llm.md)"
     ),
+    "own_texts_runs/summary.json": (
+        "python experiments/own_texts_corpus.py; python experiments/own_texts_runs.py /tmp/python_docs.jsonl"
+    ),
 }
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "smollm2-135m": "SmolLM2-135M", "gemma3-270m": "Gemma-3-270M"}
 

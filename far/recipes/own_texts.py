@@ -4,12 +4,15 @@ What `far train --model smollm2-135m --train-file notes/` runs. The texts are pa
 (`far.data.texts`), a part held out; the GGUF model is read into compact storage (`far.llm`), and the
 optimizer trains what the method leaves trainable:
 
-- MeZO + FAR with depth (the default with `--method far`): gradient priming on a few chunks, the
-  bottom two thirds of the layers frozen whole and their output kept per chunk
-  (`far.llm.prefix.PrefixCache`), 10% of all FFN nodes as learners in the layers above with
-  those layers' attention and norms; two forward passes of the top a step (`far.llm.zo`).
-- AdamW on the same weights (`--optimizer adamw`): one forward and one backward pass of the top a step,
-  backward stopping at the cached bottom (`far.llm.backprop`); the trained weights in fp32.
+- FAR with depth (the default, `--method far`): gradient priming on a few chunks, the bottom two
+  thirds of the layers frozen whole and their output kept per chunk, on disk, computed for every
+  chunk the run will read before its first step, after which the bottom's weights are freed
+  (`far.llm.bottom_on_disk`); 10% of all FFN nodes as learners in the layers above with those
+  layers' attention and norms.
+- AdamW on those weights (the default optimizer): one forward and one backward pass of the top a step,
+  backward stopping at the kept bottom (`far.llm.backprop`); the trained weights in fp32. MeZO
+  (`--optimizer mezo`, two forward passes of the top a step, `far.llm.zo`) or the batched one-sided
+  estimator (`--optimizer zo-batched`, `far.llm.zo_batched`) on the same weights, stored in bf16.
 
 Held-out perplexity and next-token accuracy are measured before training, at the end of every
 epoch (and every `--eval-every` steps) and at the end (`far.evaluation.perplexity`), in metrics.json
@@ -25,6 +28,7 @@ uninterrupted run would, tensor for tensor. The result is `learners.safetensors`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import resource
@@ -39,13 +43,20 @@ from torch import Tensor
 from far.atomic import write_json
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
 from far.evaluation.perplexity import perplexity
+from far.llm.bottom_on_disk import keep_bottom_on_disk
 from far.llm.gguf_file import load_lean_model, read_config, read_header
 from far.llm.lean_checkpoint import read_lean_checkpoint, restore_trained, save_lean_checkpoint
 from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
-from far.llm.lean_saving import save_trained
+from far.llm.lean_saving import round_trained, save_trained
 from far.llm.prefix import PrefixCache
 from far.llm.text_budget import PREFIX_CACHE_MIB, TrainedShare, plan_text_memory
-from far.llm.text_steps import TextSteps, priming_loss
+from far.llm.text_steps import (
+    BATCHED_DIRECTIONS,
+    MAX_PRIMING_CHUNKS,
+    PRIMING_MICRO_BATCH,
+    TextSteps,
+    priming_loss,
+)
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
 from far.recipes.settings import RunSettings
@@ -53,14 +64,18 @@ from far.seeds import derive_seed
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.memory import PhaseMemory, release_freed_memory
 
-# Chunks of 256 tokens; MeZO needs many cheap steps, AdamW few (experiments: docs/llm.md, "Your own texts").
+# Chunks of 256 tokens; MeZO needs many cheap steps, AdamW few. The rates are those experiments/own_texts_optimizers.py
+# picked on chunks held out of the training split; AdamW's batch of 4 keeps SmolLM2-135M under 640 MiB (docs/llm.md).
 TEXT_DEFAULTS = {
-    "adamw": dict(lr=1e-4, epochs=1.0, max_steps=None, batch_size=8, max_length=256, warmup=0.0),
-    "mezo": dict(lr=1e-5, epochs=None, max_steps=500, batch_size=8, max_length=256, warmup=0.0),
+    "adamw": dict(lr=3e-4, epochs=1.0, max_steps=None, batch_size=4, max_length=256, warmup=0.0),
+    "mezo": dict(lr=1e-4, epochs=None, max_steps=500, batch_size=8, max_length=256, warmup=0.0),
+    # Five forward passes a step (MeZO: two): the steps of about MeZO's 500 in CPU time.
+    "zo-batched": dict(lr=1e-5, epochs=None, max_steps=200, batch_size=8, max_length=256, warmup=0.0),
 }
 LEARNERS_FILE = "learners.safetensors"
-# Gradient priming scores nodes from a few chunks (a backward pass of the layers above the frozen ones each).
-MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH = 8, 2
+# The learners file keeps bf16 values, one byte each as a difference from the stock value (far.llm.lean_learners):
+# AdamW's fp32 weights are rounded to them at the end (SmolLM2: 17 MB instead of 67) and scored as rounded.
+SHIPPED_DTYPE = torch.bfloat16
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 logger = logging.getLogger(__name__)
 
@@ -105,9 +120,10 @@ def _check(settings: RunSettings) -> None:
             ("--prime-frozen", settings.prime_frozen is not None),
             ("--runtime", settings.runtime != "auto"),
             ("--grad-accum", settings.grad_accum != 1),
-            ("--mezo-directions", settings.mezo_directions != 1),
+            ("--mezo-directions", settings.mezo_directions != 1 and settings.optimizer != "zo-batched"),
             ("--warmup", settings.warmup not in (None, 0, 0.0)),
             ("--cache-frozen", settings.cache_frozen),
+            ("--group-by-length", settings.group_by_length),
         )
         if given
     ]
@@ -120,7 +136,7 @@ def _check(settings: RunSettings) -> None:
 
 def _layout(settings: RunSettings, n_layers: int) -> Layout:
     """What trains, decided before loading: FAR with depth by default, as MeZO + FAR on prompts."""
-    dtype = DTYPES[settings.trainable_dtype] if settings.optimizer == "mezo" else torch.float32
+    dtype = DTYPES[settings.trainable_dtype] if settings.optimizer != "adamw" else torch.float32
     far_config = settings.far
     if far_config is None:
         return Layout(None, settings.method_spec.lean_ffn, int(settings.freeze_layers or 0), dtype)
@@ -191,6 +207,8 @@ def own_texts_run(
     chunks = load_text_chunks(
         texts.train_file, tokenizer, hparams["max_length"], texts.validation_file, texts.holdout, settings.seed
     )
+    del tokenizer  # the texts are tokens now; nothing later reads text
+    release_freed_memory()
     if settings.max_train_samples or settings.max_eval_samples:  # the first chunks of each, as for labelled rows
         train, validation = chunks.train[: settings.max_train_samples], chunks.validation[: settings.max_eval_samples]
         info = {**chunks.info, "train_chunks": len(train), "validation_chunks": len(validation)}
@@ -212,15 +230,18 @@ def own_texts_run(
     release_freed_memory()
     memory.mark("weights")
 
+    @functools.cache
     def order(epoch: int) -> list[int]:
         return torch.randperm(
             n_train, generator=torch.Generator().manual_seed(derive_seed(settings.seed, epoch))
         ).tolist()
 
-    def batch(step: int) -> list[Tensor]:
+    def rows(step: int) -> list[int]:
         epoch, index = divmod(step, steps_per_epoch)
-        rows = order(epoch)[index * batch_size : (index + 1) * batch_size]
-        ids = chunks.train[rows]
+        return order(epoch)[index * batch_size : (index + 1) * batch_size]
+
+    def batch(step: int) -> list[Tensor]:
+        ids = chunks.train[rows(step)]
         return [ids[i : i + micro] for i in range(0, len(ids), micro)]
 
     resume, trainer_state = None, {}
@@ -244,14 +265,21 @@ def own_texts_run(
         set_trainable(model, layout.ffn, layout.dtype, frozen_layers=layout.frozen_layers)
     priming_seconds = time.perf_counter() - priming_started
     depth = model.lowest_trainable_layer()
-    train_cache = PrefixCache(model, max_bytes=int(cache_mib * 2 / 3 * 2**20)) if depth else None
-    eval_cache = PrefixCache(model, max_bytes=int(cache_mib / 3 * 2**20)) if depth else None
+    first = int(trainer_state["step"]) if resume is not None else 0
+    train_cache = eval_cache = None
+    if depth:
+        read = sorted({row for step in range(first, total_steps) for row in rows(step)})
+        train_cache = eval_cache = keep_bottom_on_disk(model, depth, [chunks.train[read], chunks.validation], out)
+    if depth and train_cache is None:  # no room on disk: in memory, as many as fit
+        train_cache = PrefixCache(model, max_bytes=int(cache_mib * 2 / 3 * 2**20))
+        eval_cache = PrefixCache(model, max_bytes=int(cache_mib / 3 * 2**20))
     steps = TextSteps(
         model,
         settings.optimizer,
         hparams["lr"],
         train_cache,
         eps=settings.mezo_eps,
+        directions=settings.mezo_directions if settings.mezo_directions != 1 else BATCHED_DIRECTIONS,
         seed=settings.seed,
         weight_decay=settings.weight_decay,
     )
@@ -268,9 +296,7 @@ def own_texts_run(
         eval_seconds += time.perf_counter() - t
         return scores
 
-    first = 0
     if resume is not None:
-        first = int(trainer_state["step"])
         steps.load(optimizer_state)
         before, evals = trainer_state["before"], trainer_state["evals"]
         prior_seconds, prior_cpu = trainer_state["seconds"], trainer_state["cpu_seconds"]
@@ -316,11 +342,24 @@ def own_texts_run(
     training_seconds = prior_seconds + time.perf_counter() - train_started
     memory.mark("training")
     final = evals[-1] if evals and evals[-1]["step"] == total_steps else {"step": total_steps, **evaluate()}
+    trained_precision = None
+    if settings.save_model and total_steps and layout.dtype != SHIPPED_DTYPE:
+        # What ships is what is scored: the fp32 weights rounded as the file keeps them, then evaluated again.
+        trained_precision = {k: final[k] for k in ("perplexity", "token_accuracy", "loss")}
+        round_trained(model, SHIPPED_DTYPE)
+        final = {"step": total_steps, **evaluate()}
+    bottom = None
+    if eval_cache is not None:
+        on_disk = eval_cache.store is not None
+        bottom = {"layers": depth, "kept": "disk" if on_disk else "memory", "released": model.released_layers}
+        bottom["bytes"] = eval_cache.store.bytes if on_disk else eval_cache.bytes
+        if on_disk:
+            eval_cache.store.close()  # its disk back now (the process's end would give it back too)
 
     files = {"step_log": "log.jsonl"}
     learners_bytes = None
     if settings.save_model and total_steps:
-        learners_bytes = save_trained(model, out / LEARNERS_FILE, base=gguf_path)
+        learners_bytes = save_trained(model, out / LEARNERS_FILE, base=gguf_path, values_dtype=SHIPPED_DTYPE)
         files["learners"] = LEARNERS_FILE
         memory.mark("saving")
     metrics = {k: final[k] for k in ("perplexity", "token_accuracy", "loss")}
@@ -344,6 +383,9 @@ def own_texts_run(
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "total_parameters": model.num_parameters(),
         "trainable_dtype": str(layout.dtype).removeprefix("torch."),
+        # The learners file's values; `metrics` are the model holding them, `trained_precision_metrics` before.
+        "shipped_dtype": str(SHIPPED_DTYPE).removeprefix("torch.") if learners_bytes is not None else None,
+        "trained_precision_metrics": trained_precision,
         "gradient_priming_chunks": primed,
         "priming_seconds": priming_seconds,
         "training_seconds": training_seconds,
@@ -352,12 +394,14 @@ def own_texts_run(
         "cpu_seconds": prior_cpu + _cpu_seconds() - cpu_started,
         "peak_rss_bytes": peak_rss_bytes(),
         "memory_phases": memory.phases,
+        "bottom_states": bottom,
         "memory_plan": None if plan is None else dataclasses.asdict(plan),
         "hyperparameters": {
             **hparams,
             "batch_size": batch_size,
             "micro_batch": micro,
             "mezo_eps": settings.mezo_eps,
+            **({"directions": steps.zeroth_order.directions} if settings.optimizer == "zo-batched" else {}),
             "seed": settings.seed,
             "weight_decay": settings.weight_decay,
         },

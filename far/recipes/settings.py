@@ -25,7 +25,8 @@ from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.training.budget import ENCODERS_ONLY
 from far.training.options import TrainOptions, check_cache_frozen, check_int, check_length
 
-OPTIMIZERS = ("adamw", "mezo")
+# "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
+OPTIMIZERS = ("adamw", "mezo", "zo-batched")
 DEFAULT_RETENTION = 0.4  # the paper's; MeZO + FAR on a causal LM defaults to far.llm.lean_far.ZO_RETENTION
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
 TRAINABLE_DTYPES = ("bfloat16", "float32")
@@ -41,6 +42,7 @@ RECORDED_OPTIONS = (
     "reset_frozen",
     "prime_frozen",
     "cache_frozen",
+    "group_by_length",
     "seed",
     "mezo_eps",
     "mezo_directions",
@@ -101,6 +103,7 @@ class RunSettings:
     reset_frozen: bool = True
     prime_frozen: bool | None = None  # None: not when reset_frozen (far.finetune)
     cache_frozen: bool = False  # keep the frozen bottom's output per example (far.training.frozen_bottom)
+    group_by_length: bool = False  # batches of similar lengths (far.training.batches)
     bf16: bool = False
     precision: str = "fp32"  # of the training steps; "auto": bf16 where native (far.training.precision)
     trainable_dtype: str = "bfloat16"
@@ -186,6 +189,8 @@ class RunSettings:
 
         The run's length comes whole from the settings (epochs and/or max_steps) or whole from the defaults.
         """
+        if self.optimizer not in defaults:
+            raise ValueError(f"--optimizer {self.optimizer} is not available for this run; use {' or '.join(defaults)}")
         chosen = {k: getattr(self, k) for k in HYPERPARAMETERS}
         user_length = self.epochs is not None or self.max_steps is not None
         for key, value in defaults[self.optimizer].items():
@@ -202,7 +207,8 @@ class RunSettings:
         """What `far.finetune` is asked to do, from the method, the optimizer and the hyper-parameters."""
         return TrainOptions(
             config=self.far,
-            optimizer=self.optimizer,
+            # The batched estimator is a zeroth-order optimizer of the text runs: MeZO's ranges hold for it.
+            optimizer="mezo" if self.optimizer == "zo-batched" else self.optimizer,
             priming=self.priming,
             priming_scores=self.priming_scores,
             # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
@@ -212,6 +218,7 @@ class RunSettings:
             reset_frozen=self.reset_frozen,
             prime_frozen=self.prime_frozen,
             cache_frozen=self.cache_frozen,
+            group_by_length=self.group_by_length,
             epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
             max_steps=hyperparameters["max_steps"],
             lr=hyperparameters["lr"],

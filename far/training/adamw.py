@@ -81,38 +81,51 @@ class FusedAdamW:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            for p in params:
-                if p not in self.state:  # as torch initialises it: a float step counter and zero moments
-                    self.state[p] = {
-                        "step": torch.tensor(0.0, dtype=torch.float32, device=p.device),
-                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    }
-            states = [self.state[p] for p in params]
-            steps = [s["step"] for s in states]
-            torch._foreach_add_(steps, 1)
-            beta1, beta2 = group["betas"]
-            torch._fused_adamw_(
-                params,
-                [p.grad for p in params],
-                [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states],
-                [],
-                steps,
-                amsgrad=False,
-                lr=group["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                weight_decay=group["weight_decay"],
-                eps=group["eps"],
-                maximize=False,
-                grad_scale=None,
-                found_inf=None,
-            )
+            self._step(group, [p for p in group["params"] if p.grad is not None])
         return loss
+
+    @torch.no_grad()
+    def step_one(self, param: Tensor) -> None:
+        """The step of `param` alone, as `step()` would take it: for stepping each tensor as its gradient
+        is complete and dropping the gradient then, so that no more than one is ever held."""
+        if param.grad is None:
+            raise ValueError("step_one needs the parameter's gradient in .grad")
+        group = next((g for g in self.param_groups if any(p is param for p in g["params"])), None)
+        if group is None:
+            raise ValueError("step_one was given a tensor this optimizer does not train")
+        self._step(group, [param])
+
+    def _step(self, group: dict, params: list[Tensor]) -> None:
+        if not params:
+            return
+        for p in params:
+            if p not in self.state:  # as torch initialises it: a float step counter and zero moments
+                self.state[p] = {
+                    "step": torch.tensor(0.0, dtype=torch.float32, device=p.device),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+        states = [self.state[p] for p in params]
+        steps = [s["step"] for s in states]
+        torch._foreach_add_(steps, 1)
+        beta1, beta2 = group["betas"]
+        torch._fused_adamw_(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            steps,
+            amsgrad=False,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
+        )
 
     def state_dict(self) -> dict:
         """torch.optim's format: parameters numbered across the groups in order."""

@@ -102,6 +102,7 @@ def finetune(
     freeze_layers: int | None = None,
     cache_frozen: bool = False,
     cache_frozen_mib: float = 1024.0,
+    group_by_length: bool = False,
     memory_budget: float | None = None,
     max_length: int = 128,
     eval_batch_size: int = 64,
@@ -193,6 +194,8 @@ def finetune(
             steps run the layers above K only. Needs a frozen depth (`freeze_layers`, in the config or here),
             batches that are right-padded mappings of tensors, and a `loss_fn` that runs the model's layers.
         cache_frozen_mib: The most memory the kept states may take; examples beyond it are computed each time.
+        group_by_length: Batch examples of similar lengths together (`far.training.batches`): each epoch sees
+            every example once, each batch is a uniform draw in expectation, and batches pad little.
         memory_budget: Whole-process peak RSS to stay under, in MiB (`far.training.budget.plan_memory`):
             each batch is split into equal micro-batches with gradient accumulation (the same examples
             per optimizer step), and FAR's cheap levers are turned on as needed; a budget that cannot
@@ -307,6 +310,7 @@ def finetune(
         plan.seed,
         micro_tokens=None if memory is None else memory.micro_tokens,
         max_length=options.max_length if memory is None else memory.seq_len,
+        group_by_length=plan.group_by_length,
     )
     loop = Loop(
         model,

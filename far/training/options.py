@@ -172,13 +172,22 @@ class TrainOptions:
     progress: bool = True
     cache_frozen: bool = False
     cache_frozen_mib: float = 1024.0
+    group_by_length: bool = False
     memory_budget: float | None = None
     max_length: int = 128
     eval_batch_size: int = 64
 
     def __post_init__(self) -> None:
         self._check_surgery()
-        for name in ("freeze_embeddings", "freeze_ffn", "reset_frozen", "bf16", "cache_frozen", "progress"):
+        for name in (
+            "freeze_embeddings",
+            "freeze_ffn",
+            "reset_frozen",
+            "bf16",
+            "cache_frozen",
+            "group_by_length",
+            "progress",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.prime_frozen is not None and not isinstance(self.prime_frozen, bool):

@@ -17,6 +17,7 @@ _BEFORE_THE_OPTION = {
     "frozen_from_start": False,
     "cache_frozen": False,
     "gradient_priming_steps": 0,
+    "group_by_length": False,
 }
 
 
@@ -81,6 +82,8 @@ class TrainingPlan:
     # The frozen bottom runs without dropout and its output is kept per example (far.training.frozen_bottom).
     cache_frozen: bool = False
     cache_frozen_mib: float = 1024.0
+    # Batches of similar lengths (far.training.batches.BatchStream): the same examples an epoch, less padding.
+    group_by_length: bool = False
     # Gradient priming (TrainOptions.priming_scores="gradient"): the batches of this many first steps are
     # scored before step 0, without an update; priming_steps is then 0 and every step trains the split model.
     gradient_priming_steps: int = 0
@@ -157,4 +160,5 @@ def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
         cache_frozen=options.cache_frozen,
         cache_frozen_mib=options.cache_frozen_mib,
         gradient_priming_steps=gradient_priming_steps,
+        group_by_length=options.group_by_length,
     )

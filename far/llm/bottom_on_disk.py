@@ -1,0 +1,71 @@
+"""A text run's frozen bottom computed once for every chunk the run will read, kept on disk, then freed.
+
+With FAR with depth the bottom K layers map a chunk to the same states at every step, and a run knows
+before its first step which chunks it will read (its batches come from seeded orders) and which it
+will score. Computing those states up front into a scratch file (`far.llm.state_file`) costs the
+bottom's forward passes a run would make anyway, once per chunk, and then nothing reads the bottom's
+weights again: `LeanCausalLM.release_bottom` frees them (two thirds of SmolLM2-135M's matrices, 135
+MiB in bf16) before the optimizer's state is made. The peak of an AdamW run then no longer holds the
+weights and the moments at once, and no kept states take memory however long the texts are.
+
+    >>> cache = keep_bottom_on_disk(model, depth, [train_chunks, validation_chunks], out)
+    >>> ...  # TextSteps(model, "adamw", lr, cache); perplexity(model, chunks, 4, cache)
+    >>> cache.store.close()   # gives the disk back (so does the process's end)
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from torch import Tensor
+
+from far.llm.lean_model import LeanCausalLM
+from far.llm.prefix import PrefixCache
+from far.llm.state_file import StateFile
+
+# Room left on the disk after the states: never fill it for a cache.
+SPARE_DISK_BYTES = 256 * 2**20
+logger = logging.getLogger(__name__)
+
+
+def states_bytes(model: LeanCausalLM, n_rows: int, length: int) -> int:
+    """Disk the states of `n_rows` chunks of `length` tokens take (fp32, as the bottom computes them)."""
+    return n_rows * length * model.config.hidden_size * 4
+
+
+def keep_bottom_on_disk(model: LeanCausalLM, depth: int, chunks: list[Tensor], folder: Path) -> PrefixCache | None:
+    """Keep the bottom `depth` layers' output of every row of `chunks` (each (N, T)) in a scratch file in `folder`,
+    then release those layers. Returns the cache reading that file, or None (nothing changed) when the disk
+    has no room for it: the caller then keeps states in memory, as many as fit.
+    """
+    rows = sum(len(c) for c in chunks)
+    need = sum(states_bytes(model, len(c), c.shape[1]) for c in chunks)
+    free = shutil.disk_usage(folder).free
+    if need + SPARE_DISK_BYTES > free:
+        logger.warning(
+            "the frozen bottom's output of %d chunks would take %d MiB of disk in %s, which has %d MiB free: kept in "
+            "memory instead, as many as fit",
+            rows,
+            need >> 20,
+            folder,
+            free >> 20,
+        )
+        return None
+    cache = PrefixCache(model, depth, store=StateFile(folder))
+    try:
+        for c in chunks:
+            cache.prefill(c)
+    except BaseException:
+        cache.store.close()
+        raise
+    freed = model.release_bottom(depth)
+    logger.info(
+        "kept the bottom %d layers' output of %d chunks on disk (%d MiB) and freed their weights (%d MiB)",
+        depth,
+        rows,
+        cache.store.bytes >> 20,
+        freed >> 20,
+    )
+    return cache
