@@ -27,7 +27,7 @@ from far.llm.lean_model import from_state_dict
 from far.llm.prefix import PrefixCache
 from far.llm.state_file import StateFile
 from far.llm.text_budget import PREFIX_CACHE_MIB, TrainedShare, plan_text_memory
-from far.llm.text_steps import TextSteps
+from far.llm.text_steps import TextSteps, bottom_states
 from far.llm.tokenizer import SPECIAL_FILE, TOKENIZER_FILE
 from far.llm.zo import CompactMeZO
 from far.models import find_gguf
@@ -389,7 +389,7 @@ def test_adamw_stepping_each_block_in_backward_is_the_step_after_backward_bit_fo
     for seed in (1, 2):  # two steps: the moments carry over
         ids = chunks(seed, n=4)
         steps([ids[:2], ids[2:]])
-        bottom = PrefixCache(after).hidden(ids, torch.ones_like(ids))
+        bottom = bottom_states(PrefixCache(after), ids)  # chunk by chunk, as a step reads them
         with gradients, after.input_gradients(), torch.enable_grad():
             for part in (slice(0, 2), slice(2, 4)):
                 (after.next_token_loss(ids[part], start=bottom[part], start_layer=1) / 2).backward()
