@@ -53,6 +53,13 @@ def keep_bottom_on_disk(model: LeanCausalLM, depth: int, chunks: list[Tensor], f
             free >> 20,
         )
         return None
+    logger.info(
+        "computing the bottom %d layers' output of %d chunks once, into %d MiB of scratch disk in %s",
+        depth,
+        rows,
+        need >> 20,
+        folder,
+    )
     cache = PrefixCache(model, depth, store=StateFile(folder))
     try:
         for c in chunks:
