@@ -37,7 +37,8 @@ def test_a_task_without_a_prompt_is_a_usage_error(capsys, data_dir):
 
 
 @pytest.mark.parametrize(
-    "flags", [["--checkpoint-every", "5"], ["--resume"], ["--prime-frozen"], ["--runtime", "lean"]]
+    "flags",
+    [["--checkpoint-every", "5"], ["--resume"], ["--prime-frozen"], ["--runtime", "lean"], ["--group-by-length"]],
 )
 def test_the_lean_runtime_refuses_what_it_cannot_do(capsys, data_dir, flags):
     argv = ["glue", "--task", "sst2", "--model", "smollm2-135m", "--optimizer", "mezo", "--data-dir", str(data_dir)]

@@ -108,6 +108,7 @@ def lean_prompted_run(
             ("--resume", settings.resume),
             ("--prime-frozen", settings.prime_frozen is not None),
             ("--runtime", settings.runtime != "auto"),
+            ("--group-by-length", settings.group_by_length),  # the prompt runs draw their own batches (below)
         )
         if given
     ]
