@@ -203,6 +203,23 @@ def kill_writer_mid_write(script: str, target: str | os.PathLike) -> None:
     kill_child_at(script, target, line="half written")
 
 
+def kill_session(session: int) -> None:
+    """SIGKILL every process of a session (Linux's /proc; elsewhere its leader's process group only)."""
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # after the command: state, ppid, pgrp, session
+            members.append(int(entry.name))
+    for pid in members or [session]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def torchrun(worker: Path, *arguments: str, cwd: Path, timeout: int = 240) -> str:
     """Run `worker` on 2 CPU processes (torchrun, gloo); what they printed, or the test fails with it."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker)]
@@ -220,7 +237,8 @@ def torchrun(worker: Path, *arguments: str, cwd: Path, timeout: int = 240) -> st
     try:
         output, _ = launcher.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
+        # torchrun puts its workers in process groups of their own; they share its session, and hold the pipe.
+        kill_session(launcher.pid)
         output, _ = launcher.communicate()
         pytest.fail(f"torchrun still running after {timeout} s; killed. It printed:\n{output[-4000:]}")
     assert launcher.returncode == 0, f"torchrun failed:\n{output[-4000:]}"

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ import far
 from far.training.trainer import FARTrainer
 
 
-def main(report_path: str) -> int:
+def main(report_path: str) -> NoReturn:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # fail, not hang, if a peer never comes
     rank, world = dist.get_rank(), dist.get_world_size()
     config = AutoConfig.for_model(
@@ -84,15 +85,11 @@ def main(report_path: str) -> int:
     if rank == 0:
         with open(report_path, "w") as f:
             json.dump(report, f)
-    # Tear down in order: the DDP reducer still holds the process group, and letting it die after
-    # destroy_process_group (when main's locals go) sometimes hung a rank in gloo (about 1 run in 5 here).
-    del ddp
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1
+    dist.barrier()  # every rank is done with the group: the report is written
+    exit_now(0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1)
 
 
-def trainer_main(report_path: str, checkpoint: str, output_dir: str) -> int:
+def trainer_main(report_path: str, checkpoint: str, output_dir: str) -> NoReturn:
     class AtStart(TrainerCallback):
         """The tensors as the run starts, once the checkpoint is loaded."""
 
@@ -155,15 +152,21 @@ def trainer_main(report_path: str, checkpoint: str, output_dir: str) -> int:
     if rank == 0:
         with open(report_path, "w") as f:
             json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1
+    dist.barrier()  # every rank is done with the group: the report is written
+    exit_now(0 if all(v for k, v in report.items() if isinstance(v, bool)) else 1)
 
 
-if __name__ == "__main__":
-    code = trainer_main(*sys.argv[2:5]) if sys.argv[1] == "trainer" else main(sys.argv[1])
-    # Skip the interpreter's teardown: a gloo thread still winding down at exit has aborted a rank with
-    # "terminate called without an active exception" after everything was checked and written.
+def exit_now(code: int) -> NoReturn:
+    """End the process here, with no teardown of the process group, the DDP reducer or the interpreter: each of
+    those has hung or aborted a rank in gloo now and then (destroy_process_group about 1 run in 5, a gloo thread
+    still winding down at exit with "terminate called without an active exception") after everything was
+    checked and written."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "trainer":
+        trainer_main(*sys.argv[2:5])
+    main(sys.argv[1])
