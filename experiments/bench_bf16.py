@@ -21,11 +21,10 @@ import argparse
 import copy
 import os
 import statistics
-import subprocess
 
 import torch
 from bench_step import CLOCKS, build_config, load_model, make_batch, make_optimizer, train_step
-from harness import add_output_argument, command_line, cpu, machine, results_dir, write_report
+from harness import add_output_argument, command_line, cpu, lscpu_flags, machine, results_dir, write_report
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -157,15 +156,6 @@ def profile_step(model: nn.Module, data: dict, bf16: bool) -> dict[str, float]:
         split["optimizer"] = split.get("optimizer", 0.0) + _self_ms(update)
     split["total"] = sum(split.values())
     return {k: round(v / PROFILED_STEPS, 2) for k, v in split.items()}
-
-
-def lscpu_flags() -> str:
-    """The `Flags:` line of lscpu (every flag), or "" where lscpu is missing."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Flags")), "")
 
 
 def markdown(rows: dict[str, dict], profiles: dict[str, dict[str, float]]) -> str:

@@ -158,6 +158,15 @@ def cpu() -> dict:
     return {"cpu": model or platform.processor(), "cpu_flags": [flag for flag in CPU_FLAGS if flag in flags]}
 
 
+def lscpu_flags() -> str:
+    """The `Flags:` line of lscpu (every flag), or "" where lscpu is missing."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Flags")), "")
+
+
 def machine() -> dict:
     """What a benchmark ran on: core count, OS, Python, the CPU model and its bf16-relevant extensions."""
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), **cpu()}

@@ -31,6 +31,7 @@ from harness import (
     add_output_argument,
     children_cpu_seconds,
     command_line,
+    lscpu_flags,
     machine,
     results_dir,
     run_far_unless_done,
@@ -42,11 +43,6 @@ from far.llm.lean_learners import read_file
 from far.models import find_gguf, load_lean_lm
 
 PROMPT = "My favourite film is"
-
-
-def lscpu_flags() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Flags")), "")
 
 
 def train_users(folder: Path, steps: list[int]) -> list[Path]:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness import lscpu_flags
 
 from far.config import FARConfig
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
@@ -52,15 +53,6 @@ ARMS = {
     "adamw-far": ("adamw", True, torch.float32, (1e-4, 3e-4)),
 }
 MAX_LENGTH, SEED = 256, 0
-
-
-def lscpu_flags() -> str:
-    """The `Flags:` line of lscpu, or "" where lscpu is missing."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Flags")), "")
 
 
 def train_for(steps: TextSteps, train: torch.Tensor, batch_size: int, budget: float, on_eval=None, every=None) -> dict:
