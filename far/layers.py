@@ -16,7 +16,6 @@ including GPT-2's `Conv1D`, which stores its weight transposed.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -46,7 +45,6 @@ def node_rows(module: nn.Linear | Conv1D, role: str, weight: Tensor | None = Non
     return out_by_in if role == INPUT else out_by_in.t()
 
 
-@functools.cache
 def compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     """The dtype the matrix products run in: autocast's when it is on, else the weight's."""
     if x.is_floating_point() and torch.is_autocast_enabled(x.device.type):

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_batch, tiny_examples, tiny_model
 
 import far
+from far.evaluation.labels import LabelEvaluator
 from far.training.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -100,3 +102,84 @@ def test_a_resumed_cuda_run_ends_where_the_uninterrupted_one_does(tmp_path):
     resumed = run(cut, resume_from=cut, keep_checkpoints=None)
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def ragged_examples(n: int = 16, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Examples of 3 to 8 tokens: grouping by length and the kept bottom's unpadded states have something to do."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 9, (n,), generator=generator).tolist()
+    return [
+        {"input_ids": torch.randint(3, 97, (length,), generator=generator), "labels": torch.tensor(i % 3)}
+        for i, length in enumerate(lengths)
+    ]
+
+
+def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.zeros(len(examples), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(examples):
+        ids[row, : len(e["input_ids"])] = e["input_ids"]
+        mask[row, : len(e["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([e["labels"] for e in examples])}
+
+
+def test_depth_with_the_kept_bottom_and_grouped_batches_trains_on_cuda_as_on_the_cpu():
+    """The frozen bottom run once per example and kept, batches grouped by length: the same seeded run (no dropout)
+    on both devices, and the kept states live where the model does."""
+    options = dict(
+        optimizer="adamw", priming=2, epochs=3, batch_size=4, lr=1e-2, progress=False, seed=3, collate_fn=pad,
+        cache_frozen=True, group_by_length=True,
+    )  # fmt: skip
+    models, kept = {}, {}
+    for device in ("cpu", "cuda"):
+        model = tiny_model("bert", num_hidden_layers=3, **NO_DROPOUT).to(device)
+        config = far.FARConfig(0.4, freeze_embeddings=True, freeze_layers=1)
+        kept[device] = far.finetune(model, ragged_examples(), config, **options).frozen_cache_bytes
+        assert all(p.device.type == device for p in model.parameters())
+        models[device] = far.restore(model).cpu()
+    assert kept["cuda"] == kept["cpu"] > 0
+    for (name, a), b in zip(models["cpu"].state_dict().items(), models["cuda"].state_dict().values(), strict=True):
+        if not name.endswith("key.bias"):  # softmax ignores a key bias: its gradient is rounding noise
+            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_the_automatic_configuration_in_bf16_trains_on_cuda():
+    """Retention and depth from priming, precision "auto" (bf16 on a GPU that supports it): the run ends with finite
+    weights on the GPU, learners in fp32, and the split model still matches its merged self."""
+    model = tiny_model("bert", num_hidden_layers=3).to(CUDA)
+    config = far.FARConfig("auto", freeze_embeddings=True, freeze_layers="auto")
+    result = far.finetune(
+        model, ragged_examples(), config, priming=2, epochs=2, batch_size=4, lr=1e-3, progress=False,
+        collate_fn=pad, cache_frozen=True, group_by_length=True, precision="auto",
+    )  # fmt: skip
+    assert result.precision["name"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
+    split = [m for m in model.modules() if isinstance(m, far.SplitLinear)]
+    assert split and all(m.learner_weight.dtype == torch.float32 for m in split)
+    assert all(torch.isfinite(p).all() and p.device.type == "cuda" for p in model.parameters())
+    batch = on(CUDA, tiny_batch())
+    model.eval()
+    with torch.no_grad():
+        logits = model(**batch).logits
+        far.restore(model)
+        torch.testing.assert_close(model(**batch).logits, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_evaluator_scores_a_cuda_model_as_a_cpu_one():
+    """Dev examples batched sorted by length on the GPU: the same predictions, back in the split's order."""
+
+    class Accuracy:
+        def compute(self, predictions, references):
+            return {"accuracy": float(np.mean(np.asarray(predictions) == np.asarray(references)))}
+
+    examples = [{"input_ids": e["input_ids"].tolist(), "labels": int(e["labels"])} for e in ragged_examples(40)]
+    evaluator = LabelEvaluator(examples, pad_lists, label_names=["a", "b", "c"], metric=Accuracy(), batch_size=8)
+    model = tiny_model("bert")
+    on_cpu = evaluator(model)
+    cpu_predictions = evaluator.predictions.copy()
+    assert evaluator(model.to(CUDA)) == pytest.approx(on_cpu)
+    assert (evaluator.predictions == cpu_predictions).all()
+
+
+def pad_lists(rows: list[dict]) -> dict[str, torch.Tensor]:
+    return pad([{"input_ids": torch.tensor(r["input_ids"]), "labels": torch.tensor(r.get("labels", 0))} for r in rows])

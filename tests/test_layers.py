@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -296,3 +299,25 @@ def test_activation_checkpointing_gives_the_same_gradients(use_reentrant, recomp
     checkpoint(ffn, x, use_reentrant=use_reentrant).pow(2).sum().backward()
     for got, want in zip((x, split_up.learner_weight, split_down.learner_weight), expected, strict=True):
         torch.testing.assert_close(got.grad, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_training_step_keeps_no_activation_once_it_is_done(recompute, autocast):
+    """Nothing outlives a step: no input of a split projection stays referenced after backward (an input kept by a
+    cache or a closure would grow memory by one activation per layer per step)."""
+    torch.manual_seed(0)
+    up = SplitLinear.from_linear(nn.Linear(6, 10), torch.tensor([0, 3, 9]), "input")
+    down = SplitLinear.from_linear(nn.Linear(10, 4), torch.tensor([0, 3, 9]), "output", recompute=recompute)
+    seen: list[weakref.ref] = []
+    for layer in (up, down):
+        layer.register_forward_pre_hook(lambda _, args: seen.append(weakref.ref(args[0])))
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    for _ in range(2):
+        x = torch.randn(5, 6, requires_grad=True)
+        with context:
+            loss = down(torch.nn.functional.gelu(up(x))).float().sum()
+        loss.backward()
+        del x, loss
+    gc.collect()
+    assert len(seen) == 4 and all(ref() is None for ref in seen)
