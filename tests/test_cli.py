@@ -299,7 +299,11 @@ def vision_model_dir(tmp_path):
             "not both",
         ),
         ("squad without data", ["squad", "--data-dir", "{tmp}"], "no SQuAD v1.1 file dev-v1.1.json found"),
-        ("eval without checkpoint", ["eval", "--checkpoint", "{tmp}/nothing"], "is not a model folder"),
+        (
+            "eval without checkpoint",
+            ["eval", "--checkpoint", "{tmp}/nothing", "--data-dir", "{data}"],
+            "is not a model folder",
+        ),
     ],
 )
 def test_user_errors_exit_2_before_training(case, argv, message, data, vision_model_dir, tmp_path, capsys):

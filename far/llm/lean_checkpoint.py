@@ -9,7 +9,7 @@ Layout under `output_dir/checkpoints/`::
 
 Only what training changes is kept: the GGUF file holds the rest. torch.save writes each tensor's
 storage as it is, so a checkpoint adds no copy of the weights to the run's peak. A folder appears
-whole (`far.atomic.atomic_dir`) and `latest` moves only once it has, so a run killed at any moment
+whole and `latest` moves only once it has (`far.step_folders`), so a run killed at any moment
 leaves its previous checkpoint intact; one damaged later fails its manifest and the one before is used.
 
     >>> save_lean_checkpoint(out, 40, model, optimizer_state, {"epoch": 1}, keep=2)
@@ -21,22 +21,18 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import shutil
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from far.atomic import atomic_dir, atomic_file, file_sha256
 from far.llm.compact import CompactWeight
 from far.llm.lean_far import ffn_names, set_trainable, split_ffns
 from far.llm.lean_model import LeanCausalLM
+from far.step_folders import CHECKPOINTS, manifest_problem, step_folders, write_step_folder
 
-CHECKPOINTS, LATEST = "checkpoints", "latest"
-STATE_FILE, TRAINER_FILE, MANIFEST = "state.pt", "trainer_state.json", "manifest.json"
+STATE_FILE, TRAINER_FILE = "state.pt", "trainer_state.json"
 FORMAT = "far-lean-lm-checkpoint/1"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 logger = logging.getLogger(__name__)
 
 
@@ -62,34 +58,12 @@ def save_lean_checkpoint(
     keep: int | None = 2,
 ) -> Path:
     """Write `output_dir/checkpoints/step-<step>/` atomically, point `latest` at it, keep the newest `keep`."""
-    root = Path(output_dir) / CHECKPOINTS
-    target = root / f"step-{step}"
-    with atomic_dir(target) as tmp:
-        torch.save({**trained_state(model), "optimizer": optimizer_state}, tmp / STATE_FILE)
-        (tmp / TRAINER_FILE).write_text(json.dumps({**trainer_state, "step": step, "format": FORMAT}, indent=1))
-        manifest = {
-            n: {"bytes": (tmp / n).stat().st_size, "sha256": file_sha256(tmp / n)} for n in (STATE_FILE, TRAINER_FILE)
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    with atomic_file(root / LATEST) as tmp:
-        tmp.write_text(target.name)
-    if keep is not None:
-        old = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p != target)
-        for _, path in old[: max(0, len(old) - (keep - 1))]:
-            shutil.rmtree(path, ignore_errors=True)
-    return target
 
+    def write(folder: Path) -> None:
+        torch.save({**trained_state(model), "optimizer": optimizer_state}, folder / STATE_FILE)
+        (folder / TRAINER_FILE).write_text(json.dumps({**trainer_state, "step": step, "format": FORMAT}, indent=1))
 
-def _problem(folder: Path) -> str | None:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return "incomplete (no readable manifest.json)"
-    for name, entry in manifest.items():
-        file = folder / name
-        if not file.is_file() or file.stat().st_size != entry["bytes"] or file_sha256(file) != entry["sha256"]:
-            return f"corrupted ({name} does not match its size and sha256)"
-    return None
+    return write_step_folder(output_dir, step, write, keep)
 
 
 def read_lean_checkpoint(output_dir: str | Path) -> tuple[Path, dict]:
@@ -99,13 +73,9 @@ def read_lean_checkpoint(output_dir: str | Path) -> tuple[Path, dict]:
         ValueError: the run has no intact checkpoint.
     """
     root = Path(output_dir) / CHECKPOINTS
-    folders = sorted(
-        ((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ()) if (m := _STEP_DIR.match(p.name))),
-        reverse=True,
-    )
     problems = []
-    for _, folder in folders:
-        problem = _problem(folder)
+    for folder in step_folders(root):
+        problem = manifest_problem(folder, required=True)
         if problem is None:
             state = json.loads((folder / TRAINER_FILE).read_text())
             if state.get("format") != FORMAT:

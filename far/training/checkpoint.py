@@ -12,8 +12,8 @@ Layout under `output_dir/checkpoints/`::
     step-<N>/manifest.json       size and sha256 of every file above
     latest                       the name of the newest complete step folder
 
-A folder appears whole or not at all (`far.atomic.atomic_dir`), and `latest` is replaced only once
-its folder is complete, so a process killed mid-write never leaves a broken latest checkpoint.
+A folder appears whole or not at all, and `latest` is replaced only once its folder is complete
+(`far.step_folders`), so a process killed mid-write never leaves a broken latest checkpoint.
 A checkpoint damaged later (a truncated or altered file) fails its manifest; resuming from a run
 then falls back to the newest checkpoint that is intact, with a logged warning.
 """
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,22 +33,18 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from far.architectures import FFNSpec
-from far.atomic import atomic_dir, atomic_file, file_sha256
 from far.config import FARConfig
 from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
+from far.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_problem, step_folders, write_step_folder
 from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 from far.training.adamw import FusedAdamW
 from far.training.schedule import RunSchedule
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
 FORMAT = 2  # 2: split projections stored node-major (one row per node)
 _FILES = ("model.safetensors", "far.json", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json")
 _PRIMER = "primer.safetensors"
-_MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 logger = logging.getLogger(__name__)
 
 
@@ -74,36 +68,27 @@ def save_checkpoint(
     Returns:
         The checkpoint folder.
     """
-    root = Path(output_dir) / CHECKPOINTS
-    target = root / f"step-{step}"
     config = get_config(model)
     layout = {
         "far": None if config is None else config.to_dict(),
         "trainable": [n for n, p in model.named_parameters() if p.requires_grad],
     }
-    with atomic_dir(target) as tmp:
-        save_model_file(model, tmp / "model.safetensors")  # tied tensors are stored once
-        (tmp / "far.json").write_text(json.dumps(layout, indent=1))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+
+    def write(folder: Path) -> None:
+        save_model_file(model, folder / "model.safetensors")  # tied tensors are stored once
+        (folder / "far.json").write_text(json.dumps(layout, indent=1))
+        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save(scheduler.state_dict(), folder / "scheduler.pt")
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():  # dropout on a GPU draws from its own generators
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
+        torch.save(rng, folder / "rng.pt")
         if primer is not None:
-            save_file({k: t.contiguous() for k, t in primer.items()}, str(tmp / _PRIMER))
+            save_file({k: t.contiguous() for k, t in primer.items()}, str(folder / _PRIMER))
         state = {**trainer_state, "step": step, "format": FORMAT, "primer": primer is not None}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
-        files = sorted(f.name for f in tmp.iterdir())
-        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)} for name in files}
-        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
-    with atomic_file(root / LATEST) as tmp:
-        tmp.write_text(target.name)
-    if keep is not None:
-        old = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p != target)
-        for _, path in old[: max(0, len(old) - (keep - 1))]:
-            shutil.rmtree(path, ignore_errors=True)
-    return target
+        (folder / "trainer_state.json").write_text(json.dumps(state, indent=1))
+
+    return write_step_folder(output_dir, step, write, keep)
 
 
 def has_run(output_dir: str | Path) -> bool:
@@ -126,20 +111,6 @@ class Checkpoint:
         return self.path.parent.parent
 
 
-def _step_folders(root: Path) -> list[Path]:
-    """The step folders under a `checkpoints` folder, newest first; the one `latest` names leads."""
-    folders = sorted(
-        ((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()),
-        reverse=True,
-    )
-    ordered = [p for _, p in folders]
-    pointer = root / LATEST
-    if pointer.is_file():
-        latest = root / pointer.read_text().strip()
-        ordered = [latest] + [p for p in ordered if p != latest]
-    return ordered
-
-
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint folder that `path` names: a step folder, a `checkpoints` folder, or a run's output_dir.
 
@@ -147,13 +118,13 @@ def find_checkpoint(path: str | Path) -> Path:
     `verify_checkpoint`); skipping a damaged one logs a warning.
     """
     path = Path(path)
-    if (path / "trainer_state.json").is_file() or _STEP_DIR.match(path.name) and path.is_dir():
+    if (path / "trainer_state.json").is_file() or STEP_DIR.match(path.name) and path.is_dir():
         return path
     for root in (path, path / CHECKPOINTS):
         if not ((root / LATEST).is_file() or (root.is_dir() and root.name == CHECKPOINTS)):
             continue
         problems = []
-        for folder in _step_folders(root):
+        for folder in step_folders(root):
             problem = verify_checkpoint(folder)
             if problem is None:
                 if problems:
@@ -179,18 +150,7 @@ def verify_checkpoint(folder: Path) -> str | None:
     missing = [f for f in _FILES if not (folder / f).is_file()]
     if missing:
         return f"incomplete (missing {', '.join(missing)})"
-    manifest = folder / _MANIFEST
-    if not manifest.is_file():
-        return None  # written before manifests: only the presence of its files can be checked
-    try:
-        entries = json.loads(manifest.read_text())
-    except ValueError:
-        return "unreadable (its manifest.json is not JSON)"
-    for name, entry in entries.items():
-        file = folder / name
-        if not file.is_file() or file.stat().st_size != entry["bytes"] or file_sha256(file) != entry["sha256"]:
-            return f"corrupted ({name} does not match its size and sha256 in manifest.json)"
-    return None
+    return manifest_problem(folder, required=False)  # folders written before manifests: their files' presence only
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
