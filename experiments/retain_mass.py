@@ -1,12 +1,17 @@
-"""Choose `far.selection.AUTO_RETAIN_MASS` on training data held out from training, never on a dev set.
+"""Choose a constant of the automatic configuration on training data held out from training, never on a dev set.
 
-Each run is `far glue ... --retention auto --validation-from-train F` in its own process, with the constant set to
-one candidate value: the run trains on the rest of the training split and reports its metric on the held-out part
-(seeded by --seed), and the per-layer retention the rule chose (metrics.json's `learner_shares`). The summary
-(`<output>/<name>.{json,md}`) gives, per candidate, the held-out metric, the retention chosen and the whole process's
-CPU seconds.
+`--constant retain` (default) sets `far.selection.AUTO_RETAIN_MASS` (how much of each FFN's priming score its
+learners hold), `--constant freeze` sets `AUTO_FREEZE_MASS` (how much of priming's change the frozen bottom layers may
+hold, hence the depth K). Each run is `far glue ... <the automatic configuration> --validation-from-train F` in its
+own process, with the constant set to one candidate value: the run trains on the rest of the training split and
+reports its metric on the held-out part (seeded by --seed), the per-layer retention and the depth the rules chose.
+`--full-reference` adds full fine-tuning on the same split, the metric a candidate is held to. The summary
+(`<output>/<name>.{json,md}`) gives, per candidate, the held-out metric, the retention and depth chosen and the whole
+process's CPU seconds.
 
     OMP_NUM_THREADS=1 python experiments/retain_mass.py --task sst2 --masses 0.2 0.35 0.5
+    OMP_NUM_THREADS=1 python experiments/retain_mass.py --constant freeze --task sst2 --masses 0.4 0.55 0.7 \
+        --full-reference --extra --group-by-length
 """
 
 from __future__ import annotations
@@ -41,24 +46,38 @@ EVAL_ROWS = 4000  # held-out examples that score a candidate (--max-eval-samples
 FAR_AUTO = "--method far --retention auto --freeze-embeddings --freeze-layers auto --cache-frozen"
 
 
-def run_with_mass(mass: float, argv: list[str]) -> int:
+FULL = "--method full"  # the reference (--full-reference): full fine-tuning on the same split
+# --constant -> the far.selection attribute it sets, and the prefix of its runs' folders.
+CONSTANTS = {"retain": ("AUTO_RETAIN_MASS", "mass"), "freeze": ("AUTO_FREEZE_MASS", "freeze")}
+
+
+def run_with_mass(constant: str, mass: float, argv: list[str]) -> int:
     """`far <argv>` in this process, with the rule's constant set to `mass` (only this process sees it)."""
     from far.cli.main import main
 
-    far.selection.AUTO_RETAIN_MASS = mass
+    setattr(far.selection, CONSTANTS[constant][0], mass)
     return main(argv)
 
 
-def one_run(task: str, mass: float, seed: int, output: Path, extra: list[str]) -> dict:
-    out = output / "runs" / f"{task}-mass{mass:g}-s{seed}"
+def run_dir(output: Path, task: str, constant: str, mass: float | None, seed: int) -> Path:
+    name = f"{task}-full-s{seed}" if mass is None else f"{task}-{CONSTANTS[constant][1]}{mass:g}-s{seed}"
+    return output / "runs" / name
+
+
+def one_run(task: str, constant: str, mass: float | None, seed: int, output: Path, extra: list[str]) -> dict:
+    """One candidate's run (`mass` None: the full fine-tuning reference), or its record if it is done."""
+    out = run_dir(output, task, constant, mass, seed)
     metrics_file = out / "metrics.json"
     if metrics_file.exists():
         return json.loads(metrics_file.read_text())
-    argv = ["glue", *TASKS[task]["args"].split(), *FAR_AUTO.split(), "--seed", str(seed), "--no-save-model",
+    method = FULL if mass is None else FAR_AUTO
+    argv = ["glue", *TASKS[task]["args"].split(), *method.split(), "--seed", str(seed), "--no-save-model",
             "--no-progress", *extra, "--output-dir", str(out)]  # fmt: skip
-    print(f"$ AUTO_RETAIN_MASS={mass:g} far {' '.join(argv)}", flush=True)
+    shown = "" if mass is None else f"{CONSTANTS[constant][0]}={mass:g} "
+    print(f"$ {shown}far {' '.join(argv)}", flush=True)
     start, cpu = time.perf_counter(), children_cpu_seconds()
-    subprocess.run([sys.executable, __file__, "--run", str(mass), *argv], check=True)
+    value = getattr(far.selection, CONSTANTS[constant][0]) if mass is None else mass  # full reads no constant
+    subprocess.run([sys.executable, __file__, "--run", constant, str(value), *argv], check=True)
     record = json.loads(metrics_file.read_text())
     record.update(process_seconds=time.perf_counter() - start, process_cpu_seconds=children_cpu_seconds() - cpu)
     metrics_file.write_text(json.dumps(record, indent=2) + "\n")
@@ -78,22 +97,22 @@ def held_out_metric(task: str, record: dict, run_dir: Path) -> float:
     return 100 * sum(row["prediction"] == row["label"] for row in rows) / len(rows)
 
 
-def summarize(task: str, records: dict[float, list[dict]], output: Path) -> list[dict]:
+def summarize(task: str, constant: str, records: dict[float | None, list[dict]], output: Path) -> list[dict]:
     rows = []
     for mass, runs in records.items():
         values = [
-            held_out_metric(task, r, output / "runs" / f"{task}-mass{mass:g}-s{r['hyperparameters']['seed']}")
-            for r in runs
+            held_out_metric(task, r, run_dir(output, task, constant, mass, r["hyperparameters"]["seed"])) for r in runs
         ]
-        shares = [[round(s, 3) for s in r["learner_shares"].values()] for r in runs]
+        shares = [[round(s, 3) for s in (r.get("learner_shares") or {}).values()] for r in runs]
         rows.append(
             {
                 "task": task,
-                "mass": mass,
+                "constant": CONSTANTS[constant][0],
+                "mass": mass,  # None: full fine-tuning
                 "held_out_metric": round(statistics.mean(values), 2),
                 "per_seed": [round(v, 2) for v in values],
                 "learner_shares_bottom_first": shares,
-                "frozen_layers": [r["frozen_layers"] for r in runs],
+                "frozen_layers": [r.get("frozen_layers", 0) for r in runs],
                 # None: a run whose driver was stopped before it could add the process's CPU seconds
                 "process_cpu_seconds": [
                     None if r.get("process_cpu_seconds") is None else round(r["process_cpu_seconds"], 1) for r in runs
@@ -104,19 +123,24 @@ def summarize(task: str, records: dict[float, list[dict]], output: Path) -> list
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--run":
-        sys.exit(run_with_mass(float(sys.argv[2]), sys.argv[3:]))
+    if len(sys.argv) > 3 and sys.argv[1] == "--run":
+        sys.exit(run_with_mass(sys.argv[2], float(sys.argv[3]), sys.argv[4:]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--constant", default="retain", choices=list(CONSTANTS), help="the constant to choose")
     parser.add_argument("--task", default="sst2", choices=list(TASKS))
     parser.add_argument("--masses", type=float, nargs="+", default=[0.2, 0.35, 0.5])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "retain_mass")
+    parser.add_argument("--full-reference", action="store_true", help="also run full fine-tuning on the same split")
     parser.add_argument("--name", default=None)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further `far` arguments for every run")
     args = parser.parse_args()
-    records = {m: [one_run(args.task, m, seed, args.output, args.extra) for seed in args.seeds] for m in args.masses}
-    rows = summarize(args.task, records, args.output)
-    name = args.name or args.task
+    masses = [*args.masses, *([None] if args.full_reference else [])]
+    records = {
+        m: [one_run(args.task, args.constant, m, seed, args.output, args.extra) for seed in args.seeds] for m in masses
+    }
+    rows = summarize(args.task, args.constant, records, args.output)
+    name = args.name or (args.task if args.constant == "retain" else f"{args.task}_{args.constant}")
     write_report(
         args.output / f"{name}.json",
         {"command": command_line(__file__, sys.argv[1:]), "machine": machine(), "rows": rows},
@@ -127,8 +151,9 @@ def main() -> None:
     ]
     for row in rows:
         shares = " / ".join(" ".join(f"{s:.2f}" for s in seed) for seed in row["learner_shares_bottom_first"])
+        mass = "full fine-tuning" if row["mass"] is None else format(row["mass"], "g")
         lines.append(
-            f"| {row['mass']:g} | {row['held_out_metric']:.2f} | {shares} | {row['frozen_layers']} | "
+            f"| {mass} | {row['held_out_metric']:.2f} | {shares} | {row['frozen_layers']} | "
             f"{row['process_cpu_seconds']} |"
         )
     (args.output / f"{name}.md").write_text("\n".join(lines) + "\n")
