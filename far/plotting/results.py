@@ -62,6 +62,14 @@ RESULT_SOURCES: dict[str, str] = {
         "experiments/results/replicate_far/practitioner experiments/results/replicate_far/depth "
         "experiments/results/replicate_far/replication_heads_lora experiments/results/replicate_far"
     ),
+    # One thread per run, batches grouped by length (each run's command: docs/results.md, "The automatic
+    # configuration side by side"); the summary reads the runs the grid's folder holds.
+    "replicate_far/grouped/grouped.json": (
+        "python experiments/replicate_far.py --tasks cola sst2 stsb squad --seeds 0 1 2 --methods full "
+        "far-auto+depth-auto+cache far-auto+depth-1+cache far-auto+depth-auto+cache+priming-0.05 "
+        "full+frozen-bottom-3+cache lora lora-lr2e-3 --output experiments/results/replicate_far/grouped "
+        "--name grouped --summarize-only"
+    ),
     "bench_memory/memory_minilm.json": "python experiments/bench_memory.py",
     "bench_memory/llm_memory.json": "python experiments/bench_memory.py --model smollm2-135m",
     "llm_sst2/llm_sst2.json": "python experiments/llm_sst2.py --steps 80 --lr 3e-4",
