@@ -47,6 +47,8 @@ TASKS: dict[str, dict] = {
 }
 # FAR r=0.2 with frozen embeddings (portable files at no cost, docs/results.md) and further `far` flags.
 FAR_02 = ["--method", "far", "--retention", "0.2", "--freeze-embeddings"]
+# FAR with the retention chosen from priming and frozen embeddings: the automatic configuration's base.
+FAR_AUTO_RETENTION = ["--method", "far", "--retention", "auto", "--freeze-embeddings"]
 # name -> extra `far` arguments. The first four are the paper's comparison; the rest probe what it
 # takes to reach the paper's 30% time saving.
 METHODS: dict[str, list[str]] = {
@@ -82,22 +84,9 @@ METHODS: dict[str, list[str]] = {
         "--priming",
         "16",
     ],
-    "far-auto+depth-auto+cache": [
-        "--method",
-        "far",
-        "--retention",
-        "auto",
-        "--freeze-embeddings",
-        "--freeze-layers",
-        "auto",
-        "--cache-frozen",
-    ],
+    "far-auto+depth-auto+cache": [*FAR_AUTO_RETENTION, "--freeze-layers", "auto", "--cache-frozen"],
     "far-auto+depth-auto+cache+gradient-16": [
-        "--method",
-        "far",
-        "--retention",
-        "auto",
-        "--freeze-embeddings",
+        *FAR_AUTO_RETENTION,
         "--freeze-layers",
         "auto",
         "--cache-frozen",
@@ -108,11 +97,7 @@ METHODS: dict[str, list[str]] = {
     ],
     # The automatic configuration primed on 5% of the steps instead of 10%: priming runs the whole model.
     "far-auto+depth-auto+cache+priming-0.05": [
-        "--method",
-        "far",
-        "--retention",
-        "auto",
-        "--freeze-embeddings",
+        *FAR_AUTO_RETENTION,
         "--freeze-layers",
         "auto",
         "--cache-frozen",
@@ -121,26 +106,8 @@ METHODS: dict[str, list[str]] = {
     ],
     # The automatic retention at a depth given by hand: what `auto` depth chooses on MiniLM's tasks with
     # AUTO_FREEZE_MASS 0.25 (K=1), 0.4 (K=2) and 0.55 (K=3).
-    "far-auto+depth-1+cache": [
-        "--method",
-        "far",
-        "--retention",
-        "auto",
-        "--freeze-embeddings",
-        "--freeze-layers",
-        "1",
-        "--cache-frozen",
-    ],
-    "far-auto+depth-3+cache": [
-        "--method",
-        "far",
-        "--retention",
-        "auto",
-        "--freeze-embeddings",
-        "--freeze-layers",
-        "3",
-        "--cache-frozen",
-    ],
+    "far-auto+depth-1+cache": [*FAR_AUTO_RETENTION, "--freeze-layers", "1", "--cache-frozen"],
+    "far-auto+depth-3+cache": [*FAR_AUTO_RETENTION, "--freeze-layers", "3", "--cache-frozen"],
     "far-0.2+frozen-emb+bottom-2+cache": [*FAR_02, "--freeze-layers", "2", "--cache-frozen"],
     "full+frozen-bottom-3+cache": ["--method", "full", "--freeze-layers", "3", "--cache-frozen"],
     "far-0.2+frozen-emb+bottom-3+cache": [*FAR_02, "--freeze-layers", "3", "--cache-frozen"],

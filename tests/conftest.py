@@ -101,6 +101,27 @@ def tiny_examples(n: int = 24, length: int = 6, seed: int = 0) -> list[dict[str,
     ]
 
 
+def ragged_examples(n: int = 12, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Examples of 3 to 8 tokens, so that one example comes padded to other lengths in other batches."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 9, (n,), generator=generator).tolist()
+    return [
+        {"input_ids": torch.randint(3, 97, (length,), generator=generator), "labels": torch.tensor(i % 3)}
+        for i, length in enumerate(lengths)
+    ]
+
+
+def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right padding with token 0, as transformers' DataCollatorWithPadding pads."""
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.zeros(len(examples), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(examples):
+        ids[row, : len(e["input_ids"])] = e["input_ids"]
+        mask[row, : len(e["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([e["labels"] for e in examples])}
+
+
 def tiny_batch(batch: int = 3, length: int = 7, seed: int = 1, vocab: int = 97) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (batch, length), generator=generator)

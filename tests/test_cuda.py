@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_batch, tiny_examples, tiny_model
+from conftest import pad, ragged_examples, tiny_batch, tiny_examples, tiny_model
 
 import far
 from far.evaluation.labels import LabelEvaluator
@@ -104,26 +104,6 @@ def test_a_resumed_cuda_run_ends_where_the_uninterrupted_one_does(tmp_path):
         assert torch.equal(a, b), name
 
 
-def ragged_examples(n: int = 16, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Examples of 3 to 8 tokens: grouping by length and the kept bottom's unpadded states have something to do."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 9, (n,), generator=generator).tolist()
-    return [
-        {"input_ids": torch.randint(3, 97, (length,), generator=generator), "labels": torch.tensor(i % 3)}
-        for i, length in enumerate(lengths)
-    ]
-
-
-def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    longest = max(len(e["input_ids"]) for e in examples)
-    ids = torch.zeros(len(examples), longest, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, e in enumerate(examples):
-        ids[row, : len(e["input_ids"])] = e["input_ids"]
-        mask[row, : len(e["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([e["labels"] for e in examples])}
-
-
 def test_depth_with_the_kept_bottom_and_grouped_batches_trains_on_cuda_as_on_the_cpu():
     """The frozen bottom run once per example and kept, batches grouped by length: the same seeded run (no dropout)
     on both devices, and the kept states live where the model does."""
@@ -135,7 +115,7 @@ def test_depth_with_the_kept_bottom_and_grouped_batches_trains_on_cuda_as_on_the
     for device in ("cpu", "cuda"):
         model = tiny_model("bert", num_hidden_layers=3, **NO_DROPOUT).to(device)
         config = far.FARConfig(0.4, freeze_embeddings=True, freeze_layers=1)
-        kept[device] = far.finetune(model, ragged_examples(), config, **options).frozen_cache_bytes
+        kept[device] = far.finetune(model, ragged_examples(16), config, **options).frozen_cache_bytes
         assert all(p.device.type == device for p in model.parameters())
         models[device] = far.restore(model).cpu()
     assert kept["cuda"] == kept["cpu"] > 0
@@ -150,7 +130,7 @@ def test_the_automatic_configuration_in_bf16_trains_on_cuda():
     model = tiny_model("bert", num_hidden_layers=3).to(CUDA)
     config = far.FARConfig("auto", freeze_embeddings=True, freeze_layers="auto")
     result = far.finetune(
-        model, ragged_examples(), config, priming=2, epochs=2, batch_size=4, lr=1e-3, progress=False,
+        model, ragged_examples(16), config, priming=2, epochs=2, batch_size=4, lr=1e-3, progress=False,
         collate_fn=pad, cache_frozen=True, group_by_length=True, precision="auto",
     )  # fmt: skip
     assert result.precision["name"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")

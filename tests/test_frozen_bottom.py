@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, assert_state, state, tiny_examples, tiny_model
+from conftest import ARCHITECTURES, assert_state, pad, ragged_examples, state, tiny_examples, tiny_model
 
 import far
 from far.encoder import LeanBertForSequenceClassification
@@ -15,27 +15,6 @@ NO_DROPOUT = {
     "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
 }
 RUN = dict(optimizer="adamw", lr=1e-2, epochs=3, batch_size=4, progress=False)
-
-
-def ragged_examples(n: int = 12, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Examples of 3 to 8 tokens, so that one example comes padded to other lengths in other batches."""
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 9, (n,), generator=generator).tolist()
-    return [
-        {"input_ids": torch.randint(3, 97, (length,), generator=generator), "labels": torch.tensor(i % 3)}
-        for i, length in enumerate(lengths)
-    ]
-
-
-def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right padding with token 0, as transformers' DataCollatorWithPadding pads."""
-    longest = max(len(e["input_ids"]) for e in examples)
-    ids = torch.zeros(len(examples), longest, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, e in enumerate(examples):
-        ids[row, : len(e["input_ids"])] = e["input_ids"]
-        mask[row, : len(e["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([e["labels"] for e in examples])}
 
 
 def deep(**overrides) -> torch.nn.Module:
