@@ -119,6 +119,7 @@ class LabelEvaluator:
         # example (SST-2's dev set: 2.0x the tokens). Sorted once; each evaluation puts the logits back in order.
         self.order = np.argsort([len(ids) for ids in column(dataset, "input_ids")], kind="stable")
         self.by_length = dataset.select(self.order) if hasattr(dataset, "select") else [dataset[i] for i in self.order]
+        self._split_order = np.argsort(self.order, kind="stable")  # sorted position -> split position
         self.predictions: np.ndarray | None = None
 
     def _collate_inputs(self, rows: list[dict]) -> dict:
@@ -130,7 +131,7 @@ class LabelEvaluator:
             out.logits.float().cpu()
             for _, out in model_outputs(model, self.by_length, self._collate_inputs, self.batch_size, self.bf16)
         ]
-        logits = torch.cat(logits).numpy()[np.argsort(self.order, kind="stable")]  # (N, num_labels), split order
+        logits = torch.cat(logits).numpy()[self._split_order]  # (N, num_labels), split order
         self.predictions = logits.argmax(-1) if self.label_names else logits[:, 0]
         return self.metric.compute(predictions=self.predictions, references=self.references)
 

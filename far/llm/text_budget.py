@@ -132,9 +132,13 @@ def plan_text_memory(
         # one micro-batch, the earlier ones' gradients are held until then (fp32, 4 bytes a trained value).
         return trained_values(config, trained) * 4 / MIB if backward and micro < batch_size else 0.0
 
-    def estimate(micro: int) -> float:
+    def with_every_weight(micro: int) -> float:
+        # Training with the bottom's weights still loaded: where the disk has no room for its states.
         activations = _activation_mib(config, micro, max_length, trained_layers, backward)
-        return max(loading, base + weights - freed + state + held_gradients(micro) + activations)
+        return base + weights + state + held_gradients(micro) + activations
+
+    def estimate(micro: int) -> float:
+        return max(loading, with_every_weight(micro) - freed)
 
     minimum = math.ceil(min(estimate(micro) for micro in range(1, batch_size + 1)))
     if budget_mib < minimum:
@@ -147,8 +151,6 @@ def plan_text_memory(
     for micro in range(batch_size, 0, -1):
         if estimate(micro) <= budget_mib:
             # Kept in memory, the states come on top of every weight: what the budget leaves then.
-            activations = _activation_mib(config, micro, max_length, trained_layers, backward)
-            in_memory = base + weights + state + held_gradients(micro) + activations
-            cache = max(0.0, min(PREFIX_CACHE_MIB, budget_mib - in_memory))
+            cache = max(0.0, min(PREFIX_CACHE_MIB, budget_mib - with_every_weight(micro)))
             return TextMemoryPlan(int(budget_mib), math.ceil(estimate(micro)), minimum, micro, cache)
     raise AssertionError("unreachable: one chunk fits")
