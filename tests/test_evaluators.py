@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, BertConfig
 
+from far.evaluation import metrics
 from far.evaluation.labels import LabelEvaluator, TextMetric
+from far.evaluation.scores import GlueScores
+from far.evaluation.squad_scores import squad_scores, squad_v2_scores
 
 
 def pad(rows: list[dict]) -> dict:
@@ -42,3 +48,52 @@ def test_length_sorted_batches_predict_in_the_splits_order_as_one_example_at_a_t
     else:
         np.testing.assert_array_equal(batched.predictions, alone.predictions)
     assert model.training  # put back in the mode it was found in
+
+
+def test_a_glue_or_squad_run_scores_without_importing_evaluate():
+    # `evaluate` pulls in transformers.pipelines: 0.4 CPU-s and 30 MiB of a short run's whole process, for
+    # wrappers a run does not call. The evaluators, and every module a training command imports, score with
+    # far's own arithmetic.
+    code = (
+        "import sys\n"
+        "import far.cli.demo, far.cli.glue, far.cli.squad, far.cli.train, far.recipes.runs, far.recipes.files_run\n"
+        "from far.evaluation.evaluators import GlueEvaluator, SquadEvaluator\n"
+        "from far.data.glue import GLUE_TASKS\n"
+        "scores = GlueEvaluator(GLUE_TASKS['stsb'], [], None).metric\n"
+        "scores.compute(predictions=[0.1, 0.5, 0.2], references=[0, 1, 1])\n"
+        "print(sorted(m for m in ('evaluate',) if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("task", ["cola", "sst2", "mrpc", "stsb"])
+def test_the_evaluators_glue_scores_are_the_evaluate_modules(task):
+    rng = np.random.default_rng(0)
+    regression = task == "stsb"
+    predictions = rng.normal(size=40) if regression else rng.integers(0, 2, 40)
+    references = rng.normal(size=40) if regression else rng.integers(0, 2, 40)
+    expected = metrics.load("glue", task).compute(predictions=predictions, references=references)
+    assert GlueScores(task).compute(predictions=predictions, references=references) == expected
+
+
+def test_the_evaluators_squad_scores_are_the_evaluate_modules():
+    references = [
+        {"id": "a", "answers": {"text": ["Denver Broncos", "Broncos"], "answer_start": [0, 7]}},
+        {"id": "b", "answers": {"text": ["1996"], "answer_start": [3]}},
+        {"id": "c", "answers": {"text": [], "answer_start": []}},
+    ]
+    predictions = [
+        {"id": "a", "prediction_text": "the Broncos", "no_answer_probability": 0.25},
+        {"id": "b", "prediction_text": "in 1995", "no_answer_probability": 0.625},
+        {"id": "c", "prediction_text": "", "no_answer_probability": 0.875},
+    ]
+    # probabilities a float32 holds exactly: the `evaluate` module stores them as float32
+    v1 = [{"id": p["id"], "prediction_text": p["prediction_text"]} for p in predictions[:2]]
+    assert squad_scores(v1, references[:2]) == metrics.load("squad").compute(predictions=v1, references=references[:2])
+    assert squad_scores(v1, references[:2]) == {"exact_match": 50.0, "f1": 50.0}
+    expected = metrics.load("squad_v2").compute(predictions=predictions, references=references)
+    assert squad_v2_scores(predictions, references) == expected
+    assert squad_v2_scores(predictions, references, 0.5) == metrics.load("squad_v2").compute(
+        predictions=predictions, references=references, no_answer_threshold=0.5
+    )

@@ -17,9 +17,10 @@ import torch
 
 from far.data.glue import GlueTask
 from far.data.squad import EVAL_ONLY_COLUMNS
-from far.evaluation import metrics
 from far.evaluation.labels import LabelEvaluator, model_outputs
+from far.evaluation.scores import GlueScores
 from far.evaluation.squad_postprocess import QAPredictions, postprocess_qa_predictions, write_predictions
+from far.evaluation.squad_scores import squad_scores, squad_v2_scores
 
 ANSWERS_FILE = "predictions.json"  # SQuAD: the official {id: answer} file
 NULL_ODDS_FILE = "null_odds.json"  # SQuAD v2: the official no-answer odds
@@ -57,7 +58,7 @@ class GlueEvaluator(LabelEvaluator):
             dataset,
             collate_fn,
             label_names=task.label_names,
-            metric=metrics.load("glue", task.name),
+            metric=GlueScores(task.name),
             batch_size=batch_size,
             bf16=bf16,
             idx=idx,
@@ -93,7 +94,6 @@ class SquadEvaluator:
         self.inputs = features.remove_columns([c for c in EVAL_ONLY_COLUMNS if c in features.column_names])
         self.lengths = [len(ids) for ids in features["input_ids"]]
         self.references = [{"id": e["id"], "answers": e["answers"]} for e in examples]
-        self.metric = metrics.load("squad_v2" if version_2 else "squad")
         self.predictions: QAPredictions | None = None
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
@@ -116,7 +116,8 @@ class SquadEvaluator:
             max_answer_length=self.max_answer_length,
             version_2=self.version_2,
         )
-        return self.metric.compute(predictions=self.predictions.for_metric(self.version_2), references=self.references)
+        score = squad_v2_scores if self.version_2 else squad_scores
+        return score(self.predictions.for_metric(self.version_2), self.references)
 
     def write_predictions(self, directory: Path) -> dict[str, str]:
         if self.predictions is None:

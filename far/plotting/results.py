@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from far.evaluation.metrics.glue import GLUE_METRICS
+from far.evaluation.scores import GLUE_METRICS
 
 QUICK_ENV = "FAR_NOTEBOOK_QUICK"  # "1": the notebooks shrink steps and samples (CI)
 RESULTS_ENV = "FAR_RESULTS_DIR"  # another results folder (default: <repo>/experiments/results)

@@ -6,28 +6,9 @@ import datasets
 import evaluate
 
 from far.evaluation.metrics.classification import LocalMetric
-from far.evaluation.scores import accuracy, f1, matthews_correlation, pearson, spearman
+from far.evaluation.scores import GLUE_METRICS, check_glue_task, glue_scores
 
-# Task -> the metrics GLUE reports for it, the first being the one to headline.
-GLUE_METRICS: dict[str, tuple[str, ...]] = {
-    "cola": ("matthews_correlation",),
-    "sst2": ("accuracy",),
-    "mrpc": ("f1", "accuracy"),
-    "qqp": ("f1", "accuracy"),
-    "stsb": ("pearson", "spearmanr"),
-    "mnli": ("accuracy",),
-    "qnli": ("accuracy",),
-    "rte": ("accuracy",),
-    "wnli": ("accuracy",),
-}
-
-_FUNCTIONS = {
-    "accuracy": accuracy,
-    "f1": f1,
-    "matthews_correlation": matthews_correlation,
-    "pearson": pearson,
-    "spearmanr": spearman,
-}
+__all__ = ["GLUE_METRICS", "Glue"]
 
 
 class Glue(LocalMetric):
@@ -41,8 +22,7 @@ class Glue(LocalMetric):
     """
 
     def _info(self) -> evaluate.MetricInfo:
-        if self.config_name not in GLUE_METRICS:
-            raise ValueError(f"unknown GLUE task {self.config_name!r}; choose one of {', '.join(GLUE_METRICS)}")
+        check_glue_task(self.config_name)
         dtype = "float64" if self.config_name == "stsb" else "int64"
         return evaluate.MetricInfo(
             description=f"GLUE {self.config_name}: {', '.join(GLUE_METRICS[self.config_name])}.",
@@ -51,4 +31,4 @@ class Glue(LocalMetric):
         )
 
     def _compute(self, predictions, references) -> dict[str, float]:
-        return {name: _FUNCTIONS[name](predictions, references) for name in GLUE_METRICS[self.config_name]}
+        return glue_scores(self.config_name, predictions, references)
