@@ -69,3 +69,27 @@ def test_pick_is_best_validation_accuracy_then_lowest_loss_on_seed_0(fewshot):
     }
     assert fewshot.pick_lr(cases, "mezo", 16, 60) == 1e-4
     assert fewshot.pick_lr(cases, "mezo_far", 16, 60) is None
+
+
+def test_the_arm_is_ranked_on_validation_accuracy_then_seconds_never_on_dev():
+    choice = load_experiment("llm_arm_choice")
+
+    def grid(arm, lr, validation, seconds, dev, loss=0.5):
+        first = {"model": "m", "k": 16, "arm": arm, "lr": lr, "step": 0}
+        last = {**first, "step": 100, "validation_accuracy": validation, "validation_loss": loss}
+        return f"m-k16-{arm}-seed0-lr{lr:g}-steps100", [first, {**last, "seconds": seconds, "accuracy": dev}]
+
+    curves = dict(
+        [
+            grid("mezo", 1e-4, 0.75, 300.0, 0.90),  # the best dev accuracy: not what ranks
+            grid("far", 1e-4, 0.8125, 330.0, 0.60),
+            grid("far_top10", 1e-4, 0.8125, 120.0, 0.62),  # ties far on validation, in fewer seconds
+            grid("far_top10", 3e-4, 0.5, 110.0, 0.70, loss=2.0),  # not its pick: lower validation accuracy
+        ]
+    )
+    rows = choice.ranked_arms(curves, 100)
+    assert [(r["arm"], r["rank"], r["lr"]) for r in rows] == [
+        ("far_top10", 1, 1e-4),
+        ("far", 2, 1e-4),
+        ("mezo", 3, 1e-4),
+    ]
