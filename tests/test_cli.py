@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -344,3 +347,19 @@ def test_model_loading_aliases_heads_and_seeds(tiny_model_dir, monkeypatch):
         check_max_length(model, 384)
     with pytest.raises(ValueError, match="task_kind must be one of"):
         load_model_and_tokenizer(str(tiny_model_dir), "translation")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao (the device extra's) not installed")
+def test_the_command_hides_the_cpu_warnings_torchao_brings_in_with_the_model_code():
+    code = (
+        "import sys\n"
+        "from far.cli.main import main\n"
+        "main(['--version'])\n"
+        "from transformers import AutoModelForSequenceClassification, BertConfig\n"
+        "config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)\n"
+        "AutoModelForSequenceClassification.from_config(config)\n"
+        "print('torchao' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-1] == "True"  # transformers did import it: the warnings would have shown
+    assert "Failed to load" not in done.stderr and "is an Enum subclass" not in done.stderr, done.stderr

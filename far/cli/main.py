@@ -75,9 +75,23 @@ def _log_to_stderr() -> None:
         logger.setLevel(logging.INFO)
 
 
+# Loggers of other packages whose warnings a far user cannot act on. With the `device` extra installed,
+# transformers imports torchao with its model code: torchao then warns that its CUDA-only kernels do not load
+# on a CPU, and torch that torchao registers enums in a way it deprecates. Errors still show.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def _quiet_foreign_warnings() -> None:
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:  # a level the host program set is left as it is
+            logger.setLevel(logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `far` command with `argv` (default: sys.argv[1:]); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    _quiet_foreign_warnings()
     parser = build_parser(command_in(argv), commands=not asks_version_only(argv))
     try:
         args = parser.parse_args(argv)
