@@ -1,10 +1,10 @@
 """`far demo`: FAR's automatic configuration against full fine-tuning and a frozen bottom, on MiniLM and SST-2.
 
 Fine-tune the same model on the same sentences with the same hyper-parameters and seed three times:
-full fine-tuning; FAR as it configures itself (prime 10% of the steps, keep 20% of the FFN nodes as
-learners, embeddings frozen, the bottom layers frozen at the depth priming chooses and their output
-kept per example); and the practitioner's baseline, the bottom 3 layers frozen and kept, every weight
-above them training. Print each arm's dev accuracy, the process CPU seconds of its whole
+full fine-tuning; FAR as it configures itself (prime 10% of the steps, keep as learners the nodes that hold
+half of each FFN's priming change, embeddings frozen, the bottom layers frozen at the depth priming
+chooses and their output kept per example); and the practitioner's baseline, the bottom 3 layers
+frozen and kept, every weight above them training. Print each arm's dev accuracy, the process CPU seconds of its whole
 `far.finetune` call and its ratio to full's, its trainable parameters and the file it ships; then
 FAR's parity check (split vs merged logits), learners file, predictions, and the learners file on a
 stock model.
@@ -25,7 +25,8 @@ import torch
 from transformers import DataCollatorWithPadding
 
 import far
-from far.cli.common import add_data_arguments
+from far.cli.common import add_data_arguments, retention_or_auto
+from far.config import AUTO
 from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
 from far.data.locate import locate_data_dir
 from far.evaluation.evaluators import GlueEvaluator
@@ -46,7 +47,12 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--retention", type=float, default=0.2, help="FAR's share of learner nodes (default: 0.2)")
+    parser.add_argument(
+        "--retention",
+        type=retention_or_auto,
+        default=AUTO,
+        help="FAR's share of learner nodes, or auto: each FFN's from priming (default: auto)",
+    )
     parser.add_argument(
         "--train-embeddings", action="store_true", help="let FAR train the embeddings too (a far larger learners file)"
     )
@@ -144,8 +150,9 @@ def run(args: argparse.Namespace) -> int:
     report(full, full_seconds)
 
     embeddings = "frozen" if frozen_embeddings else "trained"
+    keep = "the nodes that hold half of each FFN's change" if args.retention == AUTO else f"{args.retention:.0%}"
     _step(
-        f"FAR, automatic: prime 10% of the steps, keep {args.retention:.0%} of FFN nodes, embeddings {embeddings}, "
+        f"FAR, automatic: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
         f"bottom layers frozen at the depth priming chooses and kept ({shown})"
     )
     result, far_seconds = cpu_timed(
@@ -155,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
     )
     report(result, far_seconds)
     far.summary(model)
-    depth = far.summary(model, verbose=False).frozen_layers[0]
+    configured = far.summary(model, verbose=False)
+    share = sum(k for k, _ in configured.learners.values()) / sum(n for _, n in configured.learners.values())
+    depth = configured.frozen_layers[0]
 
     _step(
         f"frozen bottom: embeddings and layers 0-{BASELINE_DEPTH - 1} frozen and kept, every weight above trains "
@@ -218,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     arms = [
         Arm("full fine-tuning", full.metrics["accuracy"], full_seconds, full.trainable_parameters, out / "merged"),
         Arm(
-            f"FAR r={args.retention:g}, auto depth ({depth}), kept",
+            f"FAR {'auto' if args.retention == AUTO else f'r={args.retention:g}'}: {share:.0%} nodes, depth {depth}",
             result.metrics["accuracy"],
             far_seconds,
             result.trainable_parameters,
