@@ -84,8 +84,11 @@ CONFIGS.update(
         "full+frozen-emb": lambda m: far.freeze_layers(m, 0),
         "full+frozen-emb+bottom-3": lambda m: far.freeze_layers(m, 3),
         "far-0.2+frozen-emb+bottom-3": _far(0.2, freeze_embeddings=True, freeze_layers=3),
-        # FAR's automatic cut in `far demo` (SST-2): the bottom 2 layers frozen, 20% of all nodes learners above.
+        # FAR's automatic cut in `far demo` (SST-2) with r=0.2 and the depth rule's first constant: the bottom 2
+        # layers frozen, 20% of all nodes learners above.
         "far-0.2+frozen-emb+bottom-2": _far(0.2, freeze_embeddings=True, freeze_layers=2),
+        # ... and with retention and depth both from priming (demo.txt): 1 layer frozen, 39% of all nodes learners.
+        "far-0.39+frozen-emb+bottom-1": _far(0.39, freeze_embeddings=True, freeze_layers=1),
         "far-0.4+recompute": _far(0.4, recompute_activations=True),
         # Attention heads split too, at three head retentions (1.0: every head a learner, the split's own cost).
         "far-0.4+heads-1.0": _far(0.4, attention_retention=1.0),
