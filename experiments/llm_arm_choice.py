@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from harness import add_output_argument
-from llm_fewshot_time import ARMS, RESULTS, load_curves, pick_lr
+from llm_fewshot_time import ARMS, RESULTS, case_name, load_curves, pick_lr
 
 
 def ranked_arms(curves: dict[str, list[dict]], grid_steps: int) -> list[dict]:
@@ -30,7 +30,7 @@ def ranked_arms(curves: dict[str, list[dict]], grid_steps: int) -> list[dict]:
             picked = pick_lr(curves, model, k, arm, grid_steps)
             if picked is None:
                 continue
-            last = curves[f"{model}-k{k}-{arm}-seed0-lr{picked[0]:g}-steps{grid_steps}"][-1]
+            last = curves[case_name(model, k, arm, 0, picked[0], grid_steps)][-1]
             found.append(
                 {
                     "model": model,

@@ -310,7 +310,7 @@ def summarize(args) -> dict:
         target = statistics.fmean(c[-1]["accuracy"] for c in mezo_runs) if mezo_runs else None
         mezo_seconds = statistics.fmean(c[-1]["seconds"] for c in mezo_runs) if mezo_runs else None
         for arm, (lr, at_edge, runs) in found.items():
-            grid = curves[f"{model}-k{k}-{arm}-seed0-lr{lr:g}-steps{args.grid_steps}"]
+            grid = curves[case_name(model, k, arm, 0, lr, args.grid_steps)]
             row = {
                 "model": model, "k": k, "arm": arm, "lr": lr, "lr_at_grid_edge": at_edge, "seeds": [],
                 # the seed-0 grid run at the pick: where an arm that got no long run stood when it stopped
