@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 import torch
 from conftest import pad, ragged_examples, tiny_batch, tiny_examples, tiny_model
 
 import far
-from far.evaluation.labels import LabelEvaluator
+from far.evaluation.labels import LabelEvaluator, TextMetric
 from far.training.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -147,13 +146,9 @@ def test_the_automatic_configuration_in_bf16_trains_on_cuda():
 
 def test_the_evaluator_scores_a_cuda_model_as_a_cpu_one():
     """Dev examples batched sorted by length on the GPU: the same predictions, back in the split's order."""
-
-    class Accuracy:
-        def compute(self, predictions, references):
-            return {"accuracy": float(np.mean(np.asarray(predictions) == np.asarray(references)))}
-
     examples = [{"input_ids": e["input_ids"].tolist(), "labels": int(e["labels"])} for e in ragged_examples(40)]
-    evaluator = LabelEvaluator(examples, pad_lists, label_names=["a", "b", "c"], metric=Accuracy(), batch_size=8)
+    metric = TextMetric("classification")
+    evaluator = LabelEvaluator(examples, pad_lists, label_names=["a", "b", "c"], metric=metric, batch_size=8)
     model = tiny_model("bert")
     on_cpu = evaluator(model)
     cpu_predictions = evaluator.predictions.copy()
