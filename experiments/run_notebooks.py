@@ -22,8 +22,8 @@ import nbformat
 from harness import add_output_argument, children_cpu_seconds
 from nbclient.exceptions import CellExecutionError
 
-from far.atomic import atomic_file
 from far.plotting import QUICK_ENV, run_notebook
+from far.storage.atomic import atomic_file
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 

@@ -185,7 +185,7 @@ def test_far_generate_refuses_bad_settings_before_loading(tmp_path, capsys):
 @pytest.mark.slow
 def test_the_generate_command_path_imports_neither_datasets_nor_transformers():
     code = (
-        "import sys, far, far.cli.main, far.cli.common, far.cli.generate, far.user_learners; "
+        "import sys, far, far.cli.main, far.cli.common, far.cli.generate, far.learners_swap; "
         "print(sorted(m for m in ('datasets', 'transformers') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

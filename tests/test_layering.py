@@ -18,7 +18,7 @@ PACKAGE = ROOT / "far"
 
 # Lowest first. A module may import its own layer and the layers before it, never one after it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("far.atomic", "far.config", "far.hardware", "far.lazy", "far.seeds", "far.step_folders")),
+    ("foundation", ("far.storage", "far.config", "far.hardware", "far.lazy", "far.seeds")),
     ("split layers", ("far.split_ops", "far.layers")),
     ("FFN discovery", ("far.architectures", "far.freezing", "far.summary")),
     # cost models read a model's shapes and split layers; experiments use them

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
-from far.atomic import atomic_dir
 from far.device.lowering import XNNPACK_LEVELS, quietly
 from far.models import load_trained_model
 from far.saving.learners_file import save_learners
 from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
+from far.storage.atomic import atomic_dir
 from far.surgery.reconfigure import restore
 from far.surgery.state import is_reconfigured
 

@@ -22,10 +22,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from far.atomic import atomic_file
 from far.data.files import DEFAULT_LABEL_COLUMN, resolve_text_columns
 from far.data.table import DataFileError, read_table
 from far.device.manifest import TOKENIZER, DeviceFileError, read_manifest, sha256_file
+from far.storage.atomic import atomic_file
 
 FORMAT, FORMAT_VERSION = "far.device.examples", "1"
 _FIELDS = ("input_ids", "attention_mask", "token_type_ids")

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from torch import nn
 
-from far.atomic import atomic_dir
 from far.device.lowering import forward_program, quietly, training_program, xnnpack_level
 from far.device.manifest import (
     BOTTOM,
@@ -39,6 +38,7 @@ from far.device.optim import optimizer_settings
 from far.device.plan import ExportPlan, plan_export
 from far.device.program import build_views, example_inputs, trainable_tensors
 from far.device.state import DeviceState, trainable_sha256, write_state
+from far.storage.atomic import atomic_dir
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from far.atomic import file_sha256 as sha256_file  # the name the export's readers use
+from far.storage.atomic import file_sha256 as sha256_file  # the name the export's readers use
 
 FORMAT = "far.device"
 FORMAT_VERSION = 2  # 2: micro-batches (micro_batch_size, accumulate) and the optimizer's own settings

@@ -29,9 +29,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from far.atomic import atomic_file
 from far.device.manifest import DeviceFileError, program_sha256
 from far.device.optim import SLOTS
+from far.storage.atomic import atomic_file
 
 FORMAT, FORMAT_VERSION = "far.device.state", "1"
 _PREFIX = b"far.device.state/1\n"

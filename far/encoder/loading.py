@@ -27,10 +27,10 @@ from safetensors import safe_open
 from torch import nn
 from transformers import BertConfig
 
-from far.atomic import atomic_dir
 from far.encoder.bert import check_config, check_model_type
 from far.encoder.heads import LeanBertForQuestionAnswering, LeanBertForSequenceClassification
 from far.encoder.tasks import task_overrides
+from far.storage.atomic import atomic_dir
 from far.surgery.state import is_reconfigured
 
 CONFIG_NAME = "config.json"
@@ -160,7 +160,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike) -> Path:
 
     transformers' `AutoModelForSequenceClassification` (or `...ForQuestionAnswering`) loads the
     folder with no missing or unexpected keys. An existing `folder` is replaced whole, once the new
-    one is complete (`far.atomic.atomic_dir`).
+    one is complete (`far.storage.atomic.atomic_dir`).
 
     Args:
         model: A `LeanBertForSequenceClassification` or `LeanBertForQuestionAnswering`, not reconfigured.

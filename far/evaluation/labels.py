@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from far.atomic import atomic_file
 from far.evaluation import scores
+from far.storage.atomic import atomic_file
 
 LABELS_FILE = "predictions.tsv"  # GLUE-style tasks: one row per example
 

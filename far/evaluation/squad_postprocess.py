@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from far.atomic import atomic_file
+from far.storage.atomic import atomic_file
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from far.atomic import atomic_dir, file_sha256
+from far.storage.atomic import atomic_dir, file_sha256
 
 CACHE_ENV = "FAR_CACHE"
 SOURCE_FILE = "far_gguf.json"  # written into each cache folder: which GGUF it was built from

@@ -2,7 +2,7 @@
 
 A learners file for a GGUF model holds only what a fine-tune changed (`far.llm.lean_learners`), so it
 fits only the exact file its base weights came from. That file is named by its sha256
-(`far.atomic.file_sha256`, about 0.1 s per 100 MB), computed once per model, on first need; the
+(`far.storage.atomic.file_sha256`, about 0.1 s per 100 MB), computed once per model, on first need; the
 file's identity on disk (inode, size, times) is kept from the moment the model was read, so that a
 file rewritten since is noticed instead of vouching for weights it no longer holds.
 
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from far.atomic import file_sha256
+from far.storage.atomic import file_sha256
 
 
 def file_identity(path: Path) -> tuple[int, ...]:

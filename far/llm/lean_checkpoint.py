@@ -9,7 +9,7 @@ Layout under `output_dir/checkpoints/`::
 
 Only what training changes is kept: the GGUF file holds the rest. torch.save writes each tensor's
 storage as it is, so a checkpoint adds no copy of the weights to the run's peak. A folder appears
-whole and `latest` moves only once it has (`far.step_folders`), so a run killed at any moment
+whole and `latest` moves only once it has (`far.storage.step_folders`), so a run killed at any moment
 leaves its previous checkpoint intact; one damaged later fails its manifest and the one before is used.
 
     >>> save_lean_checkpoint(out, 40, model, optimizer_state, {"epoch": 1}, keep=2)
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from far.llm.compact import CompactWeight
 from far.llm.lean_far import ffn_names, set_trainable, split_ffns
 from far.llm.lean_model import LeanCausalLM
-from far.step_folders import CHECKPOINTS, manifest_problem, step_folders, write_step_folder
+from far.storage.step_folders import CHECKPOINTS, manifest_problem, step_folders, write_step_folder
 
 STATE_FILE, TRAINER_FILE = "state.pt", "trainer_state.json"
 FORMAT = "far-lean-lm-checkpoint/1"

@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from far.atomic import atomic_file
 from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.gguf_file import read_weights
 from far.llm.gguf_source import GGUFSource
@@ -49,6 +48,7 @@ from far.llm.lean_learners import (
     value_key,
 )
 from far.llm.lean_model import LeanCausalLM
+from far.storage.atomic import atomic_file
 
 _DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int8: "I8"}
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from far.atomic import atomic_dir
 from far.llm.gguf import gguf_cache_path
+from far.storage.atomic import atomic_dir
 
 TOKENIZER_FILE, SPECIAL_FILE = "tokenizer.json", "far_tokenizer.json"
 

@@ -27,8 +27,8 @@ from typing import Any
 from torch import nn
 
 import far
-from far.atomic import atomic_dir
 from far.methods.base import Method, Saved, model_bytes
+from far.storage.atomic import atomic_dir
 
 PEFT_REQUIREMENT = "peft>=0.21,<0.22"
 ADAPTER_CONFIG = "adapter_config.json"

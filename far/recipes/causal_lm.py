@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from far.atomic import atomic_file, write_json
 from far.data.glue import GLUE_TASKS
 from far.data.locate import resolve_data_dir
 from far.data.prompts import (
@@ -52,6 +51,7 @@ from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.seeds import derive_seed
+from far.storage.atomic import atomic_file, write_json
 from far.training.memory import PhaseMemory, release_freed_memory
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from far.atomic import atomic_file
+from far.storage.atomic import atomic_file
 
 RUN_FILE = "run.json"
 # What a run writes into its folder: these mark a folder as holding a run, and go with --overwrite.

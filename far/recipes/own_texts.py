@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from far.atomic import write_json
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
 from far.evaluation.perplexity import perplexity
 from far.llm.bottom_on_disk import keep_bottom_on_disk
@@ -61,6 +60,7 @@ from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
 from far.recipes.settings import RunSettings
 from far.seeds import derive_seed
+from far.storage.atomic import write_json
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.memory import PhaseMemory, release_freed_memory
 

@@ -26,13 +26,13 @@ import torch
 import transformers
 from transformers import AutoConfig, DataCollatorWithPadding
 
-from far.atomic import atomic_file
 from far.data.files import DataFileError, as_dataset, read_texts, tokenize_texts
 from far.data.glue import GLUE_TASKS
 from far.evaluation.labels import model_outputs
 from far.models import load_model_and_tokenizer, load_trained_model, resolve_model
 from far.recipes.task_model import COLUMNS_KEY
 from far.saving import learners_model_config, load_learners
+from far.storage.atomic import atomic_file
 
 OUTPUT_FORMATS = (".csv", ".jsonl")
 logger = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 import far
-from far.atomic import write_json
 from far.models import resolve_model
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
 from far.saving.stock import stock_reader
+from far.storage.atomic import write_json
 
 if TYPE_CHECKING:  # a type only: the evaluators module imports datasets
     from far.evaluation.evaluators import Evaluator

@@ -26,11 +26,11 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_attention, find_ffns
-from far.atomic import atomic_file
 from far.config import FARConfig
 from far.freezing import find_layers, layer_index
 from far.layers import SplitLinear
 from far.selection import learner_count
+from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import reconfigure_with_learners
 from far.surgery.state import get_config, is_reconfigured, learners, learners_from_state_dict
 

@@ -34,13 +34,13 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, NodeGroup, model_type, projection_rows
-from far.atomic import atomic_file
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.digests import DigestCache, as_rows
 from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
 from far.saving.labels import head_fields, set_head_fields
+from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import reconfigure_with_learners, resplit, restore
 from far.surgery.state import get_config, is_reconfigured, learners, node_groups
 

@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from transformers import AutoConfig
 
 from far.architectures import FFNSpec
-from far.atomic import atomic_dir
 from far.config import FARConfig
 from far.saving.layout import (
     LAYOUT_FILE,
@@ -40,6 +39,7 @@ from far.saving.layout import (
 )
 from far.saving.learners_file import save_learners
 from far.saving.stock import weight_files
+from far.storage.atomic import atomic_dir
 from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 

@@ -13,7 +13,7 @@ Layout under `output_dir/checkpoints/`::
     latest                       the name of the newest complete step folder
 
 A folder appears whole or not at all, and `latest` is replaced only once its folder is complete
-(`far.step_folders`), so a process killed mid-write never leaves a broken latest checkpoint.
+(`far.storage.step_folders`), so a process killed mid-write never leaves a broken latest checkpoint.
 A checkpoint damaged later (a truncated or altered file) fails its manifest; resuming from a run
 then falls back to the newest checkpoint that is intact, with a logged warning.
 """
@@ -36,7 +36,7 @@ from far.architectures import FFNSpec
 from far.config import FARConfig
 from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
-from far.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_problem, step_folders, write_step_folder
+from far.storage.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_problem, step_folders, write_step_folder
 from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 from far.training.adamw import FusedAdamW

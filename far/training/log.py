@@ -10,7 +10,7 @@ from types import TracebackType
 
 from tqdm.auto import tqdm
 
-from far.atomic import atomic_file
+from far.storage.atomic import atomic_file
 
 
 def peak_rss_bytes() -> int:

@@ -14,12 +14,12 @@ import torch
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_ffns
-from far.atomic import atomic_file
 from far.config import AUTO
 from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
 from far.selection import layer_changes
+from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import freeze_ffns, reconfigure
 from far.surgery.state import learners, node_groups
 from far.training.batches import BatchStream, MicroBatch, to_device

@@ -31,11 +31,11 @@ from torch import nn
 from transformers import Trainer
 
 from far.architectures import FFNSpec
-from far.atomic import atomic_file
 from far.config import FARConfig
 from far.priming import primer_of
 from far.saving.layout import merged_state_dict
 from far.saving.pretrained import is_far_folder, load_folder, remove_far_files, write_far_files
+from far.storage.atomic import atomic_file
 from far.surgery.state import is_reconfigured
 from far.training.callback import FARCallback
 

@@ -3,7 +3,7 @@
     <output_dir>/checkpoints/step-<N>/   one step's files, and manifest.json: the size and sha256 of each
     <output_dir>/checkpoints/latest      the name of the newest complete step folder
 
-A folder appears whole or not at all (`far.atomic.atomic_dir`) and `latest` moves only once it has, so a process
+A folder appears whole or not at all (`far.storage.atomic.atomic_dir`) and `latest` moves only once it has, so a process
 killed at any moment leaves the previous checkpoint intact; the manifest tells a damaged folder (a disk that filled
 up, a file changed later) from an intact one. What goes inside a folder is the caller's: `far.training.checkpoint`
 (Hugging Face models) and `far.llm.lean_checkpoint` (the lean causal-LM runtime) each write their own files.
@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from far.atomic import atomic_dir, atomic_file, file_sha256
+from far.storage.atomic import atomic_dir, atomic_file, file_sha256
 
 CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -1,7 +1,5 @@
 """`far.load_learners` and `far.unload_learners`: one verb for a user's learners file, whatever the model.
 
-(Not far/learners.py: importing such a module would replace `far.learners`, the function, with it.)
-
 An encoder's file (`far.saving`, a fingerprint of its frozen weights) and a GGUF causal LM's
 (`far.llm.lean_learners`, the GGUF file's sha256) are checked and applied differently; the model
 says which. The encoders' code is imported only when an encoder is given, so a GGUF model's process
