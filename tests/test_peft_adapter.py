@@ -109,3 +109,27 @@ def test_ffn_only_users_hot_swap_in_place(tmp_path):
     torch.testing.assert_close(logits(model), far_logits(alice), rtol=0, atol=1e-5)
     hotswap.hotswap_adapter(model, str(tmp_path / "bob"), adapter_name="default")
     torch.testing.assert_close(logits(model), far_logits(bob), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_minilm_user_matches_through_peft(minilm_path, tmp_path):
+    """The embedded MiniLM, FAR's automatic cut (learners above one frozen layer, embeddings frozen)."""
+    from far.models import load_model_and_tokenizer
+
+    def minilm() -> torch.nn.Module:
+        return load_model_and_tokenizer("minilm", "classification", num_labels=2)[0].eval()
+
+    model = minilm()
+    far.reconfigure(model, 0.39, selection="random", seed=1, freeze_embeddings=True, freeze_layers=1)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    batch = {"input_ids": torch.randint(1000, 5000, (4, 12), generator=torch.Generator().manual_seed(0))}
+    for _ in range(2):
+        model(**batch, labels=torch.tensor([0, 1, 1, 0])).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    path = far.save_learners(model, tmp_path / "user.safetensors")
+    out = save_peft_adapter(minilm(), path, tmp_path / "adapter")
+    with torch.no_grad():
+        expected = far.load_learners(minilm(), path)(**batch).logits
+        got = peft.PeftModel.from_pretrained(minilm(), out)(**batch).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
