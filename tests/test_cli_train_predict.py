@@ -306,3 +306,20 @@ def test_several_users_with_a_bad_file_skip_it_and_exit_1(trained, tiny_model_di
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.jsonl"]
     assert main([*argv, "--output", str(tmp_path / "one.jsonl")]) == 2
     assert "--output-dir" in capsys.readouterr().err
+
+
+def test_export_peft_gives_the_learners_logits_through_peft(trained, tiny_model_dir, tmp_path, capsys):
+    peft = pytest.importorskip("peft")
+    learners = trained / "learners.safetensors"
+    out = tmp_path / "user-lora"
+    assert main(["export", "--checkpoint", str(tiny_model_dir), "--peft", str(out)]) == 2
+    assert "add --learners FILE" in capsys.readouterr().err and not out.exists()
+    assert main(["export", "--checkpoint", str(tiny_model_dir), "--learners", str(learners), "--peft", str(out)]) == 0
+    assert "PEFT LoRA adapter" in capsys.readouterr().out
+    batch = AutoTokenizer.from_pretrained(tiny_model_dir)(
+        ["Good great lovely.", "Bad awful dull."], return_tensors="pt", padding=True
+    )
+    with torch.no_grad():
+        expected = far.load_learners(BertForSequenceClassification.from_pretrained(tiny_model_dir), learners)
+        adapted = peft.PeftModel.from_pretrained(BertForSequenceClassification.from_pretrained(tiny_model_dir), out)
+        torch.testing.assert_close(adapted.eval()(**batch).logits, expected.eval()(**batch).logits, rtol=0, atol=1e-5)

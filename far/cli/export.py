@@ -4,18 +4,22 @@ far export --checkpoint ckpt --merge plain-model/
 far export --checkpoint ckpt --learners-only user-42.safetensors
 far export --checkpoint ckpt --executorch OUT/ --batch-size 32 --max-length 64 --xnnpack matmul
 far export --checkpoint base/ --learners user-42.safetensors --executorch OUT/
+far export --checkpoint minilm --learners user-42.safetensors --peft user-42-lora/
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
+import far
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
 from far.device.lowering import XNNPACK_LEVELS, quietly
-from far.models import load_trained_model
+from far.methods.peft_adapter import save_peft_adapter
+from far.models import MODEL_ALIASES, load_trained_model
 from far.saving.learners_file import save_learners
 from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
 from far.storage.atomic import atomic_dir
@@ -60,13 +64,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="OUT",
         help="write ExecuTorch programs that train the learners (train.pte, bottom.pte, manifest, state)",
     )
-    group = parser.add_argument_group("ExecuTorch (--executorch)")
-    group.add_argument(
+    out.add_argument(
+        "--peft",
+        type=Path,
+        metavar="OUT",
+        help="write --learners FILE as a PEFT LoRA adapter folder for the stock model --checkpoint (a folder or an "
+        "alias): each FFN projection's learners as LoRA factors of rank = their count, exact (docs/cli.md)",
+    )
+    parser.add_argument(
         "--learners",
         type=Path,
         metavar="FILE",
-        help="a learners file to apply to --checkpoint, a stock model folder, before exporting",
+        help="with --executorch or --peft: a learners file for --checkpoint, a stock model folder (or, with "
+        "--peft, an alias such as minilm)",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
+    group = parser.add_argument_group("ExecuTorch (--executorch)")
     group.add_argument("--batch-size", type=int, default=32, help="examples per optimizer step (default 32)")
     group.add_argument(
         "--micro-batch-size",
@@ -100,7 +113,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="delegate the training program's operators to XNNPACK: all (default; the fastest step, minutes to "
         "export), matmul (the matrix products: about half the plain step, a minute), none (seconds)",
     )
-    group.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
     parser.set_defaults(func=run)
 
 
@@ -113,6 +125,19 @@ def _size(n_bytes: int) -> str:
 
 def _check_args(args: argparse.Namespace) -> None:
     checkpoint = args.checkpoint
+    if args.peft is not None:
+        if args.learners is None:
+            raise ValueError("--peft writes a learners file as an adapter: add --learners FILE (far.save_learners)")
+        if not args.learners.is_file():
+            raise ValueError(f"--learners {str(args.learners)!r} is not a file")
+        if args.peft.exists() and not args.peft.is_dir():
+            raise ValueError(f"--peft {str(args.peft)!r} is a file; name a folder to write the adapter into")
+        if str(checkpoint) not in MODEL_ALIASES and not (checkpoint / CONFIG_NAME).is_file():
+            raise ValueError(
+                f"--checkpoint {str(checkpoint)!r} is neither a model folder (no {CONFIG_NAME} in it) nor an alias "
+                f"({', '.join(MODEL_ALIASES)}); name the stock model the learners file was trained from"
+            )
+        return
     if not (checkpoint / CONFIG_NAME).is_file():
         raise ValueError(f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it)")
     if args.merge is not None:
@@ -164,10 +189,32 @@ def _export_executorch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_peft(args: argparse.Namespace) -> int:
+    # the stock base with the head the file records: loaded with the file (which checks that it belongs to this
+    # base), then the file taken off again, bit for bit
+    base = far.unload_learners(recipes.Predictor.load(args.checkpoint, learners=args.learners).model)
+    if is_reconfigured(base):
+        restore(base)
+    out = save_peft_adapter(base, args.learners, args.peft, overwrite=args.overwrite)
+    config = json.loads((out / "adapter_config.json").read_text())
+    ranks = sorted(config["rank_pattern"].values())
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    print(
+        f"wrote a PEFT LoRA adapter to {out}: {len(ranks)} projections as LoRA factors (r {ranks[0]}-{ranks[-1]})"
+        if ranks
+        else f"wrote a PEFT LoRA adapter to {out}: no FFN learners changed"
+    )
+    print(f"  saved whole (modules_to_save): {len(config['modules_to_save'] or [])} modules; size {_size(size)}")
+    print(f"  load it with peft.PeftModel.from_pretrained(<the base {args.checkpoint} with its head>, {str(out)!r})")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.learners is not None and args.executorch is None:
-        raise ValueError("--learners applies a learners file before --executorch; use it with --executorch OUT")
+    if args.learners is not None and args.executorch is None and args.peft is None:
+        raise ValueError("--learners names the file to export: use it with --executorch OUT or --peft OUT")
     _check_args(args)
+    if args.peft is not None:
+        return _export_peft(args)
     if args.executorch is not None:
         return _export_executorch(args)
     model = from_pretrained(args.checkpoint)
