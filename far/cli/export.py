@@ -22,6 +22,7 @@ from far.methods.peft_adapter import save_peft_adapter
 from far.models import MODEL_ALIASES, load_trained_model
 from far.saving.learners_file import save_learners
 from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
+from far.storage import lock
 from far.storage.atomic import atomic_dir
 from far.surgery.reconfigure import restore
 from far.surgery.state import is_reconfigured
@@ -213,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.learners is not None and args.executorch is None and args.peft is None:
         raise ValueError("--learners names the file to export: use it with --executorch OUT or --peft OUT")
     _check_args(args)
+    lock.hold(args.peft or args.executorch or args.merge or args.learners_only)
     if args.peft is not None:
         return _export_peft(args)
     if args.executorch is not None:

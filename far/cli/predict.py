@@ -25,6 +25,7 @@ from far.recipes.predict import (
     write_predictions,
 )
 from far.recipes.users import learners_files, predict_users, user_output
+from far.storage import lock
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,6 +90,7 @@ def _run_users(args: argparse.Namespace, files: list) -> int:
     if args.input != "-" and not Path(args.input).is_file():
         raise ValueError(f"--input {args.input!r}: no such file; give a .csv/.tsv/.json/.jsonl file, or - for stdin")
     suffix = f".{args.format}"
+    lock.hold(args.output_dir)
     served = predict_users(
         args.model,
         files,

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from far.storage import lock
 from far.storage.atomic import atomic_file
 
 RUN_FILE = "run.json"
@@ -60,11 +61,15 @@ def existing_run(folder: Path) -> dict | None:
 def check_output_dir(folder: Path, identity: Mapping, *, resume: bool, overwrite: bool = False) -> dict | None:
     """Refuse (ValueError), changing nothing, unless `folder` may take this run; returns the run it holds.
 
+    The folder is held for this process first (`far.storage.lock`): a run started into it from another
+    process at the same moment is refused (`FolderInUse`), naming this one.
+
     Args:
         identity: The run, as `IDENTITY_KEYS` (see `RunSettings.run_identity`).
         resume: Continue the run in `folder`, which must be this one.
         overwrite: The run in `folder` is to be replaced.
     """
+    lock.hold(folder)
     held = existing_run(folder)
     if held is None and resume:
         raise ValueError(f"--resume continues a run, and {folder} holds none: drop --resume to start one there")
