@@ -1,11 +1,13 @@
 """Atomic writes: a file or folder appears whole under its final name, or not at all; and a file's sha256.
 
 A process killed mid-write leaves at most a temporary `*.tmp-*` sibling behind; the previous
-version of the target stays intact, because the target is only ever replaced by a rename.
+version of the target stays intact, because the target is only ever replaced by a rename. A write
+that fills its disk raises `DiskFull`, which names the disk and the bytes, after removing what it wrote.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -25,6 +27,54 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class DiskFull(OSError):
+    """A write that found its disk full: the partial write is gone, and the previous version is intact."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+# How the writers far calls say "disk full": Python's OSError, safetensors' (Rust) message, and torch.save's
+# zip writer, which loses the errno ("unexpected pos", "file write failed") and is told by the free space left.
+_FULL_MESSAGES = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+_NEARLY_FULL = 1 << 20  # bytes free below which a failed write is taken to have filled the disk
+
+
+def _bytes_under(path: Path) -> int:
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    except OSError:
+        return 0
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def raise_if_disk_full(error: BaseException, target: Path, partial: Path) -> None:
+    """Raise `DiskFull` (from `error`) where `error` came from a full disk while `partial` was written for `target`."""
+    if isinstance(error, DiskFull) or not isinstance(error, Exception):
+        return
+    free = shutil.disk_usage(partial.parent if partial.parent.exists() else target.parent).free
+    full = (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+        text in str(error) for text in _FULL_MESSAGES
+    )
+    if not (full or free < _NEARLY_FULL):
+        return
+    written = _bytes_under(partial)
+    raise DiskFull(
+        errno.ENOSPC,
+        f"the disk of {target.parent} (the filesystem at {_mount_point(target.parent)}) is full: writing "
+        f"{target.name} needed more than the {free + written:,} bytes free there. Nothing under {target} was "
+        "changed (its previous version, if any, is intact); free some space there, or write to another disk",
+    ) from error
 
 
 def _fsync_dir(path: Path) -> None:
@@ -54,6 +104,9 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except BaseException as error:
+        raise_if_disk_full(error, path, tmp)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -82,6 +135,9 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except BaseException as error:
+        raise_if_disk_full(error, path, tmp)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
