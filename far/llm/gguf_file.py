@@ -78,25 +78,74 @@ class GGUFHeader:
     tensors: dict[str, TensorInfo]
 
 
-def _read(f: BinaryIO, fmt: str):
-    return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+class GGUFFileError(ValueError):
+    """Not a GGUF file the lean runtime can read: truncated, damaged, or claiming what it does not hold."""
 
 
-def _string(f: BinaryIO) -> str:
-    return f.read(_read(f, "Q")).decode("utf-8", errors="replace")
+class _Bounded:
+    """Reads a GGUF header, refusing any count, length or read that the file's size cannot back, before allocating."""
+
+    def __init__(self, f: BinaryIO, path: str | os.PathLike) -> None:
+        self.f, self.path = f, path
+        self.size = os.fstat(f.fileno()).st_size
+
+    def fail(self, what: str) -> GGUFFileError:
+        return GGUFFileError(f"{self.path} is not a GGUF file far can read: {what}; is the file complete?")
+
+    def left(self) -> int:
+        return self.size - self.f.tell()
+
+    def bytes(self, n: int, what: str) -> bytes:
+        if n > self.left():
+            raise self.fail(f"{what} claims {n:,} bytes where {self.left():,} are left")
+        return self.f.read(n)
+
+    def read(self, fmt: str, what: str = "a number"):
+        return struct.unpack("<" + fmt, self.bytes(struct.calcsize("<" + fmt), what))[0]
+
+    def count(self, each: int, what: str) -> int:
+        """A count of items of at least `each` bytes each, checked against what is left of the file."""
+        n = self.read("Q", what)
+        if n * each > self.left():
+            raise self.fail(f"{what} is {n:,}, more than the {self.left():,} bytes left can hold")
+        return n
+
+    def string(self, what: str) -> str:
+        return self.bytes(self.read("Q", what), what).decode("utf-8", errors="replace")
+
+    def value(self, kind: int, keep: bool, depth: int = 0):
+        if kind == _STRING:
+            return self.string("a string")
+        if kind != _ARRAY:
+            if kind not in _SCALARS:
+                raise self.fail(f"a metadata value of unknown type {kind}")
+            return self.read(_SCALARS[kind], "a metadata value")
+        item = self.read("I", "an array's type")
+        if depth > 1 or (item not in _SCALARS and item not in (_STRING, _ARRAY)):
+            raise self.fail(f"an array of unknown or nested type {item}")
+        if item in _SCALARS:  # fixed size: skipped in one seek (token scores, types, ...)
+            size = struct.calcsize("<" + _SCALARS[item])
+            n = self.count(size, "an array's length")
+            self.f.seek(n * size, os.SEEK_CUR)
+            return None
+        values = [self.value(item, keep, depth + 1) for _ in range(self.count(8, "an array's length"))]
+        return values if keep else None
 
 
-def _value(f: BinaryIO, kind: int, keep: bool):
-    if kind == _STRING:
-        return _string(f)
-    if kind != _ARRAY:
-        return _read(f, _SCALARS[kind])
-    item, count = _read(f, "I"), _read(f, "Q")
-    if item in _SCALARS:  # fixed size: skipped in one seek (token scores, types, ...)
-        f.seek(count * struct.calcsize("<" + _SCALARS[item]), os.SEEK_CUR)
-        return None
-    values = [_value(f, item, keep) for _ in range(count)]
-    return values if keep else None
+def _tensor_info(r: _Bounded, start: int, name: str, shape: tuple[int, ...], kind: int, offset: int) -> TensorInfo:
+    """One tensor's entry, checked: a known type, a shape of whole blocks, and its bytes inside the file."""
+    try:
+        tensor_type = GGMLQuantizationType(kind)
+        block, size = GGML_QUANT_SIZES[tensor_type]
+    except (ValueError, KeyError):
+        raise r.fail(f"tensor {name!r} has the unknown type {kind}") from None
+    if not shape or len(shape) > 4 or min(shape) < 1 or shape[0] % block:
+        raise r.fail(f"tensor {name!r} has the shape {list(shape)}")
+    info = TensorInfo(name, shape, tensor_type, start + offset)
+    rows, row_bytes = info.rows_and_bytes
+    if info.data_offset + rows * row_bytes > r.size:
+        raise r.fail(f"tensor {name!r} ({rows * row_bytes:,} bytes at {info.data_offset:,}) runs past the file's end")
+    return info
 
 
 def read_header(path: str | os.PathLike) -> GGUFHeader:
@@ -104,27 +153,34 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
 
     The vocabulary (a string array) is walked over, not kept: the tokenizer comes from
     `far.llm.tokenizer`. `gguf.GGUFReader` builds a numpy view per field element instead, which
-    for Gemma-3's 262k-token vocabulary costs seconds and hundreds of MB.
+    for Gemma-3's 262k-token vocabulary costs seconds and hundreds of MB. Every count, length and
+    tensor extent is checked against the file's size before it is used (`GGUFFileError`).
     """
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
-        version = _read(f, "I")
+        r = _Bounded(f, path)
+        if r.left() < 4 or f.read(4) != b"GGUF":
+            raise GGUFFileError(f"{path} is not a GGUF file (no GGUF magic)")
+        version = r.read("I", "the version")
         if version not in (2, 3):
-            raise ValueError(f"{path} is GGUF version {version}; the lean runtime reads versions 2 and 3")
-        n_tensors, n_fields = _read(f, "Q"), _read(f, "Q")
+            raise GGUFFileError(f"{path} is GGUF version {version}; the lean runtime reads versions 2 and 3")
+        n_tensors, n_fields = r.count(24, "the tensor count"), r.count(12, "the field count")
         fields = {}
         for _ in range(n_fields):
-            key = _string(f)
-            fields[key] = _value(f, _read(f, "I"), keep=not key.startswith("tokenizer."))
+            key = r.string("a field's name")
+            fields[key] = r.value(r.read("I", "a field's type"), keep=not key.startswith("tokenizer."))
         infos = []
         for _ in range(n_tensors):
-            name = _string(f)
-            shape = tuple(_read(f, "Q") for _ in range(_read(f, "I")))
-            infos.append((name, shape, GGMLQuantizationType(_read(f, "I")), _read(f, "Q")))
+            name = r.string("a tensor's name")
+            dims = r.read("I", "a tensor's dimensions")
+            if dims > 4:
+                raise r.fail(f"tensor {name!r} has {dims} dimensions")
+            shape = tuple(r.read("Q", "a tensor's shape") for _ in range(dims))
+            infos.append((name, shape, r.read("I", "a tensor's type"), r.read("Q", "a tensor's offset")))
         alignment = fields.get("general.alignment") or 32
+        if not isinstance(alignment, int) or not 0 < alignment <= 1 << 20:
+            raise r.fail(f"general.alignment is {alignment!r}")
         start = -(-f.tell() // alignment) * alignment
-    tensors = {n: TensorInfo(n, s, t, start + offset) for n, s, t, offset in infos}
+        tensors = {info[0]: _tensor_info(r, start, *info) for info in infos}
     return GGUFHeader(fields, tensors)
 
 
@@ -133,19 +189,38 @@ def _field(header: GGUFHeader, key: str, default=None):
     return default if value is None else value
 
 
+def _positive(header: GGUFHeader, key: str, most: int = 1 << 24) -> int:
+    value = header.fields.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= most:
+        raise GGUFFileError(f"the GGUF file's {key} is {value!r}, not a size between 1 and {most:,}")
+    return value
+
+
 def read_config(header: GGUFHeader) -> LeanConfig:
-    """The `LeanConfig` of a llama or gemma3 GGUF file's metadata."""
+    """The `LeanConfig` of a llama or gemma3 GGUF file's metadata (`GGUFFileError` where it describes no model)."""
+    try:
+        return _config(header)
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError) as error:
+        if isinstance(error, GGUFFileError):
+            raise
+        raise GGUFFileError(f"the GGUF file's metadata does not describe a model ({error})") from None
+
+
+def _config(header: GGUFHeader) -> LeanConfig:
     reader = header
     arch = _field(reader, "general.architecture")
     if arch not in ("llama", "gemma3"):
-        raise ValueError(
+        raise GGUFFileError(
             f"the lean runtime reads llama and gemma3 GGUF files, this one is {arch!r}; load it with "
             "far.models.load_causal_lm (transformers) instead"
         )
+    if "token_embd.weight" not in reader.tensors:
+        raise GGUFFileError("the GGUF file has no token_embd.weight tensor")
     embd = reader.tensors["token_embd.weight"]
-    hidden = _field(reader, f"{arch}.embedding_length")
-    heads = _field(reader, f"{arch}.attention.head_count")
-    layers = _field(reader, f"{arch}.block_count")
+    hidden = _positive(reader, f"{arch}.embedding_length")
+    heads = _positive(reader, f"{arch}.attention.head_count")
+    layers = _positive(reader, f"{arch}.block_count", most=1024)
+    _positive(reader, f"{arch}.feed_forward_length")
     head_dim = _field(reader, f"{arch}.attention.key_length") or _field(reader, f"{arch}.rope.dimension_count")
     head_dim = head_dim or hidden // heads
     common = dict(
@@ -237,21 +312,38 @@ def load_lean_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
     """A `LeanCausalLM` from a llama or gemma3 GGUF file, weights stored in `dtype` (all frozen).
 
     Raises:
-        ValueError: the file's architecture is neither llama nor gemma3.
+        GGUFFileError (a ValueError): not a GGUF file, a damaged or truncated one, one whose metadata or tensors
+            claim what the file does not hold, or an architecture other than llama and gemma3.
     """
     path = Path(path)
     header = read_header(path)
-    config = read_config(header)
+    try:
+        config = read_config(header)
+    except GGUFFileError as error:
+        raise GGUFFileError(f"{path}: {error}") from None
     tensors = _TensorReader(path, header, config)
     try:
-        embd = tensors.tensors["token_embd.weight"]
-        if embd.tensor_type == GGMLQuantizationType.Q8_0:
-            embedding = Q8Embedding(torch.from_numpy(tensors.raw("token_embd.weight")), config.hidden_size)
-        else:
-            values = dequantize(tensors.raw("token_embd.weight"), embd.tensor_type)
-            embedding = DenseEmbedding(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), dtype)
-        model = LeanCausalLM(config, embedding, tensors, dtype)
+        return _build(path, config, tensors, dtype)
+    except (KeyError, RuntimeError, ValueError, TypeError, IndexError, ZeroDivisionError) as error:
+        if isinstance(error, GGUFFileError):
+            raise
+        # every extent was checked against the file's size, so what is left is a file whose tensors do not
+        # fit the model its metadata describes
+        raise GGUFFileError(
+            f"{path} is not a GGUF file far can read: its tensors do not fit the model its metadata describes "
+            f"({type(error).__name__}: {str(error)[:200]})"
+        ) from error
     finally:
         tensors.file.close()
+
+
+def _build(path: Path, config: LeanConfig, tensors: _TensorReader, dtype: torch.dtype) -> LeanCausalLM:
+    embd = tensors.tensors["token_embd.weight"]
+    if embd.tensor_type == GGMLQuantizationType.Q8_0:
+        embedding = Q8Embedding(torch.from_numpy(tensors.raw("token_embd.weight")), config.hidden_size)
+    else:
+        values = dequantize(tensors.raw("token_embd.weight"), embd.tensor_type)
+        embedding = DenseEmbedding(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), dtype)
+    model = LeanCausalLM(config, embedding, tensors, dtype)
     model.source = GGUFSource.of(path)
     return model.eval()

@@ -1,0 +1,137 @@
+"""Files from strangers: mutated learners files and GGUF files are refused with far's own error and change nothing.
+
+Each reader gets a few hundred mutations of a valid file, drawn from a fixed seed: truncations, flipped bits,
+absurd header lengths, and header fields (shapes, offsets, dtypes, counts) set to values a hostile file would
+hold. What a reader may do: load a file that is still valid, or raise its documented error. What it may not:
+any other exception (an IndexError, a RuntimeError from torch, a MemoryError), a change to the model, or a hang.
+The slow tier runs 1,000 mutations of each.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_llm_lean import tiny_hf, write_gguf
+
+import far
+from far.llm.gguf_file import GGUFFileError, load_lean_model
+from far.saving.learners_file import LearnersFileError
+
+
+def safetensors_mutations(raw: bytes, seed: int, count: int) -> list[bytes]:
+    """Mutations of a safetensors file: its 8-byte header length, its JSON header's fields, its bytes."""
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    names = [name for name in header if name != "__metadata__"]
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        kind = i % 7
+        data = bytearray(raw)
+        if kind == 0:  # truncated anywhere
+            out.append(bytes(data[: rng.randrange(len(data))]))
+            continue
+        if kind == 1:  # a few flipped bits
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            out.append(bytes(data))
+            continue
+        if kind == 2:  # a header length that lies
+            data[:8] = struct.pack("<Q", rng.choice([0, 1, length - 1, length + 1, len(raw), 2**60, 2**64 - 1]))
+            out.append(bytes(data))
+            continue
+        fields = json.loads(json.dumps(header))
+        name = rng.choice(names)
+        if kind == 3:
+            fields[name]["shape"] = [rng.choice([0, 1, 2**31, 2**40, 2**62])] + fields[name]["shape"][1:]
+        elif kind == 4:
+            fields[name]["data_offsets"] = [rng.choice([0, 8, 2**40]), rng.choice([0, 4, 2**41])]
+        elif kind == 5:
+            fields[name]["dtype"] = rng.choice(["F64", "I8", "BOOL", "U64", "F16", "X"])
+        else:  # the metadata's own fields: a config, a format or a digest a hostile file would claim
+            meta = fields.setdefault("__metadata__", {})
+            key = rng.choice(sorted(meta) or ["format"])
+            meta[key] = rng.choice(["", "{", "[]", "null", "1e999", "x" * 1000, json.dumps({"retention": 2.0})])
+        text = json.dumps(fields).encode()
+        text += b" " * (-len(text) % 8)
+        out.append(struct.pack("<Q", len(text)) + text + raw[8 + length :])
+    return out
+
+
+def byte_mutations(raw: bytes, seed: int, count: int) -> list[bytes]:
+    """Mutations of a binary file with no header of its own to aim at: truncations, flipped bits, large numbers."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        data = bytearray(raw)
+        if i % 3 == 0:
+            out.append(bytes(data[: rng.randrange(len(data))]))
+            continue
+        for _ in range(rng.randint(1, 6)):
+            at = rng.randrange(min(len(data), 4096) if i % 3 == 1 else len(data))  # headers and counts live up front
+            if i % 2:
+                data[at] ^= 1 << rng.randrange(8)
+            else:
+                data[at : at + 8] = rng.choice([b"\xff" * 8, struct.pack("<Q", 2**40), struct.pack("<Q", 2**62)])
+        out.append(bytes(data[: len(raw)]))
+    return out
+
+
+COUNTS = pytest.mark.parametrize("count", [300, pytest.param(1000, marks=pytest.mark.slow)])
+
+
+def fuzz(files: list[bytes], folder: Path, read: Callable[[Path], object], allowed: tuple[type, ...]) -> dict:
+    """Every file read once: {"read": n, "refused": n}; anything but `allowed` fails the test with the case."""
+    outcome = {"read": 0, "refused": 0}
+    for i, data in enumerate(files):
+        path = folder / f"case-{i}"
+        path.write_bytes(data)
+        started = time.perf_counter()
+        try:
+            read(path)
+            outcome["read"] += 1
+        except allowed as error:
+            assert str(error), f"case {i}: an empty message"
+            outcome["refused"] += 1
+        except Exception as error:  # noqa: BLE001 - what the test exists to catch
+            pytest.fail(f"case {i} ({len(data)} bytes): {type(error).__name__}: {error}")
+        assert time.perf_counter() - started < 5, f"case {i} took too long"
+        path.unlink()
+    return outcome
+
+
+@COUNTS
+def test_mutated_learners_files_are_refused_and_the_model_is_unchanged(tmp_path, count):
+    model = far.reconfigure(tiny_model("bert"), 0.4, selection="random", seed=3)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data.add_(0.01)
+    raw = far.save_learners(model, tmp_path / "alice.safetensors").read_bytes()
+    base = tiny_model("bert")
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+
+    def read(path: Path) -> None:
+        far.load_learners(base, path)
+        far.unload_learners(base)
+
+    outcome = fuzz(safetensors_mutations(raw, seed=count, count=count), tmp_path, read, (LearnersFileError,))
+    assert outcome["refused"] >= count * 0.9, outcome  # the content digest catches nearly every change
+    assert base.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in base.state_dict().items())
+
+
+@COUNTS
+def test_mutated_gguf_files_are_refused_with_a_message(tmp_path, count):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(tiny_hf("llama"), path)
+    raw = path.read_bytes()
+    outcome = fuzz(byte_mutations(raw, seed=count, count=count), tmp_path, load_lean_model, (GGUFFileError, OSError))
+    assert outcome["refused"] > 0, outcome
