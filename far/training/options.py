@@ -19,8 +19,11 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
+from torch import nn
+
 from far.config import AUTO, UNSET, FARConfig, as_config
-from far.training.precision import check_precision
+from far.training.precision import Precision, check_precision, choose_precision
 
 DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
 OPTIMIZERS = tuple(DEFAULT_LR)
@@ -311,6 +314,12 @@ class TrainOptions:
         if self.precision is not None:
             return self.precision
         return "bf16" if self.bf16 else "fp32"
+
+    def precision_for(self, model: nn.Module) -> Precision:
+        """What the run computes in on `model`'s device: the one rule that training and evaluation both read, so that
+        a model trained under bf16 autocast is also scored under it (and one trained in fp32, in fp32)."""
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        return choose_precision(self.requested_precision, device)
 
     @property
     def embeddings_frozen(self) -> bool:
