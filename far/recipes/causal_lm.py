@@ -49,6 +49,7 @@ from far.llm.zo import CompactMeZO
 from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
+from far.saving.safetensors_file import DTYPES
 from far.seeds import derive_seed
 from far.storage.atomic import atomic_file, write_json
 from far.training.memory import PhaseMemory, release_freed_memory
@@ -56,7 +57,6 @@ from far.training.memory import PhaseMemory, release_freed_memory
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
 PRIMING_MICRO_BATCH = 4
 MAX_PRIMING_BATCHES = 16
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
 
 

@@ -59,6 +59,7 @@ from far.llm.text_steps import (
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
 from far.recipes.settings import RunSettings
+from far.saving.safetensors_file import DTYPES, LEARNERS_FILE
 from far.seeds import derive_seed
 from far.storage.atomic import write_json
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
@@ -74,11 +75,9 @@ TEXT_DEFAULTS = {
     # Five forward passes a step (MeZO: two): the steps of about MeZO's 500 in CPU time.
     "zo-batched": dict(lr=_LR["zo-batched"], epochs=None, max_steps=200, batch_size=8, max_length=256, warmup=0.0),
 }
-LEARNERS_FILE = "learners.safetensors"
 # The learners file keeps bf16 values, one byte each as a difference from the stock value (far.llm.lean_learners):
 # AdamW's fp32 weights are rounded to them at the end (SmolLM2: 17 MB instead of 67) and scored as rounded.
 SHIPPED_DTYPE = torch.bfloat16
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 logger = logging.getLogger(__name__)
 
 

@@ -23,6 +23,7 @@ from far.llm.lean_far import ZO_RETENTION, zeroth_order_depth
 from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
 from far.recipes.outputs import check_output_dir, claim_output_dir
+from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
@@ -30,7 +31,7 @@ from far.training.options import LEARNING_RATES, TrainOptions, check_int
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
 DEFAULT_RETENTION = 0.4  # the paper's; a causal LM's lean run has its own default (`RunSettings.causal_lm_far`)
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
-TRAINABLE_DTYPES = ("bfloat16", "float32")
+TRAINABLE_DTYPES = tuple(DTYPES)
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
