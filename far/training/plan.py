@@ -140,15 +140,16 @@ def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
     if priming_optimizer is not None:
         default = lr if priming_optimizer == options.optimizer else DEFAULT_LR[priming_optimizer]
         priming_lr = default if options.priming_lr is None else options.priming_lr
+    warmup_steps = length_in_steps("warmup", options.warmup, total_steps)
     return TrainingPlan(
         options,
         n_examples,
         total_steps,
         priming_steps,
-        warmup_steps=length_in_steps("warmup", options.warmup, total_steps),
-        lr=lr,
-        priming_lr=priming_lr,
-        priming_optimizer=priming_optimizer,
+        warmup_steps,
+        lr,
+        priming_lr,
+        priming_optimizer,
         far=options.config,
         bf16=options.bf16,
         frozen_from_start=options.frozen_from_start,
