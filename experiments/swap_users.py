@@ -67,9 +67,9 @@ def cpu_description() -> str:
 
 
 PHASES = {  # a function of far.saving's swap path -> what it does
-    "_read": "read the file, check its sha256",
-    "_content_hash": "  hashing (a file not verified before)",
-    "_check_against_model": "check it against the model",
+    "read_verified": "read the file, check its sha256",
+    "content_sha256": "  hashing (a file not verified before)",
+    "check_against_model": "check it against the model",
     "base_fingerprint": "  the base fingerprint",
     "revert": "put back the base values of the last user",
     "resplit": "move the rows to the new learners",

@@ -46,6 +46,18 @@ AUTO_RETAIN_MASS = 0.5
 AUTO_RETENTION_BOUNDS = (0.05, 0.6)
 
 
+def needs_scores(config: FARConfig) -> bool:
+    """Whether selecting with `config` reads priming's scores: every selection but "random" ranks nodes by them, and
+    `freeze_layers="auto"` picks the depth from them. The one rule that the planner, the Trainer callback and the
+    surgery read.
+
+    Example:
+        >>> needs_scores(FARConfig(0.4)), needs_scores(FARConfig(0.4, selection="random"))
+        (True, False)
+    """
+    return config.selection != "random" or config.freeze_layers == AUTO
+
+
 def learner_count(n_nodes: int, retention: float) -> int:
     """Learners kept in an FFN of `n_nodes` nodes: round(retention * n), at least 1."""
     return min(n_nodes, max(1, round(retention * n_nodes)))

@@ -10,10 +10,11 @@ from far.config import FARConfig
 from far.data.prompts import prompt_loss_fn
 from far.llm.compact import CompactWeight
 from far.llm.lean_config import from_hf_config
-from far.llm.lean_far import magnitude_scores, prime_and_split, set_trainable, zeroth_order_depth
+from far.llm.lean_far import ZO_RETENTION, magnitude_scores, prime_and_split, set_trainable, zeroth_order_depth
 from far.llm.lean_model import from_state_dict
 from far.llm.prefix import PrefixCache
 from far.llm.zo import CompactMeZO
+from far.recipes.settings import RunSettings
 
 LABEL_IDS = torch.tensor([5, 11])
 
@@ -117,3 +118,15 @@ def test_magnitude_scores_rank_the_smallest_nodes_first():
 
 def test_the_default_zeroth_order_depth_leaves_the_top_third():
     assert [zeroth_order_depth(n) for n in (30, 18, 3, 2)] == [20, 12, 2, 1]
+
+
+def test_a_causal_lms_far_default_is_decided_in_one_place():
+    def far_of(**given) -> FARConfig | None:
+        return RunSettings(model="smollm2-135m", optimizer="mezo", **given).causal_lm_far(30)
+
+    default = far_of()
+    assert (default.freeze_layers, default.retention) == (20, ZO_RETENTION)
+    assert (far_of(retention=0.3).freeze_layers, far_of(retention=0.3).retention) == (20, 0.3)
+    told = far_of(freeze_layers=2)  # a depth given: the encoder's retention default, as the settings built it
+    assert (told.freeze_layers, told.retention) == (2, RunSettings().far.retention)
+    assert far_of(method="full") is None

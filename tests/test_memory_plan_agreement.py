@@ -94,3 +94,19 @@ def test_a_budget_for_a_causal_lm_is_refused_before_training():
         far.finetune(model, [{"input_ids": ids, "labels": ids}], None, memory_budget=2048, max_steps=1)
     with pytest.raises(ValueError, match="plans encoder runs"):
         RunSettings(model="smollm2-135m", method="far", optimizer="mezo", memory_budget=640)
+
+
+def test_the_refusal_says_where_a_causal_lms_budget_goes_on_every_path_that_reaches_it():
+    """`far train` on texts plans a causal LM's budget (far.llm.text_budget): the message must not deny it."""
+    model, ids = tiny_causal_lm(), torch.randint(3, 90, (6,))
+    refusals = []
+    for attempt in (
+        lambda: far.finetune(model, [{"input_ids": ids, "labels": ids}], None, memory_budget=2048, max_steps=1),
+        lambda: RunSettings(model="smollm2-135m", method="far", optimizer="mezo", memory_budget=640),
+    ):
+        with pytest.raises(ValueError) as refused:
+            attempt()
+        refusals.append(str(refused.value))
+    for message in refusals:
+        assert "far train" in message and "--memory-budget" in message and "TextRun" in message, message
+        assert "leave the budget out for this model" not in message, message

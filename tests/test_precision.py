@@ -6,15 +6,20 @@ bf16 they are slower, not different.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from conftest import load_experiment, tiny_batch, tiny_examples, tiny_model
+from conftest import load_experiment, tiny_batch, tiny_examples, tiny_model, write_rows
 from torch import nn
 
 import far
 from far.cli.common import settings_from
 from far.cli.main import build_parser
+from far.data import load_text_files
 from far.layers import SplitLinear
+from far.recipes import glue_run, squad_run, text_files_run
+from far.recipes.runs import SquadSettings
 from far.recipes.settings import GLUE_DEFAULTS
 from far.training.options import TrainOptions
 from far.training.precision import (
@@ -238,3 +243,37 @@ def test_the_benchmark_stores_only_wholly_frozen_weights_in_bf16_and_pairs_its_r
     assert rows[far_fp32]["paired_ratio_to_full_same_precision"] == pytest.approx(0.8)
     assert rows[far_bf16]["paired_ratio_to_far_fp32"] == pytest.approx((0.5 + 1.0 / 3.2) / 2)
     assert rows[far_bf16]["paired_ratio_to_full_same_precision"] == pytest.approx((0.8 + 0.5) / 2)
+
+
+@pytest.mark.parametrize("flags", [("--precision", "bf16"), ("--bf16",), ("--precision", "auto"), ()])
+def test_every_evaluator_computes_in_the_training_precision(tmp_path, tiny_model_dir, data_dir, flags):
+    rows = [{"text": f"{word} film", "label": word} for word in ("good", "bad") * 4]
+    train, dev = write_rows(tmp_path / "t.csv", rows), write_rows(tmp_path / "d.csv", rows)
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--max-eval-samples",
+        "4",
+        "--max-length",
+        "64",
+        *flags,
+    ]
+    files = settings_from(
+        build_parser("train").parse_args(["train", "--train-file", str(train), "--validation-file", str(dev), *common])
+    )
+    glue = settings_from(
+        build_parser("glue").parse_args(["glue", "--task", "cola", "--data-dir", str(data_dir), *common])
+    )
+    squad = settings_from(build_parser("squad").parse_args(["squad", "--data-dir", str(data_dir), *common]))
+    runs = {
+        "far train": text_files_run(files, load_text_files(train, dev)),
+        "far glue": glue_run(dataclasses.replace(glue, max_train_samples=4), "cola"),
+        "far squad": squad_run(dataclasses.replace(squad, max_train_samples=4), SquadSettings(doc_stride=16)),
+    }
+    for command, run in runs.items():
+        trains_in = choose_precision(run.settings.train_options(run.hyperparameters).requested_precision, CPU)
+        assert run.evaluator.bf16 == trains_in.bf16, command
+    if "bf16" in " ".join(flags):
+        assert all(run.evaluator.bf16 for run in runs.values())

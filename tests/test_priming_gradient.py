@@ -140,3 +140,16 @@ def test_command_line_flag_reaches_the_options():
 def test_command_line_refuses_an_unknown_priming_score(capsys):
     assert main(["glue", "--task", "cola", "--priming-scores", "weights"]) == 2
     assert "argument --priming-scores: invalid choice: 'weights'" in capsys.readouterr().err
+
+
+def test_the_plan_holds_the_options_whole_and_records_what_it_did():
+    options = TrainOptions(far.FARConfig(0.2, freeze_embeddings=True), max_steps=100, seed=7, grad_accum=2)
+    plan = plan_training(1000, options)
+    assert plan.options is options
+    assert (plan.seed, plan.grad_accum, plan.freeze_embeddings, plan.far) == (7, 2, True, options.config)
+    record = plan.to_dict()
+    assert "options" not in record and record["seed"] == 7 and record["far"]["retention"] == 0.2
+    assert plan.mismatches(record) == []
+    assert plan.mismatches({**record, "seed": 8}) == ["seed: saved 8, now 7"]
+    with pytest.raises(AttributeError, match="no attribute 'epochs'"):
+        plan.epochs  # noqa: B018 (asked for, but planning turns it into total_steps)

@@ -13,10 +13,10 @@ from conftest import assert_state, state, tiny_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 import far
-from far.saving import active_learners, learners_file
+from far.saving import active_learners, safetensors_file
 from far.saving.digests import DigestCache, sha256_rows
 from far.saving.fingerprint import base_fingerprint
-from far.saving.learners_file import _content_hash
+from far.saving.safetensors_file import content_sha256
 from far.surgery.reconfigure import resplit
 from far.surgery.state import node_groups
 
@@ -60,7 +60,7 @@ def as_version_1(path, model: torch.nn.Module) -> None:
     others = [k for k in tensors if not k.endswith(("learner_indices", "learner_weight", "learner_bias"))]
     meta["format_version"] = "1"
     meta["base_fingerprint"] = base_fingerprint(model, node_groups(model), chosen, others, version=1)
-    meta["content_sha256"] = _content_hash(meta, tensors)
+    meta["content_sha256"] = content_sha256(meta, tensors)
     save_file(tensors, path, metadata=meta)
 
 
@@ -219,14 +219,14 @@ def test_resplit_moves_rows_only_where_nothing_else_changes():
 
 
 def test_a_file_damaged_in_place_after_it_was_verified_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(learners_file, "_SETTLED_NS", 0)  # remember files written just now
+    monkeypatch.setattr(safetensors_file, "SETTLED_NS", 0)  # remember files written just now
     a, _, state_a = saved(tmp_path / "a.safetensors", seed=3)
     b, logits_b, _ = saved(tmp_path / "b.safetensors", seed=4, retention=0.25)
     model = tiny_model("bert")
     far.load_learners(model, a)
     far.load_learners(model, b)
     hashed = []
-    monkeypatch.setattr(learners_file, "_content_hash", lambda *args: hashed.append(1) or _content_hash(*args))
+    monkeypatch.setattr(safetensors_file, "content_sha256", lambda *args: hashed.append(1) or content_sha256(*args))
     far.load_learners(model, a)
     far.load_learners(model, b)
     assert hashed == []  # both verified before and unchanged: not hashed again

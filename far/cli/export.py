@@ -26,6 +26,7 @@ from far.storage import lock
 from far.storage.atomic import atomic_dir
 from far.surgery.reconfigure import restore
 from far.surgery.state import is_reconfigured
+from far.training.options import LEARNING_RATES
 
 # Tokenizer files a Hugging Face folder may hold; copied as they are by --merge.
 TOKENIZER_FILES = (
@@ -117,9 +118,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-DEFAULT_DEVICE_LR = {"adamw": 1e-4, "sgd": 0.01}
-
-
 def _size(n_bytes: int) -> str:
     return f"{n_bytes:,} bytes ({n_bytes / 2**20:.2f} MiB)"
 
@@ -176,7 +174,7 @@ def _export_executorch(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch_size,
         max_length=args.max_length,
         optimizer=args.optimizer,
-        lr=args.lr if args.lr is not None else DEFAULT_DEVICE_LR[args.optimizer],
+        lr=args.lr if args.lr is not None else LEARNING_RATES["encoder"][args.optimizer],
         momentum=args.momentum,
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm or None,

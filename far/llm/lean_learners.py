@@ -30,11 +30,9 @@ before the model is touched.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,9 +41,9 @@ from safetensors import safe_open
 from torch import Tensor
 
 from far.llm.compact import CompactLinear, CompactWeight
-from far.llm.gguf_source import file_identity
 from far.llm.lean_far import INPUTS, OUTPUT, ffn_names
 from far.llm.lean_model import LeanCausalLM
+from far.saving.safetensors_file import CONTENT_KEY, DTYPES, read_verified
 
 FORMAT, FORMAT_VERSION = "far.lean-learners", "1"
 ENCODER_FORMAT = "far.learners"  # far.save_learners' files, for encoders
@@ -54,10 +52,6 @@ ACTIVE_ATTRIBUTE = "far_learners"  # where a model keeps the file it holds (as t
 INDICES, LEARNERS = ".learner_indices", ".learner_weight"
 DELTA, PATCH_INDEX, PATCH_VALUE = ".delta", ".patch_index", ".patch_value"
 RAW, DELTA8 = "raw", "delta8"
-_CONTENT_KEY = "content_sha256"
-_MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a hundred bytes each)
-_SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class LeanLearnersFileError(ValueError):
@@ -103,18 +97,6 @@ class ActiveLeanLearners:
 def value_key(name: str) -> str:
     """A `CompactWeight`'s name in a learners file: a projection's block `parts.0` -> `weight` (norms keep theirs)."""
     return name.removesuffix(".parts.0") + ".weight" if name.endswith(".parts.0") else name
-
-
-def content_sha256(metadata: Mapping[str, str], tensors: Iterable[tuple[str, Tensor]]) -> str:
-    """sha256 of the metadata (without this hash) and every tensor's name, dtype, shape and bytes, in name order."""
-    fields = {k: v for k, v in metadata.items() if k != _CONTENT_KEY}
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for name, tensor in sorted(tensors, key=lambda item: item[0]):
-        # The header fixes the byte length of what follows, so the concatenation is unambiguous.
-        header = json.dumps([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)])
-        digest.update(header.encode() + b"\n")
-        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    return digest.hexdigest()
 
 
 def encode(value: Tensor, stock: Tensor) -> tuple[str, dict[str, Tensor]]:
@@ -185,27 +167,8 @@ def _fail(path: Path, message: str) -> LeanLearnersFileError:
     return LeanLearnersFileError(f"{str(path)!r} {message}")
 
 
-def read_file(
-    path: str | os.PathLike, verified: dict[tuple, str] | None = None
-) -> tuple[dict[str, str], dict[str, Tensor]]:
-    """Metadata and tensors of a GGUF model's learners file whose contents match their sha256; raises otherwise.
-
-    `verified` ({file identity: content sha256}, kept on a model that swaps users) skips hashing a file
-    verified before and unchanged since (inode, size, mtime and ctime, before and after this read), as
-    the encoders' files do (`far.saving.learners_file`): a file is added once its last write is
-    `_SETTLED_NS` old, since a write within the same timestamp tick would leave its times as they were.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no learners file at {str(path)!r}")
-    try:
-        identity = file_identity(path)
-        with safe_open(str(path), framework="pt", device="cpu") as f:  # safetensors: nothing is unpickled
-            metadata = f.metadata() or {}
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-        unchanged = file_identity(path) == identity  # no write while it was read
-    except Exception as error:  # SafetensorError and OSError alike: the file is unreadable
-        raise _fail(path, f"is not a readable safetensors file (truncated or corrupted?): {error}") from error
+def check_format(path: Path, metadata: Mapping[str, str]) -> None:
+    """Raise unless the metadata says a GGUF causal LM's learners file of the version this far reads."""
     found = metadata.get("format")
     if found == ENCODER_FORMAT:
         raise _fail(
@@ -231,16 +194,16 @@ def read_file(
             f"is of format version {metadata.get('format_version')!r}; this far reads version {FORMAT_VERSION}: "
             "upgrade far, or save the fine-tune again",
         )
-    recorded = metadata.get(_CONTENT_KEY)
-    if unchanged and verified is not None and recorded is not None and verified.get(identity) == recorded:
-        return metadata, tensors  # these very bytes matched their sha256 before
-    if recorded != content_sha256(metadata, tensors.items()):
-        raise _fail(path, "is corrupted: its contents do not match the sha256 recorded when it was written")
-    if unchanged and verified is not None and identity[-1] < time.time_ns() - _SETTLED_NS:
-        if len(verified) >= _MAX_VERIFIED:
-            verified.clear()
-        verified[identity] = recorded
-    return metadata, tensors
+
+
+def read_file(
+    path: str | os.PathLike, verified: dict[tuple, str] | None = None
+) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """Metadata and tensors of a GGUF model's learners file whose contents match their sha256; raises otherwise
+    (`far.saving.safetensors_file.read_verified`, with `verified` the files a swapping model verified before)."""
+    return read_verified(
+        path, check_format, LeanLearnersFileError, writer="far.llm.lean_saving.save_trained", verified=verified
+    )
 
 
 def _json(path: Path, metadata: Mapping[str, str], key: str) -> dict:
@@ -265,7 +228,7 @@ def values_dtype(path: str | os.PathLike) -> torch.dtype:
             values = json.loads((f.metadata() or {}).get("values", "{}"))
     except Exception:  # SafetensorError, OSError, ValueError alike
         return torch.bfloat16
-    dtypes = {_DTYPES.get((spec or {}).get("dtype")) for spec in values.values()} if isinstance(values, dict) else set()
+    dtypes = {DTYPES.get((spec or {}).get("dtype")) for spec in values.values()} if isinstance(values, dict) else set()
     return torch.float32 if torch.float32 in dtypes else torch.bfloat16
 
 
@@ -306,7 +269,7 @@ def plan(
     n_nodes = model.config.intermediate_size
     used, planned = set(), []
     for key, spec in values.items():
-        encoding, dtype = (spec or {}).get("encoding"), _DTYPES.get((spec or {}).get("dtype"))
+        encoding, dtype = (spec or {}).get("encoding"), DTYPES.get((spec or {}).get("dtype"))
         if encoding not in (RAW, DELTA8) or dtype is None or (encoding == DELTA8 and dtype != torch.bfloat16):
             raise _fail(path, f"has an invalid entry for {key}: {spec!r}")
         slot = _slot(path, key, slots, ffns, tensors, n_nodes)
@@ -422,7 +385,7 @@ def load_learners(model: LeanCausalLM, path: str | os.PathLike) -> LeanCausalLM:
         stock = kept.pop(slot.key) if slot.key in kept else slot.read()
         base.append((slot, stock))
         slot.write(decode(encoding, parts, stock))
-    setattr(model, ACTIVE_ATTRIBUTE, ActiveLeanLearners(str(path), metadata[_CONTENT_KEY], base, verified))
+    setattr(model, ACTIVE_ATTRIBUTE, ActiveLeanLearners(str(path), metadata[CONTENT_KEY], base, verified))
     return model
 
 

@@ -40,7 +40,6 @@ from far.llm.lean_learners import (
     Slot,
     check_stock,
     config_record,
-    content_sha256,
     decode,
     encode,
     plan,
@@ -48,6 +47,7 @@ from far.llm.lean_learners import (
     value_key,
 )
 from far.llm.lean_model import LeanCausalLM
+from far.saving.safetensors_file import content_sha256
 from far.storage.atomic import atomic_file
 
 _DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int8: "I8"}

@@ -22,9 +22,8 @@ from torch import nn
 
 import far
 from far.config import FARConfig
+from far.saving.safetensors_file import LEARNERS_FILE
 from far.training.options import check_plain_depth
-
-LEARNERS_FILE = "learners.safetensors"
 
 
 @dataclass

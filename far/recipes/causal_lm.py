@@ -19,7 +19,6 @@ priming, then the learners and everything outside the FFNs) and "freeze-ffn"; op
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import resource
@@ -42,7 +41,7 @@ from far.data.prompts import (
     read_labelled_tsv,
 )
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
+from far.llm.lean_far import prime_and_split, set_trainable
 from far.llm.lean_saving import save_trained
 from far.llm.prefix import PrefixCache
 from far.llm.tokenizer import load_gguf_tokenizer
@@ -50,6 +49,7 @@ from far.llm.zo import CompactMeZO
 from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
+from far.saving.safetensors_file import DTYPES
 from far.seeds import derive_seed
 from far.storage.atomic import atomic_file, write_json
 from far.training.memory import PhaseMemory, release_freed_memory
@@ -57,7 +57,6 @@ from far.training.memory import PhaseMemory, release_freed_memory
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
 PRIMING_MICRO_BATCH = 4
 MAX_PRIMING_BATCHES = 16
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
 
 
@@ -170,14 +169,7 @@ def lean_prompted_run(
         ]
         if far_config.selection != "random" and not micro:
             raise ValueError("--priming must give at least one gradient-priming batch for --method far")
-        if far_config.freeze_layers is None:
-            # MeZO + FAR perturbs a share of the top layers' nodes only, unless --freeze-layers (0: every layer)
-            # or --retention say otherwise.
-            far_config = dataclasses.replace(
-                far_config,
-                freeze_layers=zeroth_order_depth(len(model.layers)),
-                retention=ZO_RETENTION if settings.retention is None else far_config.retention,
-            )
+        far_config = settings.causal_lm_far(len(model.layers))  # MeZO + FAR's default depth and retention
         prime_and_split(model, micro, loss_fn, far_config, trainable_dtype)
         primed = len(examples)
         del micro

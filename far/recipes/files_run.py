@@ -50,7 +50,7 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
         label_names=labels.names,
         metric=TextMetric(labels.kind),
         batch_size=settings.eval_batch_size,
-        bf16=settings.bf16,
+        bf16=settings.options.precision_for(model).bf16,  # the training's precision
     )
     return TrainingRun(
         task=files.name,

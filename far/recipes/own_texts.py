@@ -45,7 +45,7 @@ from far.evaluation.perplexity import perplexity
 from far.llm.bottom_on_disk import keep_bottom_on_disk
 from far.llm.gguf_file import load_lean_model, read_config, read_header
 from far.llm.lean_checkpoint import read_lean_checkpoint, restore_trained, save_lean_checkpoint
-from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
+from far.llm.lean_far import prime_and_split, set_trainable
 from far.llm.lean_saving import round_trained, save_trained
 from far.llm.prefix import PrefixCache
 from far.llm.text_budget import PREFIX_CACHE_MIB, TrainedShare, plan_text_memory
@@ -59,24 +59,25 @@ from far.llm.text_steps import (
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
 from far.recipes.settings import RunSettings
+from far.saving.safetensors_file import DTYPES, LEARNERS_FILE
 from far.seeds import derive_seed
 from far.storage.atomic import write_json
 from far.training.log import RunLog, peak_rss_bytes, progress_bar
 from far.training.memory import PhaseMemory, release_freed_memory
+from far.training.options import LEARNING_RATES
 
-# Chunks of 256 tokens; MeZO needs many cheap steps, AdamW few. The rates are those experiments/own_texts_optimizers.py
-# picked on chunks held out of the training split; AdamW's batch of 4 keeps SmolLM2-135M under 640 MiB (docs/llm.md).
+# Chunks of 256 tokens; MeZO needs many cheap steps, AdamW few (the rates: LEARNING_RATES, which says why). AdamW's
+# batch of 4 keeps SmolLM2-135M under 640 MiB (docs/llm.md).
+_LR = LEARNING_RATES["causal LM texts"]
 TEXT_DEFAULTS = {
-    "adamw": dict(lr=3e-4, epochs=1.0, max_steps=None, batch_size=4, max_length=256, warmup=0.0),
-    "mezo": dict(lr=1e-4, epochs=None, max_steps=500, batch_size=8, max_length=256, warmup=0.0),
+    "adamw": dict(lr=_LR["adamw"], epochs=1.0, max_steps=None, batch_size=4, max_length=256, warmup=0.0),
+    "mezo": dict(lr=_LR["mezo"], epochs=None, max_steps=500, batch_size=8, max_length=256, warmup=0.0),
     # Five forward passes a step (MeZO: two): the steps of about MeZO's 500 in CPU time.
-    "zo-batched": dict(lr=1e-5, epochs=None, max_steps=200, batch_size=8, max_length=256, warmup=0.0),
+    "zo-batched": dict(lr=_LR["zo-batched"], epochs=None, max_steps=200, batch_size=8, max_length=256, warmup=0.0),
 }
-LEARNERS_FILE = "learners.safetensors"
 # The learners file keeps bf16 values, one byte each as a difference from the stock value (far.llm.lean_learners):
 # AdamW's fp32 weights are rounded to them at the end (SmolLM2: 17 MB instead of 67) and scored as rounded.
 SHIPPED_DTYPE = torch.bfloat16
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 logger = logging.getLogger(__name__)
 
 
@@ -137,15 +138,9 @@ def _check(settings: RunSettings) -> None:
 def _layout(settings: RunSettings, n_layers: int) -> Layout:
     """What trains, decided before loading: FAR with depth by default, as MeZO + FAR on prompts."""
     dtype = DTYPES[settings.trainable_dtype] if settings.optimizer != "adamw" else torch.float32
-    far_config = settings.far
+    far_config = settings.causal_lm_far(n_layers)
     if far_config is None:
         return Layout(None, settings.method_spec.lean_ffn, int(settings.freeze_layers or 0), dtype)
-    if far_config.freeze_layers is None:
-        far_config = dataclasses.replace(
-            far_config,
-            freeze_layers=zeroth_order_depth(n_layers),
-            retention=ZO_RETENTION if settings.retention is None else far_config.retention,
-        )
     depth = far_config.freeze_layers if isinstance(far_config.freeze_layers, int) else 0
     return Layout(far_config, "learners", depth, dtype)
 

@@ -116,8 +116,10 @@ def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
         label_names=task.label_names or None,
         finetuning_task=task.name,
     )
+    # Scored in the precision the model trains in (the options' one rule), as far.finetune computes it.
+    bf16 = settings.options.precision_for(model).bf16
     evaluator = glue_evaluator(
-        task, dev_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
+        task, dev_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=bf16
     )
     return TrainingRun(
         task=task.name,
@@ -153,8 +155,9 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
         settings, hparams["max_length"], "question-answering", finetuning_task=squad.task
     )
     train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], squad.doc_stride)
+    bf16 = settings.options.precision_for(model).bf16  # the training's precision
     evaluator = squad_evaluator(
-        squad, eval_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=settings.bf16
+        squad, eval_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=bf16
     )
     held_out = squad.holdout_articles or DEFAULT_HOLDOUT_ARTICLES
     return TrainingRun(

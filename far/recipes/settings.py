@@ -15,21 +15,23 @@ command line's memory plan reads too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from far.config import FARConfig
+from far.llm.lean_far import ZO_RETENTION, zeroth_order_depth
 from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
 from far.recipes.outputs import check_output_dir, claim_output_dir
+from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
-from far.training.options import TrainOptions, check_cache_frozen, check_int, check_length
+from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
 # "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
-DEFAULT_RETENTION = 0.4  # the paper's; MeZO + FAR on a causal LM defaults to far.llm.lean_far.ZO_RETENTION
+DEFAULT_RETENTION = 0.4  # the paper's; a causal LM's lean run has its own default (`RunSettings.causal_lm_far`)
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
-TRAINABLE_DTYPES = ("bfloat16", "float32")
+TRAINABLE_DTYPES = tuple(DTYPES)
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
@@ -48,23 +50,26 @@ RECORDED_OPTIONS = (
     "mezo_directions",
 )
 
-# Per optimizer, for MiniLM-size encoders (small models take a higher AdamW rate than BERT-base's 2e-5..5e-5).
-# MeZO needs many cheap steps with a small learning rate.
+# Per optimizer. The learning rates come from the one table, far.training.options.LEARNING_RATES, which says why.
+_LR = LEARNING_RATES
 GLUE_DEFAULTS = {
-    "adamw": dict(lr=1e-4, epochs=3.0, max_steps=None, batch_size=32, max_length=128, warmup=0.06),
-    "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=128, warmup=0.0),
+    "adamw": dict(lr=_LR["encoder"]["adamw"], epochs=3.0, max_steps=None, batch_size=32, max_length=128, warmup=0.06),
+    "mezo": dict(lr=_LR["encoder"]["mezo"], epochs=None, max_steps=5000, batch_size=16, max_length=128, warmup=0.0),
 }
 # The user's own files (`far train`): GLUE's defaults, for sentences and pairs of GLUE's lengths.
 FILE_DEFAULTS = GLUE_DEFAULTS
 SQUAD_DEFAULTS = {
-    "adamw": dict(lr=5e-5, epochs=2.0, max_steps=None, batch_size=16, max_length=384, warmup=0.1),
-    "mezo": dict(lr=1e-5, epochs=None, max_steps=5000, batch_size=16, max_length=384, warmup=0.0),
+    "adamw": dict(lr=_LR["encoder QA"]["adamw"], epochs=2.0, max_steps=None, batch_size=16, max_length=384, warmup=0.1),
+    "mezo": dict(lr=_LR["encoder QA"]["mezo"], epochs=None, max_steps=5000, batch_size=16, max_length=384, warmup=0.0),
 }
-# SmolLM2-135M on SST-2 prompts (experiments/llm_sst2.py): MeZO + FAR trained well at lr 3e-4 in 80 steps,
-# where MeZO on every weight diverged; 1e-4 is the safe default for both.
+# SmolLM2-135M on SST-2 prompts (experiments/llm_sst2.py).
 PROMPT_DEFAULTS = {
-    "adamw": dict(lr=1e-5, epochs=1.0, max_steps=None, batch_size=16, max_length=128, warmup=0.0),
-    "mezo": dict(lr=1e-4, epochs=None, max_steps=1000, batch_size=16, max_length=128, warmup=0.0),
+    "adamw": dict(
+        lr=_LR["causal LM prompts"]["adamw"], epochs=1.0, max_steps=None, batch_size=16, max_length=128, warmup=0.0
+    ),
+    "mezo": dict(
+        lr=_LR["causal LM prompts"]["mezo"], epochs=None, max_steps=1000, batch_size=16, max_length=128, warmup=0.0
+    ),
 }
 
 
@@ -79,7 +84,7 @@ class RunSettings:
 
     model: str = DEFAULT_MODEL
     method: str = "far"
-    retention: float | str | None = None  # None: DEFAULT_RETENTION (MeZO + FAR on a causal LM has its own default)
+    retention: float | str | None = None  # None: DEFAULT_RETENTION (a causal LM: `causal_lm_far`)
     attention_retention: float | None = None
     optimizer: str = "adamw"
     lr: float | None = None
@@ -123,8 +128,10 @@ class RunSettings:
     overwrite: bool = False  # replace the run that output_dir holds (far.recipes.outputs)
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
-    # Derived, built once from the fields above: the run's surgery (None: the method makes none).
+    # Derived, built once from the fields above: the run's surgery (None: the method makes none), and what the run
+    # asks of far.finetune, all but the task's hyper-parameters (`train_options` adds them).
     far: FARConfig | None = field(init=False, repr=False, compare=False)
+    options: TrainOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -149,7 +156,6 @@ class RunSettings:
                 f"validation_from_train is the fraction of the training data held out, in (0, 1); "
                 f"got {self.validation_from_train}"
             )
-        check_length("priming", self.priming)
         if self.runtime not in ("auto", *RUNTIMES):
             raise ValueError(f"runtime must be one of auto, {', '.join(RUNTIMES)}, got {self.runtime!r}")
         if self.runtime == "lean" and self.method_spec.wraps_model:
@@ -158,13 +164,28 @@ class RunSettings:
                 f"--method {self.method} wraps a transformers model (PEFT); the lean runtime runs {runnable}: use "
                 "--runtime transformers (or auto) with it"
             )
-        check_cache_frozen(self.cache_frozen, self.freeze_layers, self.memory_budget)
         if self.memory_budget is not None and is_causal_lm(self.model):
             raise ValueError(ENCODERS_ONLY)
         counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
         for name in (*counts, "checkpoint_every"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
+        # The options check the rest (priming, the frozen-bottom cache, ...); the task's hyper-parameters are theirs.
+        object.__setattr__(self, "options", self._options())
+
+    def _options(self) -> TrainOptions:
+        as_asked = {name: getattr(self, name) for name in _AS_ASKED}
+        return TrainOptions(
+            config=self.far,
+            # The batched estimator is a zeroth-order optimizer of the text runs: MeZO's ranges hold for it.
+            optimizer="mezo" if self.optimizer == "zo-batched" else self.optimizer,
+            # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
+            freeze_embeddings=self.freeze_embeddings and self.far is None,
+            freeze_layers=self.freeze_layers if self.far is None else None,
+            freeze_ffn=self.method_spec.freezes_ffn,
+            precision=None if self.bf16 else self.precision,  # --bf16 asks for bf16, whatever --precision says
+            **as_asked,
+        )
 
     @property
     def method_spec(self) -> Method:
@@ -204,40 +225,23 @@ class RunSettings:
         return chosen
 
     def train_options(self, hyperparameters: Mapping) -> TrainOptions:
-        """What `far.finetune` is asked to do, from the method, the optimizer and the hyper-parameters."""
-        return TrainOptions(
-            config=self.far,
-            # The batched estimator is a zeroth-order optimizer of the text runs: MeZO's ranges hold for it.
-            optimizer="mezo" if self.optimizer == "zo-batched" else self.optimizer,
-            priming=self.priming,
-            priming_scores=self.priming_scores,
-            # With a FARConfig the surgery freezes them (the config says so); else plain freezing.
-            freeze_embeddings=self.freeze_embeddings and self.far is None,
-            freeze_layers=self.freeze_layers if self.far is None else None,
-            checkpoint_every=self.checkpoint_every,
-            reset_frozen=self.reset_frozen,
-            prime_frozen=self.prime_frozen,
-            cache_frozen=self.cache_frozen,
-            group_by_length=self.group_by_length,
-            epochs=hyperparameters["epochs"] if hyperparameters["epochs"] is not None else 1.0,
-            max_steps=hyperparameters["max_steps"],
-            lr=hyperparameters["lr"],
-            batch_size=hyperparameters["batch_size"],
-            warmup=hyperparameters["warmup"],
-            weight_decay=self.weight_decay,
-            grad_accum=self.grad_accum,
-            bf16=self.bf16,
-            precision=None if self.bf16 else self.precision,  # --bf16 asks for bf16, whatever --precision says
-            eval_every=self.eval_every,
-            seed=self.seed,
-            mezo_eps=self.mezo_eps,
-            mezo_directions=self.mezo_directions,
-            progress=self.progress,
-            memory_budget=self.memory_budget,
-            max_length=hyperparameters["max_length"],
-            eval_batch_size=self.eval_batch_size,
-            freeze_ffn=self.method_spec.freezes_ffn,
-        )
+        """What `far.finetune` is asked to do: the settings' `options` with the task's `hyperparameters` (checked)."""
+        chosen = {name: hyperparameters[name] for name in HYPERPARAMETERS}
+        if chosen["epochs"] is None:  # the run's length is max_steps
+            chosen["epochs"] = 1.0
+        return replace(self.options, **chosen)
+
+    def causal_lm_far(self, n_layers: int) -> FARConfig | None:
+        """The surgery of a causal LM's lean run over `n_layers` layers: the one place its default is decided.
+
+        Without --freeze-layers, MeZO + FAR freezes the bottom `zeroth_order_depth(n_layers)` layers and, unless
+        --retention says otherwise, keeps `ZO_RETENTION` of the nodes (far.llm.lean_far); else `far` as it is.
+        """
+        config = self.far
+        if config is None or config.freeze_layers is not None:
+            return config
+        retention = ZO_RETENTION if self.retention is None else config.retention
+        return replace(config, freeze_layers=zeroth_order_depth(n_layers), retention=retention)
 
     def output_path(self, task: str) -> Path:
         """Where the run of `task` writes its outputs: `output_dir`, or `runs/<task>-<model>-<method>`."""
@@ -265,6 +269,16 @@ class RunSettings:
         if not self.save_model:
             return None
         return Path(self.model_dir) if self.model_dir else output / "model"
+
+
+# The options' fields that the settings hold under the same name and pass on as they are (the rest are built in
+# `RunSettings._options`, or are the task's hyper-parameters).
+_AS_ASKED = tuple(
+    f.name
+    for f in fields(TrainOptions)
+    if f.name in {g.name for g in fields(RunSettings)}
+    and f.name not in {*HYPERPARAMETERS, "optimizer", "freeze_embeddings", "freeze_layers", "precision"}
+)
 
 
 def first(dataset, n: int | None):

@@ -17,46 +17,45 @@ contents, so a flipped byte or a file for another base is refused before anythin
 loaded. It also keeps what the model's Hugging Face config says beyond its defaults (`model_config`),
 with the head's size, class names and problem type always (`far.saving.labels`), so that the head a
 file trained can be rebuilt on a bare base (`learners_model_config`).
+
+Reading a file and every check made before the model is touched are `far.saving.learners_read`; the
+verified read itself (sha256, no unpickling) is `far.saving.safetensors_file`, shared with the GGUF
+causal LM's learners files.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec, NodeGroup, model_type, projection_rows
-from far.config import FARConfig
-from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
+from far.architectures import FFNSpec, NodeGroup, model_type
+from far.layers import INPUT, OUTPUT, SplitLinear
 from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.digests import DigestCache, as_rows
-from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
+from far.saving.fingerprint import base_fingerprint, base_reader, node_digests
 from far.saving.labels import head_fields, set_head_fields
+from far.saving.learners_read import (
+    FORMAT,
+    FORMAT_VERSION,
+    READABLE,
+    LearnersFileError,
+    check_against_model,
+    read_learners,
+    same_layout,
+)
+from far.saving.safetensors_file import CONTENT_KEY, content_sha256
 from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import reconfigure_with_learners, resplit, restore
 from far.surgery.state import get_config, is_reconfigured, learners, node_groups
 
-FORMAT = "far.learners"
-FORMAT_VERSION = "2"
-_READABLE = {"1": 1, "2": 2}  # format version -> its base fingerprint version
-_CONTENT_KEY = "content_sha256"
-_MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a few hundred bytes each)
-_SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
 _MODEL_CONFIG_KEY = "model_config"
-# How to load a file onto the right base, from Python and from the command line.
-_ONTO_ITS_BASE = "load it onto the base model it was trained from (far predict: --model BASE)"
-
-
-class LearnersFileError(ValueError):
-    """A learners file that cannot be applied: corrupted, truncated, foreign or for another base."""
 
 
 def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
@@ -67,11 +66,6 @@ def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
         bias = None if module.learner_bias is None else module.learner_bias[perm]
         return rows, bias
     return rows.t().contiguous(), None  # the file keeps nn.Linear's (out, k)
-
-
-def _content_hash(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
-    fields = {k: v for k, v in metadata.items() if k != _CONTENT_KEY}
-    return hash_tensors(tensors.items(), prefix=json.dumps(fields, sort_keys=True).encode())
 
 
 @torch.no_grad()
@@ -135,68 +129,16 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         "selection": config.selection,
         "model_type": str(model_type(model)),
         "ffns": json.dumps({ffn.name: list(ffn.inputs) for ffn in ffns.values()}),
-        "base_fingerprint": base_fingerprint(model, ffns, chosen, others, version=_READABLE[FORMAT_VERSION]),
+        "base_fingerprint": base_fingerprint(model, ffns, chosen, others, version=READABLE[FORMAT_VERSION]),
     }
     hf_config = getattr(model, "config", None)
     if hasattr(hf_config, "to_diff_dict"):  # the head's size, labels and problem type travel with the file
         recorded = {**hf_config.to_diff_dict(), **head_fields(model)}
         metadata[_MODEL_CONFIG_KEY] = json.dumps(recorded, sort_keys=True, default=str)
-    metadata[_CONTENT_KEY] = _content_hash(metadata, tensors)
+    metadata[CONTENT_KEY] = content_sha256(metadata, tensors)
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
     return Path(path)
-
-
-def _file_identity(path: Path) -> tuple[int, ...]:
-    """What changes whenever a file's bytes do: any write moves its ctime, a new file is a new inode."""
-    st = path.stat()
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def _read(path: Path, verified: dict[tuple, str] | None = None) -> tuple[dict[str, str], dict[str, Tensor]]:
-    """Metadata and tensors of a verified learners file; raises before anything is used.
-
-    `verified` ({file identity: content sha256}, kept on a model that swaps users) skips hashing a
-    file this process has verified before and that has not changed since (same inode, size, mtime
-    and ctime, before and after this read); a file not in it is verified and added, once its last
-    write is `_SETTLED_NS` old: a write in the same timestamp tick as the one verified would leave
-    its ctime as it was (git's "racily clean" files), so a recent file is hashed every time.
-    """
-    if not path.is_file():
-        raise FileNotFoundError(f"no learners file at {str(path)!r}; write one with far.save_learners(model, path)")
-    try:
-        identity = _file_identity(path)
-        with safe_open(path, framework="pt") as f:  # safetensors only: nothing is ever unpickled
-            metadata = f.metadata() or {}
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-        unchanged = _file_identity(path) == identity  # no write while it was read
-    except Exception as error:  # SafetensorError and OSError alike: the file is unreadable
-        raise LearnersFileError(
-            f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): {error}. "
-            "Write it again with far.save_learners"
-        ) from error
-    if metadata.get("format") != FORMAT:
-        raise LearnersFileError(
-            f"{str(path)!r} has no FAR learners metadata (format={metadata.get('format')!r}); "
-            "only files written by far.save_learners can be loaded"
-        )
-    if metadata.get("format_version") not in _READABLE:
-        raise LearnersFileError(
-            f"{str(path)!r} is a learners file of format version {metadata.get('format_version')!r}, "
-            f"this version of far reads versions {' and '.join(_READABLE)}; upgrade far or re-export the file"
-        )
-    recorded = metadata.get(_CONTENT_KEY)
-    if unchanged and verified is not None and recorded is not None and verified.get(identity) == recorded:
-        return metadata, tensors  # these very bytes matched their sha256 before
-    if recorded != _content_hash(metadata, tensors):
-        raise LearnersFileError(
-            f"{str(path)!r} is corrupted: its contents do not match the sha256 recorded when it was written"
-        )
-    if unchanged and verified is not None and identity[-1] < time.time_ns() - _SETTLED_NS:
-        if len(verified) >= _MAX_VERIFIED:
-            verified.clear()
-        verified[identity] = recorded
-    return metadata, tensors
 
 
 def learners_model_config(path: str | os.PathLike) -> dict:
@@ -208,7 +150,7 @@ def learners_model_config(path: str | os.PathLike) -> dict:
         >>> far.saving.learners_model_config("user-42.safetensors")["id2label"]
         {'0': 'negative', '1': 'positive'}
     """
-    metadata, _ = _read(Path(path))
+    metadata, _ = read_learners(Path(path))
     return _recorded_config(Path(path), metadata)
 
 
@@ -220,173 +162,6 @@ def _recorded_config(path: Path, metadata: Mapping[str, str]) -> dict:
             f"{str(path)!r} has an invalid model_config: {error}; write it again with far.save_learners"
         ) from error
     return config if isinstance(config, dict) else {}
-
-
-_REQUIRED = ("far_config", "model_type", "ffns", "base_fingerprint")
-
-
-def _parse(path: Path, metadata: Mapping[str, str]) -> tuple[FARConfig, dict[str, list[str]]]:
-    missing = [key for key in _REQUIRED if key not in metadata]
-    if missing:
-        raise LearnersFileError(f"{str(path)!r} lacks the metadata {missing}; write it again with far.save_learners")
-    try:
-        config = FARConfig(**json.loads(metadata["far_config"]))
-        layout = json.loads(metadata["ffns"])
-    except (TypeError, ValueError) as error:
-        raise LearnersFileError(f"{str(path)!r} has invalid metadata: {error}") from error
-    if not isinstance(layout, dict):
-        raise LearnersFileError(f"{str(path)!r} has invalid metadata: 'ffns' is not a JSON object")
-    return config, layout
-
-
-def _linear_shape(module: nn.Module) -> tuple[tuple[int, int], torch.dtype, bool]:
-    """(out, in) in nn.Linear layout, weight dtype, and whether the projection has a bias."""
-    if isinstance(module, SplitLinear):
-        has_bias = (module.learner_bias if module.role == INPUT else module.bias) is not None
-        return (module.out_features, module.in_features), module.learner_weight.dtype, has_bias
-    out_f, in_f = node_rows(module, INPUT).shape  # an input projection's node rows are nn.Linear's layout
-    return (out_f, in_f), module.weight.dtype, module.bias is not None
-
-
-def _expect(
-    path: Path,
-    tensors: Mapping[str, Tensor],
-    key: str,
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    *,
-    head_size: int | None = None,
-) -> None:
-    """Raise unless the file's `key` has `shape` and `dtype`; `head_size`: the model's number of labels,
-    for a whole parameter (a task head's rows are its labels)."""
-    tensor = tensors.get(key)
-    if tensor is None:
-        raise LearnersFileError(f"{str(path)!r} lacks the tensor {key!r} its metadata announces")
-    found, needed = tuple(tensor.shape), tuple(shape)
-    if found != needed or tensor.dtype != dtype:
-        raise LearnersFileError(
-            f"{str(path)!r}: {key} is {found} {tensor.dtype}, the model needs {needed} {dtype}; "
-            + _why_mismatch(found, needed, tensor.dtype, dtype, head_size)
-        )
-
-
-def _why_mismatch(
-    found: tuple[int, ...],
-    needed: tuple[int, ...],
-    dtype: torch.dtype,
-    needed_dtype: torch.dtype,
-    head_size: int | None,
-) -> str:
-    """The cause of a tensor that does not fit, and what to do: the head's size, the dtype, or another model."""
-    if head_size is not None and len(found) == len(needed) and found[1:] == needed[1:] and needed[0] == head_size:
-        # Only the rows differ, and the model has that many labels: a task head of another size.
-        return (
-            f"the file's head has {found[0]} output(s) and the model's {head_size}: build the base with "
-            f"num_labels={found[0]} (far predict reads it from the file's recorded config)"
-        )
-    if found == needed:
-        return (
-            f"the file holds {dtype} values and the model {needed_dtype}: load the base in {dtype} "
-            f"(from_pretrained(..., dtype={dtype}))"
-        )
-    return f"the file belongs to a model of another size: {_ONTO_ITS_BASE}"
-
-
-def _check_learner_indices(path: Path, name: str, idx: Tensor, n_nodes: int, empty_ok: bool) -> None:
-    # Empty: a group in a layer frozen whole (freeze_layers); `reconfigure_with_learners` checks which.
-    ok = idx.dtype == torch.int64 and idx.dim() == 1 and (0 if empty_ok else 1) <= idx.numel() <= n_nodes
-    if ok and idx.numel():
-        ok = bool(idx[0] >= 0) and bool(idx[-1] < n_nodes) and bool((idx[1:] > idx[:-1]).all())
-    if not ok:
-        raise LearnersFileError(
-            f"{str(path)!r}: {name}.learner_indices must be sorted distinct int64 node indices in [0, {n_nodes})"
-        )
-
-
-def _check_against_model(
-    path: Path,
-    model: nn.Module,
-    metadata: Mapping[str, str],
-    tensors: Mapping[str, Tensor],
-    spec: FFNSpec | None,
-    active: ActiveLearners | None,
-    digests: DigestCache,
-) -> tuple[FARConfig, dict[str, Tensor], list[str], dict[str, NodeGroup]]:
-    config, layout = _parse(path, metadata)
-    relayout = active is not None and active.relayout  # another user's file split it: it may be re-split
-    loaded = get_config(model) if relayout else None
-    if loaded is not None and (loaded.attention_retention is None) != (config.attention_retention is None):
-        raise LearnersFileError(
-            f"{str(path)!r} splits attention heads {'not ' if config.attention_retention is None else ''}as the "
-            f"loaded file {active.path!r} does; call far.saving.unload_learners(model) first, then load it"
-        )
-    if metadata["model_type"] != str(model_type(model)):
-        raise LearnersFileError(
-            f"{str(path)!r} was saved from a {metadata['model_type']!r} model, this model is "
-            f"{model_type(model)!r}: {_ONTO_ITS_BASE}"
-        )
-    ffns = node_groups(model, spec, attention=config.attention_retention is not None)
-    if layout != {ffn.name: list(ffn.inputs) for ffn in ffns.values()}:
-        raise LearnersFileError(
-            f"{str(path)!r} describes other FFNs ({len(layout)}, e.g. {next(iter(layout), None)!r}) than this "
-            f"model has ({len(ffns)}, e.g. {next(iter(ffns))!r}): it belongs to another architecture; {_ONTO_ITS_BASE}"
-        )
-    chosen, ffn_keys = {}, set()
-    for ffn in ffns.values():
-        idx = tensors.get(f"{ffn.name}.learner_indices", torch.empty(0))
-        _check_learner_indices(path, ffn.name, idx, ffn.n_nodes, config.freeze_layers is not None)
-        chosen[ffn.name] = idx
-        k = idx.numel()
-        ffn_keys.add(f"{ffn.name}.learner_indices")
-        for name in (*ffn.inputs, ffn.output):
-            module = model.get_submodule(name)
-            (out_f, in_f), dtype, has_bias = _linear_shape(module)
-            rows = k * projection_rows(module, INPUT if name in ffn.inputs else OUTPUT) // ffn.n_nodes
-            shape = (rows, in_f) if name in ffn.inputs else (out_f, rows)
-            _expect(path, tensors, f"{name}.learner_weight", shape, dtype)
-            ffn_keys.add(f"{name}.learner_weight")
-            if name in ffn.inputs and has_bias:
-                _expect(path, tensors, f"{name}.learner_bias", (rows,), dtype)
-                ffn_keys.add(f"{name}.learner_bias")
-    # Every other tensor overwrites a whole parameter; inside an FFN only the output bias may be
-    # overwritten, which belongs to no node (a whole FFN weight would overwrite frozen nodes).
-    projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
-    params = {
-        name: p
-        for name, p in model.named_parameters()
-        if name.rpartition(".")[0] not in projections or name in {f"{f.output}.bias" for f in ffns.values()}
-    }
-    others = sorted(set(tensors) - ffn_keys)
-    head_size = getattr(getattr(model, "config", None), "num_labels", None)
-    for name in others:
-        if name not in params:
-            raise LearnersFileError(
-                f"{str(path)!r} holds {name!r}, which is not a parameter of this model that a learners file "
-                f"may overwrite; it belongs to another model: {_ONTO_ITS_BASE}"
-            )
-        _expect(path, tensors, name, tuple(params[name].shape), params[name].dtype, head_size=head_size)
-    if is_reconfigured(model) and not relayout:
-        if not _same_layout(model, config, chosen, spec):
-            raise LearnersFileError(
-                f"this model is reconfigured differently from the one {str(path)!r} was saved from; "
-                "load the file onto the plain base model (far.restore(model) first)"
-            )
-    # With a file loaded, the base is the model with that file's overwritten values put back.
-    base_values = None if active is None else active.base
-    version = _READABLE[metadata["format_version"]]
-    fingerprint = base_fingerprint(
-        model, ffns, chosen, others, base_values=base_values, version=version, digests=digests
-    )
-    if fingerprint != metadata["base_fingerprint"]:
-        raise LearnersFileError(
-            f"{str(path)!r} was trained from a different base model: the model's frozen weights do not match the "
-            "fingerprint in the file. Load it onto the exact base model (same checkpoint and dtype) it came from "
-            "(far predict: --model BASE): the stock pretrained model for a file saved after far.finetune or far "
-            "train (frozen values reset), the primed model itself for one saved with reset_frozen=False (far train "
-            "--keep-primed-frozen), which only that run's saved model folder holds: predict with "
-            "far predict --model RUN/model, without --learners"
-        )
-    return config, chosen, others, ffns
 
 
 def _node_tables(
@@ -416,11 +191,6 @@ def _move_node_digests(
             learners, frozen = f"{name}.learner_{part}", getattr(module, f"frozen_{part}")
             active.digests.put_rows(as_rows(active.base[learners]), table[order[:k]])
             active.digests.put_rows(as_rows(frozen.detach()), table[order[k:]])
-
-
-def _same_layout(model: nn.Module, config: FARConfig, chosen: Mapping[str, Tensor], spec: FFNSpec | None) -> bool:
-    current = learners(model, spec)
-    return get_config(model) == config and all(torch.equal(current[n].cpu(), chosen[n]) for n in chosen)
 
 
 @torch.no_grad()
@@ -469,8 +239,8 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     # What a swapping model keeps across swaps: the base's digests and the files already verified.
     digests = DigestCache() if active is None else active.digests
     verified = {} if active is None else active.verified
-    metadata, tensors = _read(path, verified)
-    config, chosen, others, groups = _check_against_model(path, model, metadata, tensors, spec, active, digests)
+    metadata, tensors = read_learners(path, verified)
+    config, chosen, others, groups = check_against_model(path, model, metadata, tensors, spec, active, digests)
     labels = _recorded_config(path, metadata)  # what the file says of its head: its labels, for model.config
     # The base's node-row digests, original order: the check just read them (a version-2 file).
     tables = _node_tables(model, groups, active, digests) if metadata["format_version"] != "1" else {}
@@ -479,7 +249,7 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     if active is not None:
         revert(model, active)  # the base values again, in the active file's layout
         relayout = active.relayout
-        if not _same_layout(model, config, chosen, spec) and not resplit(model, chosen, config, spec=spec):
+        if not same_layout(model, config, chosen, spec) and not resplit(model, chosen, config, spec=spec):
             restore(model)
     if not is_reconfigured(model):
         reconfigure_with_learners(model, chosen, config, spec=spec)
@@ -495,7 +265,7 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         model,
         [*overwritten, *others],
         path=str(path),
-        content_sha256=metadata[_CONTENT_KEY],
+        content_sha256=metadata[CONTENT_KEY],
         relayout=relayout,
         digests=digests,
         verified=verified,

@@ -38,6 +38,7 @@ from far.saving.layout import (
     write_layout,
 )
 from far.saving.learners_file import save_learners
+from far.saving.safetensors_file import LEARNERS_FILE  # beside a FARTrainer folder's plain weights
 from far.saving.stock import weight_files
 from far.storage.atomic import atomic_dir
 from far.surgery.reconfigure import restore
@@ -46,7 +47,6 @@ from far.surgery.state import get_config, is_reconfigured
 FAR_KEY = "far"  # config.json entry of a FAR checkpoint
 FORMAT_VERSION = 2  # 2: split projections stored node-major (one row per node)
 CONFIG_NAME = "config.json"
-LEARNERS_FILE = "learners.safetensors"  # beside a FARTrainer folder's plain weights
 
 
 def write_pretrained(model: nn.Module, folder: Path, **kwargs) -> None:

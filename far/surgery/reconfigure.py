@@ -23,7 +23,7 @@ from far.config import AUTO, UNSET, FARConfig, as_config
 from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
-from far.selection import auto_freeze_layers, select_learners
+from far.selection import auto_freeze_layers, needs_scores, select_learners
 from far.surgery.inputs import check_learners, check_model, check_scores, primer_head_scores, primer_scores
 from far.surgery.portable import check_resettable, reset_values
 from far.surgery.state import (
@@ -106,7 +106,7 @@ def reconfigure(
         if config.freeze_layers != AUTO:
             check_depth(config.freeze_layers, len(layers))
     checked = None
-    if config.selection != "random" or config.freeze_layers == AUTO:
+    if needs_scores(config):
         checked = check_scores(primer_scores(model, scores, config), ffns)
     # "auto" is resolved once, from the FFN scores, so that the heads freeze with the same layers.
     depth = config.freeze_layers

@@ -62,10 +62,12 @@ TOKEN_TIME = ((4096, 1.0), (1024, 1.15), (512, 1.32), (256, 1.43), (128, 1.47))
 RECOMPUTE_LAYERS_TIME = 1.4
 
 
-# The estimate's parts are an encoder's (BERT-style config fields, one pass over the whole sequence).
+# The estimate's parts are an encoder's (BERT-style config fields, one pass over the whole sequence). A causal LM's
+# budget is planned from its GGUF file by the run on texts (far.llm.text_budget); a prompted run takes none.
 ENCODERS_ONLY = (
-    "the memory budget (--memory-budget) plans encoder runs; a causal LM runs on the lean causal-LM runtime, which "
-    "keeps its own memory low: leave the budget out for this model"
+    "this memory budget plans encoder runs; a causal LM's budget is planned by its lean runtime, for a run on texts: "
+    "far train --model GGUF --train-file TEXTS --memory-budget MIB (in Python, TextRun(..., memory_budget=MIB) "
+    "beside settings without one). Leave the budget out of this run"
 )
 
 

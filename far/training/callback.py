@@ -13,11 +13,12 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from far.architectures import FFNSpec
-from far.config import AUTO, UNSET, FARConfig, as_config
+from far.config import UNSET, FARConfig, as_config
 from far.priming import Primer, primer_of
 from far.saving.layout import LAYOUT_FILE, read_layout, rebuild_layout
 from far.saving.pretrained import has_far_layout
 from far.saving.stock import weight_files
+from far.selection import needs_scores
 from far.summary import Summary, summary
 from far.surgery.reconfigure import reconfigure
 from far.surgery.state import get_config, is_reconfigured
@@ -126,8 +127,7 @@ class FARCallback(TrainerCallback):
     ) -> None:
         self.config = as_config(config, **fields)
         self.priming = check_length("priming", priming)
-        # Random selection needs no scores, unless freeze_layers="auto" reads them to choose the depth.
-        self._needs_scores = self.config.selection != "random" or self.config.freeze_layers == AUTO
+        self._needs_scores = needs_scores(self.config)
         if self._needs_scores and self.priming == 0:
             raise ValueError(
                 f"selection={self.config.selection!r} needs priming scores: priming must be > 0, or use "

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 from transformers import default_data_collator
 
@@ -32,7 +31,6 @@ from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.memory import release_freed_memory
 from far.training.options import OPTION_NAMES, TrainOptions
 from far.training.plan import plan_training
-from far.training.precision import choose_precision
 from far.training.result import FinetuneResult
 
 logger = logging.getLogger(__name__)
@@ -41,11 +39,6 @@ logger = logging.getLogger(__name__)
 def _checkpointing(model: nn.Module) -> bool:
     """Whether the model already recomputes its layers in backward (transformers' gradient checkpointing)."""
     return bool(getattr(model, "is_gradient_checkpointing", False))
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    """Where the model's parameters are (a model without any is refused later, with its own message)."""
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _check_data(train_data: object) -> int:
@@ -231,7 +224,7 @@ def finetune(
     keywords = {name: value for name, value in locals().items() if name in OPTION_NAMES}
     options = TrainOptions.from_call(options, config, keywords, deprecated)
     plan = plan_training(n_examples, options)
-    precision = choose_precision(options.requested_precision, _device_of(model))
+    precision = options.precision_for(model)
     plan = dataclasses.replace(plan, bf16=precision.bf16)
     memory = None
     if options.memory_budget is not None and getattr(getattr(model, "config", None), "model_type", None) in (

@@ -19,10 +19,27 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
-from far.config import AUTO, UNSET, FARConfig, as_config
-from far.training.precision import check_precision
+import torch
+from torch import nn
 
-DEFAULT_LR = {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6}
+from far.config import AUTO, UNSET, FARConfig, as_config
+from far.selection import needs_scores
+from far.training.precision import Precision, check_precision, choose_precision
+
+# Default learning rates, the one table: per kind of run, per optimizer. "finetune" is far.finetune's, for a model of
+# any size (BERT-base's usual AdamW rate; MeZO's paper's). The others are the `far` commands' (the hyper-parameter
+# tables of far.recipes, the device export's): MiniLM-size encoders take a higher AdamW rate than BERT-base's
+# 2e-5..5e-5, MeZO many cheap steps at a small rate. On SmolLM2-135M's SST-2 prompts (experiments/llm_sst2.py),
+# MeZO + FAR trained well at 3e-4 in 80 steps where MeZO on every weight diverged: 1e-4 is the safe rate for both.
+# On texts, the rates that experiments/own_texts_optimizers.py picked on chunks held out of the training split.
+LEARNING_RATES = {
+    "finetune": {"adamw": 5e-5, "sgd": 1e-3, "mezo": 1e-6},
+    "encoder": {"adamw": 1e-4, "sgd": 0.01, "mezo": 1e-5},  # far glue, far train on labelled files, the device
+    "encoder QA": {"adamw": 5e-5, "mezo": 1e-5},  # far squad
+    "causal LM prompts": {"adamw": 1e-5, "mezo": 1e-4},
+    "causal LM texts": {"adamw": 3e-4, "mezo": 1e-4, "zo-batched": 1e-5},
+}
+DEFAULT_LR = LEARNING_RATES["finetune"]
 OPTIMIZERS = tuple(DEFAULT_LR)
 # What priming scores a node by: "change", how far the first `priming` steps of ordinary fine-tuning moved
 # it; "gradient", its weights' gradient L1 summed over the first `priming` steps' batches, before any
@@ -312,6 +329,12 @@ class TrainOptions:
             return self.precision
         return "bf16" if self.bf16 else "fp32"
 
+    def precision_for(self, model: nn.Module) -> Precision:
+        """What the run computes in on `model`'s device: the one rule that training and evaluation both read, so that
+        a model trained under bf16 autocast is also scored under it (and one trained in fp32, in fp32)."""
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        return choose_precision(self.requested_precision, device)
+
     @property
     def embeddings_frozen(self) -> bool:
         """Whether the run freezes the embeddings (by the config's surgery, or plainly)."""
@@ -321,8 +344,7 @@ class TrainOptions:
     def primes(self) -> bool:
         """Whether the run has a priming phase: FAR ranks nodes by priming's change, and random selection
         needs none unless `freeze_layers="auto"` reads the scores to choose the depth."""
-        config = self.config
-        return config is not None and (config.selection != "random" or config.freeze_layers == AUTO)
+        return self.config is not None and needs_scores(self.config)
 
     @property
     def frozen_from_start(self) -> bool:

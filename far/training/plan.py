@@ -43,50 +43,55 @@ def length_in_steps(name: str, value: float | int, total: int, what: str | None 
     return steps
 
 
+# The options a plan takes as they were asked for, read from them: `plan.seed` is `plan.options.seed`. Among them
+# `freeze_layers` is plain freezing's depth (with a surgery, `far.freeze_layers`); `reset_frozen` puts frozen tensors
+# back to their pre-priming values at the switch; `cache_frozen` keeps the frozen bottom's output per example
+# (far.training.frozen_bottom); `group_by_length` batches similar lengths (far.training.batches.BatchStream).
+ASKED = tuple(
+    "optimizer freeze_ffn freeze_layers reset_frozen batch_size grad_accum weight_decay max_grad_norm seed mezo_eps "
+    "mezo_directions eval_every checkpoint_every keep_checkpoints log_every cache_frozen cache_frozen_mib "
+    "group_by_length".split()
+)
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
-    """The validated options of one `far.finetune` run, with its step counts resolved.
+    """One `far.finetune` run's checked options (`options`, held whole) with what they resolve to.
 
     Steps count optimizer steps (each over `grad_accum` batches) from the start of priming; the
-    priming steps are the first `priming_steps` of `total_steps`.
+    priming steps are the first `priming_steps` of `total_steps`. The options that a run takes as
+    asked (`ASKED`) are read from `options` (`plan.seed`); the fields here are what planning decides.
     """
 
-    optimizer: str
-    far: FARConfig | None  # None: no surgery (full fine-tuning, or the freeze-FFN ablation)
-    priming_optimizer: str | None  # None: no priming phase
-    freeze_embeddings: bool
-    freeze_ffn: bool
-    freeze_layers: int | None  # without surgery: the bottom layers frozen whole (with it: far.freeze_layers)
-    reset_frozen: bool  # frozen tensors back to their pre-priming values at the switch
+    options: TrainOptions
     n_examples: int
-    batch_size: int
-    grad_accum: int
     total_steps: int
     priming_steps: int
     warmup_steps: int
     lr: float
     priming_lr: float | None
-    weight_decay: float
-    max_grad_norm: float | None
-    bf16: bool
-    seed: int
-    mezo_eps: float
-    mezo_directions: int
-    eval_every: int | None
-    checkpoint_every: int | None
-    keep_checkpoints: int | None
-    log_every: int
+    priming_optimizer: str | None  # None: no priming phase
+    # The surgery: the options' config, or with `recompute_activations` on where a memory plan needs it.
+    far: FARConfig | None  # None: no surgery (full fine-tuning, or the freeze-FFN ablation)
+    # Forward passes under bf16 autocast: the precision chosen for the model's device (TrainOptions.precision_for).
+    bf16: bool = False
     # What the FARConfig freezes up front (its embeddings, a fixed freeze_layers) is frozen from the first
-    # priming step instead of at the surgery: see `frozen_from_start`.
+    # priming step instead of at the surgery: see `TrainOptions.frozen_from_start` (and a memory plan's levers).
     frozen_from_start: bool = False
-    # The frozen bottom runs without dropout and its output is kept per example (far.training.frozen_bottom).
-    cache_frozen: bool = False
-    cache_frozen_mib: float = 1024.0
-    # Batches of similar lengths (far.training.batches.BatchStream): the same examples an epoch, less padding.
-    group_by_length: bool = False
     # Gradient priming (TrainOptions.priming_scores="gradient"): the batches of this many first steps are
     # scored before step 0, without an update; priming_steps is then 0 and every step trains the split model.
     gradient_priming_steps: int = 0
+
+    def __getattr__(self, name: str) -> object:
+        # Only called for names that are not the plan's own: the options asked for as they are.
+        if name in ASKED:
+            return getattr(self.options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def freeze_embeddings(self) -> bool:
+        """Whether the embeddings are frozen, by the surgery or plainly (`TrainOptions.embeddings_frozen`)."""
+        return self.options.embeddings_frozen
 
     def optimizer_at(self, step: int) -> str:
         """The optimizer that takes step `step` (0-based)."""
@@ -97,16 +102,21 @@ class TrainingPlan:
         return self.priming_lr if step < self.priming_steps else self.lr
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """What a checkpoint records of the plan (`RECORDED`), as plain values."""
+        return {name: asdict(self.far) if name == "far" and self.far else getattr(self, name) for name in RECORDED}
 
     def mismatches(self, saved: dict) -> list[str]:
         """The options that would make a run resumed from a checkpoint of `saved` diverge from it."""
         now = self.to_dict()
         return [
-            f"{f.name}: saved {saved.get(f.name)!r}, now {now[f.name]!r}"
-            for f in fields(self)
-            if f.name not in _FREE_ON_RESUME and saved.get(f.name, _BEFORE_THE_OPTION.get(f.name)) != now[f.name]
+            f"{name}: saved {saved.get(name)!r}, now {now[name]!r}"
+            for name in RECORDED
+            if name not in _FREE_ON_RESUME and saved.get(name, _BEFORE_THE_OPTION.get(name)) != now[name]
         ]
+
+
+# What a checkpoint records of its plan (far.training.checkpoint): a resumed run compares them.
+RECORDED = (*(f.name for f in fields(TrainingPlan) if f.name != "options"), "freeze_embeddings", *ASKED)
 
 
 def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
@@ -130,35 +140,18 @@ def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
     if priming_optimizer is not None:
         default = lr if priming_optimizer == options.optimizer else DEFAULT_LR[priming_optimizer]
         priming_lr = default if options.priming_lr is None else options.priming_lr
+    warmup_steps = length_in_steps("warmup", options.warmup, total_steps)
     return TrainingPlan(
-        optimizer=options.optimizer,
+        options,
+        n_examples,
+        total_steps,
+        priming_steps,
+        warmup_steps,
+        lr,
+        priming_lr,
+        priming_optimizer,
         far=options.config,
-        priming_optimizer=priming_optimizer,
-        freeze_embeddings=options.embeddings_frozen,
-        freeze_ffn=options.freeze_ffn,
-        freeze_layers=options.freeze_layers,
-        reset_frozen=options.reset_frozen,
-        n_examples=n_examples,
-        batch_size=options.batch_size,
-        grad_accum=options.grad_accum,
-        total_steps=total_steps,
-        priming_steps=priming_steps,
-        warmup_steps=length_in_steps("warmup", options.warmup, total_steps),
-        lr=lr,
-        priming_lr=priming_lr,
-        weight_decay=options.weight_decay,
-        max_grad_norm=options.max_grad_norm,
         bf16=options.bf16,
-        seed=options.seed,
-        mezo_eps=options.mezo_eps,
-        mezo_directions=options.mezo_directions,
-        eval_every=options.eval_every,
-        checkpoint_every=options.checkpoint_every,
-        keep_checkpoints=options.keep_checkpoints,
-        log_every=options.log_every,
         frozen_from_start=options.frozen_from_start,
-        cache_frozen=options.cache_frozen,
-        cache_frozen_mib=options.cache_frozen_mib,
         gradient_priming_steps=gradient_priming_steps,
-        group_by_length=options.group_by_length,
     )
