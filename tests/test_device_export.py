@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import kill_child_at, tiny_model, write_rows
 from safetensors.torch import load_file
+from test_fuzz_readers import COUNTS as FUZZ_COUNTS
+from test_fuzz_readers import fuzz, json_mutations, safetensors_mutations
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 import far
 import far.device as device
 from far.cli.main import main
 from far.device.examples import read_examples
-from far.device.manifest import DeviceFileError, read_manifest
+from far.device.manifest import MANIFEST, DeviceFileError, read_manifest
 from far.device.order import epoch_order
 from far.device.runtime import DevicePrograms
 from far.device.state import read_state, write_state
@@ -364,3 +367,35 @@ def test_minilm_exports_and_trains_a_step(minilm_path, tmp_path):
     assert result.sizes["train.pte"] < result.sizes["bottom.pte"]  # the word embeddings stay in the bottom
     device.write_examples(TEXTS[:8], tokenizer, out, out / "examples.safetensors", labels=[i % 2 for i in range(8)])
     assert device.train(out, out / "examples.safetensors", epochs=1).step == 1
+
+
+@FUZZ_COUNTS
+def test_mutated_device_files_are_refused_with_device_file_error(exported, tmp_path, count):
+    from far.device.examples import read_examples
+    from far.device.manifest import DeviceFileError, read_manifest
+    from far.device.state import read_state
+
+    manifest = read_manifest(exported)
+    # a state file carries a content digest, which catches nearly every change; an examples file does not, and
+    # a change that leaves its ids in range is a valid file of other examples
+    for name, read, share in (
+        ("state.safetensors", lambda path: read_state(path, manifest), 0.9),
+        ("examples.safetensors", lambda path: read_examples(path, manifest), 0.3),
+    ):
+        raw = (exported / name).read_bytes()
+        outcome = fuzz(safetensors_mutations(raw, seed=count, count=count), tmp_path, read, (DeviceFileError,))
+        assert outcome["refused"] > count * share, (name, outcome)
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for program in manifest["programs"].values():
+        (folder / program["file"]).symlink_to(exported / program["file"])
+
+    def read_folder(path: Path) -> None:
+        (folder / MANIFEST).write_bytes(path.read_bytes())
+        read_manifest(folder)
+
+    # fields that no reader relies on (a dropout rate in the model's config) may hold anything
+    mutated = json_mutations(manifest, seed=count, count=count)
+    outcome = fuzz(mutated, tmp_path, read_folder, (DeviceFileError,))
+    assert outcome["refused"] > count * 0.3, outcome

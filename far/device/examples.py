@@ -195,6 +195,12 @@ def read_examples(path: str | os.PathLike, manifest: Mapping) -> tuple[dict[str,
         tensor = tensors.get(name)
         if tensor is None or tensor.dtype != torch.long or tuple(tensor.shape) != (n, length):
             raise DeviceFileError(f"{str(path)!r}: {name} must be int64 ({n}, {length}), the program's shape")
+    # ids outside the vocabulary would index past the program's embedding table on the device
+    types = (manifest.get("model_config") or {}).get("type_vocab_size", 2)
+    ranges = {"input_ids": int(manifest["vocab_size"]), "attention_mask": 2, "token_type_ids": int(types)}
+    for name, bound in ranges.items():
+        if name in tensors and not bool(((tensors[name] >= 0) & (tensors[name] < bound)).all()):
+            raise DeviceFileError(f"{str(path)!r}: {name} holds values outside [0, {bound}), which this program reads")
     labels = tensors["labels"]
     if manifest["task"]["kind"] == "regression":
         ok = labels.dtype == torch.float32

@@ -55,6 +55,7 @@ def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True) -
             f"{str(path)!r} has format version {manifest.get('format_version')!r}; this far reads version "
             f"{FORMAT_VERSION}: export the folder again with this far"
         )
+    _check_fields(manifest, path)
     if verify_programs:
         for role, program in manifest["programs"].items():
             file = out_dir / program["file"]
@@ -66,6 +67,53 @@ def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True) -
                     "damaged since the export); export the folder again"
                 )
     return manifest
+
+
+def _check_fields(manifest: dict, path: Path) -> None:
+    """The fields every reader of the folder relies on, of the right types; program files named inside the folder.
+
+    A manifest may come from anywhere (a folder copied to a phone): a program named `../x.pte` or `/etc/...` must
+    not be read, and a reader must meet a field it expects, not a KeyError deep inside a training step.
+    """
+
+    def bad(field: str, why: str) -> DeviceFileError:
+        return DeviceFileError(f"{str(path)!r}: {field} {why}; export the folder again")
+
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31
+
+    programs = manifest.get("programs")
+    if not isinstance(programs, dict) or "train" not in programs:
+        raise bad("programs", "must name the training program")
+    for role, program in programs.items():
+        file, digest = (program.get("file"), program.get("sha256")) if isinstance(program, dict) else (None, None)
+        if not isinstance(file, str) or not 0 < len(file) < 256 or file != Path(file).name or file in (".", ".."):
+            raise bad(f"programs.{role}.file", f"must be a file name inside the folder, not {str(file)[:80]!r}")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise bad(f"programs.{role}.sha256", "must be a sha256 in hex")
+    for field in ("batch_size", "max_length", "vocab_size"):
+        if not whole(manifest.get(field)):
+            raise bad(field, f"must be a positive whole number, not {str(manifest.get(field))[:80]!r}")
+    task, optimizer = manifest.get("task"), manifest.get("optimizer")
+    if not isinstance(task, dict) or not whole(task.get("num_labels")) or not isinstance(task.get("kind"), str):
+        raise bad("task", "must hold kind and num_labels")
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("name"), str):
+        raise bad("optimizer", "must name the optimizer")
+    config = manifest.get("model_config", {})
+    if not isinstance(config, dict) or not whole(config.get("type_vocab_size", 2)):
+        raise bad("model_config", "must be the model's config, with a positive type_vocab_size")
+    if not isinstance(manifest.get("base_fingerprint"), str):
+        raise bad("base_fingerprint", "must be the base model's fingerprint")
+    trainable = manifest.get("trainable")
+    if not isinstance(trainable, list) or not all(
+        isinstance(spec, dict)
+        and isinstance(spec.get("name"), str)
+        and isinstance(spec.get("dtype"), str)
+        and isinstance(spec.get("shape"), list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 31 for d in spec["shape"])
+        for spec in trainable
+    ):
+        raise bad("trainable", "must list each tensor's name, shape and dtype")
 
 
 def program_sha256(manifest: dict) -> str:
