@@ -1,0 +1,482 @@
+"""Writes the results tables of README.md and docs/*.md from the committed files under experiments/results/.
+
+A table lives in a document between two markers, `<!-- table:NAME -->` and `<!-- /table:NAME -->`; everything
+between them is this script's output and is rewritten on each run. Each table ends with the files it read, the
+machine that made them and the command that made them (from the files themselves where they record it). Text
+outside the markers is left alone.
+
+    python experiments/tables.py            # rewrite every marked table
+    python experiments/tables.py --check    # exit 1 and print a diff when a document differs from what it would write
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKED = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
+MIB = 2**20
+
+# The two machines of docs/results.md's "Machines" table, for result files that do not record their CPU.
+MACHINE_A = "machine A (x86-64, 2 cores, native bf16), torch 2.13.0 CPU"
+MACHINE_B = "machine B (AMD EPYC, 2 cores, AVX2 only), torch 2.13.0+cpu"
+
+
+def load(relative: str) -> dict:
+    """One committed result file, by its path under experiments/results/."""
+    return json.loads((RESULTS / relative).read_text())
+
+
+def machine(record: dict, default: str = "") -> str:
+    """The machine a result file records (`harness.machine()`'s dict), else `default`."""
+    found = record.get("machine")
+    if not isinstance(found, dict):
+        return default
+    flags = " ".join(found.get("cpu_flags", []))
+    return f"{found.get('cpu', 'CPU')}, {found.get('cpus', '?')} cores" + (f" (`{flags}`)" if flags else "")
+
+
+def source(files: list[str], made_on: str, commands: list[str]) -> str:
+    """The line under a table: its files, machine and commands."""
+    listed = ", ".join(f"`experiments/results/{name}`" for name in files)
+    runs = "; ".join(f"`{command}`" for command in commands)
+    return f"Files: {listed}. Machine: {made_on}. Command: {runs}.\n"
+
+
+def pm(stat: dict, scale: float = 100.0) -> str:
+    """'mean ± std' of a summary statistic, in points."""
+    return f"{scale * stat['mean']:.2f} ± {scale * stat['std']:.2f}"
+
+
+def signed(value: float, digits: int = 2) -> str:
+    """A difference with its sign and a true minus."""
+    return f"{value:+.{digits}f}".replace("-", "−")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def md_table(relative: str, index: int = 0) -> str:
+    """The `index`-th markdown table of a committed .md file, verbatim."""
+    blocks, current = [], []
+    for line in (RESULTS / relative).read_text().splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return "\n".join(blocks[index]) + "\n"
+
+
+def md_command(relative: str) -> str:
+    """The command a replicate_far/bench_step .md file names on its first line."""
+    first = (RESULTS / relative).read_text().splitlines()[0]
+    return first.split("`")[1]
+
+
+# --- README.md ------------------------------------------------------------------------------------------------
+
+
+def readme_results() -> str:
+    replication = load("replicate_far/replication.json")
+    cola = replication["summary"]["cola"]
+    heads_lora = load("replicate_far/replication_heads_lora/heads_lora.json")
+    kept = load("replicate_far/replication_lora/kept_files.json")
+    step = load("bench_step/bench_step_layer_target.json")
+    step_far = step["results"][0]["configs"]["far-0.4"]
+    grouped = load("replicate_far/grouped/grouped.json")
+    memory = {case["case"]: case for case in load("bench_memory/memory_minilm.json")["cases"]}
+    clock = {(row["model"], row["k"], row["arm"]): row for row in load("llm_fewshot_time/summary.json")["rows"]}
+    own = {row["arm"]: row for row in load("own_texts_runs/summary.json")["rows"]}
+    own_metrics = load("own_texts_runs/adamw/metrics.json")
+    fewshot = load("llm_fewshot/llm_fewshot.json")
+    fewshot_rows = {(row["k"], row["arm"]): row for row in fewshot["rows"]}
+
+    far_cola = cola["far"]
+    summary_rows = []
+    summary_rows.append(
+        [
+            "FAR r=0.4 vs full fine-tuning, CoLA (3 seeds, priming included; machine A)",
+            f"{signed(-100 * far_cola['time_saving_vs_full'], 1)}% train time, "
+            f"{signed(100 * far_cola['metric_delta_vs_full'])} MCC ({100 * far_cola['metric']['mean']:.2f} vs "
+            f"{100 * cola['full']['metric']['mean']:.2f}); STS-B "
+            f"{signed(100 * replication['summary']['stsb']['far']['metric_delta_vs_full'])} Pearson, SST-2 "
+            f"{signed(100 * replication['summary']['sst2']['far']['metric_delta_vs_full'])} accuracy",
+            f"`{replication['command']}` (`replicate_far/replication.json`)",
+        ]
+    )
+    hl = heads_lora["summary"]["cola"]
+    summary_rows.append(
+        [
+            "FAR r=0.4 vs LoRA r=8 (PEFT), CoLA (3 seeds; machine B)",
+            f"FAR {100 * hl['far']['metric']['mean']:.2f} MCC, LoRA {100 * hl['lora-lr2e-3']['metric']['mean']:.2f}"
+            f" at lr 2e-3; train time vs full: LoRA {signed(-100 * hl['lora-lr2e-3']['time_saving_vs_full'], 1)}%,"
+            f" FAR {signed(-100 * hl['far']['time_saving_vs_full'], 1)}%; kept file {kept['lora']['bytes'] / MIB:.2f}"
+            f" MiB vs {kept['far']['bytes'] / MIB:.1f} MiB (`replication_lora/kept_files.json`)",
+            f"`{heads_lora['command']}` (summarizes the committed runs; `replicate_far/replication_heads_lora/`)",
+        ]
+    )
+    summary_rows.append(
+        [
+            f"FAR step vs full step, 32 × 64, fp32 ({step_far['steps']} rounds; {step['meta']['cpu']},"
+            f" {step['meta']['threads']} threads)",
+            f"{step_far['ratio_to_full']:.3f} (FLOP bound {step_far['flop_bound_ratio']:.3f})",
+            f"`{step['meta']['command']}`",
+        ]
+    )
+    g = grouped["summary"]
+    auto = "far-auto+depth-1+cache"
+
+    def ratio(task: str, method: str) -> float:
+        return g[task][method]["process_cpu_seconds"]["mean"] / g[task]["full"]["process_cpu_seconds"]["mean"]
+
+    cheap = [
+        ratio(task, method)
+        for task in ("cola", "sst2", "stsb")
+        for method in g[task]
+        if method.startswith("lora") or method == "full+frozen-bottom-3+cache"
+    ]
+    summary_rows.append(
+        [
+            "FAR's automatic configuration (`--method far --retention auto --freeze-embeddings --freeze-layers auto"
+            " --cache-frozen`, K=1 on these tasks) vs full fine-tuning, one thread, batches grouped by length"
+            f" ({machine(grouped)})",
+            f"3 seeds each: CoLA {pm(g['cola'][auto]['metric'])} vs {pm(g['cola']['full']['metric'])} MCC at"
+            f" {ratio('cola', auto):.2f}× the CPU time; SST-2 {100 * g['sst2'][auto]['metric']['mean']:.2f} vs"
+            f" {100 * g['sst2']['full']['metric']['mean']:.2f} at {ratio('sst2', auto):.2f}×; STS-B"
+            f" {100 * g['stsb'][auto]['metric']['mean']:.2f} vs {100 * g['stsb']['full']['metric']['mean']:.2f}"
+            f" Pearson at {ratio('stsb', auto):.2f}×; LoRA and the bottom-3 baseline faster"
+            f" ({min(cheap):.2f}-{max(cheap):.2f}×) but behind on CoLA or STS-B",
+            f"`{grouped['command']}` (summarizes the runs; each run's command in"
+            " [docs/results.md](docs/results.md#the-automatic-configuration-side-by-side-three-seeds))",
+        ]
+    )
+    mib = {name: case["peak_rss_bytes"] / MIB for name, case in memory.items()}
+    summary_rows.append(
+        [
+            "MeZO memory, MiniLM, batch 64 × 128, peak RSS (machine A)",
+            f"inference {mib['inference']:,.0f} MiB; MeZO + FAR {mib['mezo_far']:,.0f} MiB"
+            f" ({memory['mezo_far']['ratio_to_inference']:.2f}×); AdamW {mib['adamw']:,.0f} MiB"
+            f" ({memory['adamw']['ratio_to_inference']:.1f}×)",
+            "`python experiments/bench_memory.py` (`bench_memory/memory_minilm.json`)",
+        ]
+    )
+    smol_far, smol_mezo = clock[("smollm2-135m", 16, "far_top10")], clock[("smollm2-135m", 16, "mezo")]
+    gem_far, gem_mezo = clock[("gemma3-270m", 16, "far_top10")], clock[("gemma3-270m", 16, "mezo")]
+    summary_rows.append(
+        [
+            "MeZO + FAR with depth (the causal-LM default) vs plain MeZO on the clock, SST-2 k=16,"
+            f" {smol_far['seconds']:.0f} CPU-s, 3 seeds ({machine(load('llm_fewshot_time/summary.json'))})",
+            f"SmolLM2-135M: reaches plain MeZO's final accuracy in {smol_far['time_to_mezo_final_vs_mezo']:.2f}×"
+            f" its time, ends {100 * smol_far['final_mean']:.1f} ± {100 * smol_far['final_std']:.1f}"
+            f" vs {100 * smol_mezo['final_mean']:.1f} ± {100 * smol_mezo['final_std']:.1f}; Gemma-3-270M: in"
+            f" {gem_far['time_to_mezo_final_vs_mezo']:.2f}× its time, ends {100 * gem_far['final_mean']:.1f} ±"
+            f" {100 * gem_far['final_std']:.1f} vs {100 * gem_mezo['final_mean']:.1f} ±"
+            f" {100 * gem_mezo['final_std']:.1f}",
+            "the commands in [docs/llm.md](docs/llm.md#on-the-clock-accuracy-against-seconds)"
+            " (`llm_fewshot_time/summary.json`)",
+        ]
+    )
+    adamw, gemma = own["adamw"], own["gemma3-adamw"]
+    summary_rows.append(
+        [
+            "A personal LLM from your own texts: `far train --model smollm2-135m --train-file notes/` (AdamW on FAR's"
+            " learners, the bottom two thirds frozen, their output on disk and their weights freed;"
+            f" {own_metrics['texts']['tokens'] / 1000:.0f}k tokens of CPython's docs, {adamw['steps']} steps,"
+            f" one thread; {machine(load('own_texts_runs/summary.json'))})",
+            f"held-out perplexity {adamw['perplexity_before']:.2f} → {adamw['perplexity']:.2f}"
+            f" ({signed(100 * adamw['change'], 0)}%) in {adamw['cpu_seconds']:.0f} CPU s at a whole-process peak of"
+            f" {adamw['peak_rss_mib']:.0f} MiB; learners file {adamw['learners_file_bytes'] / 1e6:.1f} MB;"
+            f" Gemma-3-270M ({gemma['steps']} steps): {gemma['perplexity_before']:.1f} → {gemma['perplexity']:.1f}"
+            f" ({signed(100 * gemma['change'], 0)}%) at {gemma['peak_rss_mib']:.0f} MiB",
+            "`python experiments/own_texts_runs.py /tmp/python_docs.jsonl --arms adamw gemma3-adamw`"
+            " (`own_texts_runs/summary.json`, each arm's `far train` command in `far_command`;"
+            " [docs/llm.md](docs/llm.md#your-own-texts))",
+        ]
+    )
+    mezo16, far16 = fewshot_rows[(16, "mezo")], fewshot_rows[(16, "mezo_far")]
+    summary_rows.append(
+        [
+            f"Few-shot SST-2 (MeZO protocol), SmolLM2-135M, k=16, {mezo16['steps']} steps (machine B)",
+            f"zero-shot {100 * fewshot['zero_shot_dev_accuracy']:.1f}; MeZO {100 * mezo16['dev_mean']:.1f} ±"
+            f" {100 * mezo16['dev_std']:.1f}; MeZO + FAR {100 * far16['dev_mean']:.1f} ± {100 * far16['dev_std']:.1f}"
+            f" at {far16['seconds_per_step'] / mezo16['seconds_per_step']:.2f}× the step time",
+            "`python experiments/llm_fewshot.py` (`llm_fewshot/llm_fewshot.json`)",
+        ]
+    )
+    return table(["result", "numbers", "command"], summary_rows)
+
+
+# --- docs/results.md ------------------------------------------------------------------------------------------
+
+GROUPED_ARMS = [
+    ("full", "full fine-tuning"),
+    ("far-auto+depth-1+cache", "**FAR auto, K=1** (`AUTO_FREEZE_MASS` 0.25)"),
+    ("far-auto+depth-auto+cache+priming-0.05", "FAR auto, K=1, priming on 5%"),
+    ("far-auto+depth-auto+cache", "FAR auto, K=2 (`AUTO_FREEZE_MASS` 0.4)"),
+    ("full+frozen-bottom-3+cache", "bottom 3 frozen and kept"),
+    ("lora-lr2e-3", "LoRA r=8, lr 2e-3"),
+    ("lora", "LoRA r=8, lr 8e-3"),
+]
+# SQuAD's F1 is stored in points already; the GLUE metrics as fractions.
+POINTS_SCALE = {"squad": 1.0}
+TASK_NAMES = {
+    "cola": ("CoLA", "MCC"),
+    "sst2": ("SST-2", "accuracy"),
+    "stsb": ("STS-B", "Pearson"),
+    "squad": ("SQuAD", "F1"),
+}
+
+
+def grouped_grid() -> str:
+    grouped = load("replicate_far/grouped/grouped.json")
+    rows = []
+    for task, arms in grouped["summary"].items():
+        full = arms["full"]
+        name, metric = TASK_NAMES[task]
+        first = True
+        for method, label in GROUPED_ARMS:
+            if method not in arms:
+                continue
+            arm = arms[method]
+            n = arm["metric"]["n"]
+            scale = POINTS_SCALE.get(task, 100.0)
+            score = pm(arm["metric"], scale) if n > 1 else f"{scale * arm['metric']['mean']:.2f}"
+            if task == "squad" and method != "full":
+                label += ", not grouped"
+            delta = "" if method == "full" else signed(scale * (arm["metric"]["mean"] - full["metric"]["mean"]))
+            cpu = arm["process_cpu_seconds"]["mean"]
+            rows.append(
+                [
+                    f"{name}, {metric}" if first else "",
+                    label,
+                    str(n),
+                    score,
+                    delta,
+                    f"{cpu:.0f}",
+                    f"{cpu / full['process_cpu_seconds']['mean']:.2f}",
+                    f"{arm['peak_rss_bytes'] / MIB:,.0f}",
+                    f"{arm['trainable_parameters'] / 1e6:.{2 if arm['trainable_parameters'] < 1e6 else 1}f}M",
+                ]
+            )
+            first = False
+    header = [
+        "task",
+        "arm",
+        "seeds",
+        "metric (mean ± std over its seeds)",
+        "vs full's mean",
+        "process CPU s (mean)",
+        "/ full's mean",
+        "peak RSS MiB",
+        "trainable",
+    ]
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["replicate_far/grouped/grouped.json"], machine(grouped), [grouped["command"]])
+    )
+
+
+def seeds_cell(values: list[float], cpu: list[float], full_cpu: list[float], ratio: bool) -> str:
+    """'mean ± std, CPU s (ratio to full's)' over the seeds given (the mean alone for one seed)."""
+    mean = sum(values) / len(values)
+    score = f"{100 * mean:.2f}"
+    if len(values) > 1:
+        std = (sum((value - mean) ** 2 for value in values) / (len(values) - 1)) ** 0.5
+        score += f" ± {100 * std:.2f}"
+    seconds = sum(cpu) / len(cpu)
+    text = f"{score}, {seconds:.0f} s"
+    if ratio:
+        text += f" ({seconds / (sum(full_cpu) / len(full_cpu)):.2f}x)"
+    return text
+
+
+def grouped_vs_not() -> str:
+    grouped = load("replicate_far/grouped/grouped.json")["summary"]
+    ungrouped_file = load("replicate_far/ungrouped/ungrouped.json")
+    ungrouped = ungrouped_file["summary"]
+    rows = []
+    for task in ungrouped:
+        name, metric = TASK_NAMES[task]
+        first = True
+        for method, label in (("full", "full fine-tuning"), ("far-auto+depth-1+cache", "FAR auto, K=1")):
+            on, off = grouped[task][method], ungrouped[task][method]
+            seeds = off["metric"]["n"]
+            on_values = on["metric"]["values"][:seeds]
+            on_cpu = on["process_cpu_seconds"]["values"][:seeds]
+            on_full_cpu = grouped[task]["full"]["process_cpu_seconds"]["values"][:seeds]
+            off_full_cpu = ungrouped[task]["full"]["process_cpu_seconds"]["values"]
+
+            off_values = off["metric"]["values"]
+            per_seed = " / ".join(signed(100 * (a - b)) for a, b in zip(on_values, off_values, strict=True))
+            rows.append(
+                [
+                    f"{name} {metric} ({seeds} seed{'s' if seeds > 1 else ''})" if first else "",
+                    label,
+                    seeds_cell(on_values, on_cpu, on_full_cpu, method != "full"),
+                    seeds_cell(off_values, off["process_cpu_seconds"]["values"], off_full_cpu, method != "full"),
+                    per_seed,
+                ]
+            )
+            first = False
+    header = ["task", "arm", "grouped: metric, process CPU s", "not grouped", "grouped − not, per seed"]
+    grouped_file = load("replicate_far/grouped/grouped.json")
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            ["replicate_far/grouped/grouped.json", "replicate_far/ungrouped/ungrouped.json"],
+            machine(grouped_file),
+            [grouped_file["command"], ungrouped_file["command"]],
+        )
+    )
+
+
+def replication() -> str:
+    """The paper's Table 3 grid (machine A), with the r=0.2 frozen-embedding rows of `frozen_emb.md` (machine B)
+    beside each task, their times in brackets: they ran on the other machine and do not compare."""
+    main_rows = md_table("replicate_far/replication.md").splitlines()
+    extra = {}
+    for line in md_table("replicate_far/frozen_emb.md").splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[2] == "far-0.2+frozen-emb":
+            cells[2] += " ¹"
+            cells[5] = f"({cells[5]})"
+            cells[6] = "(see ¹)"
+            extra[cells[0]] = "| " + " | ".join(cells) + " |"
+    rows = main_rows[:2]
+    for number, line in enumerate(main_rows[2:], start=2):
+        rows.append(line)
+        task = line.strip("|").split("|")[0].strip()
+        following = main_rows[number + 1] if number + 1 < len(main_rows) else ""
+        if task in extra and not following.startswith(f"| {task} "):
+            rows.append(extra.pop(task))
+    return (
+        "\n".join(rows)
+        + "\n\n"
+        + source(
+            ["replicate_far/replication.md", "replicate_far/frozen_emb.md"],
+            f"{MACHINE_A}; the ¹ rows {MACHINE_B}",
+            [md_command("replicate_far/replication.md"), md_command("replicate_far/frozen_emb.md")],
+        )
+    )
+
+
+def cuda_ratios(relative: str, configs: list[str], shapes: list[tuple[int, int, str]]) -> Callable[[], str]:
+    """Paired median step ratios to full fine-tuning's on a CUDA GPU, one row per (batch, length, precision)."""
+
+    def write() -> str:
+        record = load(relative)
+        found = {(r["batch"], r["length"], r["precision"]): r["configs"] for r in record["results"]}
+        rows = [
+            [
+                f"{batch}x{length}",
+                precision,
+                *(f"{found[(batch, length, precision)][c]['paired_ratio_median']:.3f}" for c in configs),
+            ]
+            for batch, length, precision in shapes
+        ]
+        meta = record["meta"]
+        made_on = f"one {meta['device_name']}, torch {meta['torch']}"
+        return (
+            table(["batch x len", "precision", *configs], rows) + "\n" + source([relative], made_on, [meta["command"]])
+        )
+
+    return write
+
+
+def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
+    """A table copied from a committed .md file that names its command on its first line."""
+
+    def write() -> str:
+        return md_table(relative, index) + "\n" + source([relative], made_on, [md_command(relative)])
+
+    return write
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "readme-results": readme_results,
+    "replication": replication,
+    "cuda-h200": cuda_ratios(
+        "bench_step_cuda/bench_step_cuda.json",
+        ["far-0.2", "far-0.4", "far-0.4+frozen-emb", "full+frozen-emb+bottom-3", "far-0.2+frozen-emb+bottom-3"],
+        [(32, 64, "fp32"), (32, 128, "fp32"), (8, 128, "fp32")],
+    ),
+    "cuda-h100": cuda_ratios(
+        "bench_step_cuda/bench_step_cuda_h100.json",
+        [
+            "far-0.2",
+            "far-0.4",
+            "full+frozen-emb+bottom-3",
+            "far-0.2+frozen-emb+bottom-3",
+            "far-0.2+frozen-emb+bottom-2",
+        ],
+        [(32, 64, "fp32"), (32, 128, "fp32"), (8, 128, "fp32"), (32, 64, "bf16")],
+    ),
+    "grouped": grouped_grid,
+    "grouped-vs-not": grouped_vs_not,
+    "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
+}
+
+
+def rewrite(text: str) -> str:
+    """`text` with every marked table replaced by what this script writes for it."""
+
+    def replace(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in TABLES:
+            raise SystemExit(f"unknown table {name!r}: add it to TABLES in experiments/tables.py or fix the marker")
+        return match.group(1) + TABLES[name]() + match.group(4)
+
+    return MARKED.sub(replace, text)
+
+
+def check(documents: list[Path] = DOCUMENTS) -> list[str]:
+    """The unified diffs of every document whose tables differ from what this script writes (empty when none)."""
+    diffs = []
+    for path in documents:
+        text = path.read_text()
+        wanted = rewrite(text)
+        if wanted != text:
+            name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+            diffs.append(
+                "".join(difflib.unified_diff(text.splitlines(True), wanted.splitlines(True), name, name + " (tables)"))
+            )
+    return diffs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff where a table differs")
+    args = parser.parse_args()
+    if args.check:
+        diffs = check()
+        if diffs:
+            print("".join(diffs))
+            print("tables differ from the result files: run python experiments/tables.py", file=sys.stderr)
+            raise SystemExit(1)
+        return
+    for path in DOCUMENTS:
+        text = path.read_text()
+        wanted = rewrite(text)
+        if wanted != text:
+            path.write_text(wanted)
+            print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
