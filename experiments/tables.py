@@ -532,6 +532,93 @@ def portable() -> str:
     )
 
 
+def params(count: int) -> str:
+    """A parameter count in millions, as the tables print it (22.7M, 0.07M)."""
+    return f"{count / 1e6:.{2 if count < 1e6 else 1}f}M"
+
+
+def frozen_layers(run: str) -> int:
+    """The depth a run froze, from its metrics.json."""
+    return load(f"{run}/metrics.json")["frozen_layers"]
+
+
+ONE_THREAD_COLA = [
+    ("one_thread_cola", "full", "full"),
+    ("one_thread_cola", "full+frozen-emb", "full + frozen embeddings"),
+    ("one_thread_cola", "full+frozen-bottom-2", "full, bottom 2 frozen"),
+    ("one_thread_cola", "full+frozen-bottom-2+cache", "full, bottom 2 frozen, kept"),
+    ("one_thread_cola_cache", "full+frozen-bottom-3+cache", "full, bottom 3 frozen, kept"),
+    ("one_thread_cola", "far", "FAR r=0.4"),
+    ("one_thread_cola", "far-0.2+frozen-emb", "FAR r=0.2 + frozen embeddings"),
+    ("one_thread_cola", "far-0.2+frozen-emb+bottom-2", "FAR r=0.2, bottom 2 frozen"),
+    ("one_thread_cola_cache", "far-0.2+frozen-emb+bottom-2+cache", "FAR r=0.2, bottom 2 frozen, kept"),
+    ("one_thread_auto", "far-0.2+depth-auto+cache", "**FAR r=0.2, `--freeze-layers auto --cache-frozen`**"),
+    ("one_thread_cola", "lora-lr2e-3", "LoRA r=8, lr 2e-3"),
+]
+
+
+def one_thread_cola() -> str:
+    files = {name: load(f"replicate_far/one_thread/{name}.json") for name, _, _ in ONE_THREAD_COLA}
+    full_cpu = files["one_thread_cola"]["summary"]["cola"]["full"]["process_cpu_seconds"]["mean"]
+    rows = []
+    for name, method, label in ONE_THREAD_COLA:
+        arm = files[name]["summary"]["cola"][method]
+        metric, cpu = arm["metric"], arm["process_cpu_seconds"]
+        ratio = f"{cpu['mean'] / full_cpu:.2f}"
+        if metric["n"] > 1:
+            seeds = " / ".join(f"{100 * v:.2f}" for v in metric["values"])
+            label += f" ({metric['n']} seeds: {seeds})"
+            score, seconds = f"**{pm(metric)}**", f"**{cpu['mean']:.0f} ± {cpu['std']:.0f}**"
+            ratio = f"**{ratio}**"
+        else:
+            score, seconds = f"{100 * metric['mean']:.2f}", f"{cpu['mean']:.0f}"
+        rows.append([label, score, seconds, ratio, f"{arm['peak_rss_bytes'] / MIB:,.0f}",
+                     params(arm["trainable_parameters"])])  # fmt: skip
+    header = ["method", "MCC", "process CPU s", "/ full's", "peak RSS MiB", "trainable params"]
+    names = list(dict.fromkeys(name for name, _, _ in ONE_THREAD_COLA))
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            [f"replicate_far/one_thread/{name}.json" for name in names],
+            machine(files["one_thread_cola"]),
+            [files[name]["command"] for name in names],
+        )
+    )
+
+
+def one_thread_tasks() -> str:
+    rows, commands, made_on = [], [], ""
+    auto = ("far-0.2+depth-auto+cache", "**FAR r=0.2, `--freeze-layers auto --cache-frozen`**")
+    arms = {
+        "sst2": [
+            ("full", "full"),
+            ("full+frozen-emb", "full + frozen embeddings"),
+            auto,
+            ("lora", "LoRA r=8, lr 8e-3"),
+        ],
+        "stsb": [("full", "full"), auto],
+    }
+    for task, methods in arms.items():
+        record = load(f"replicate_far/one_thread/one_thread_{task}.json")
+        commands.append(record["command"])
+        made_on = machine(record)
+        summary = record["summary"][task]
+        full_cpu = summary["full"]["process_cpu_seconds"]["mean"]
+        for method, label in methods:
+            arm = summary[method]
+            cpu = arm["process_cpu_seconds"]["mean"]
+            bold = "**" if label.startswith("**") else ""
+            if "depth-auto" in method:
+                label += f" (K={frozen_layers(f'replicate_far/one_thread/runs/{task}-{method}-s0')})"
+            rows.append([TASK_NAMES[task][0], label, f"{bold}{100 * arm['metric']['mean']:.2f}{bold}",
+                         f"{bold}{cpu:,.0f}{bold}", f"{bold}{cpu / full_cpu:.2f}{bold}",
+                         f"{arm['peak_rss_bytes'] / MIB:,.0f}"])  # fmt: skip
+    header = ["task", "method", "metric", "process CPU s", "/ full's", "peak RSS MiB"]
+    files = [f"replicate_far/one_thread/one_thread_{task}.json" for task in arms]
+    return table(header, rows) + "\n" + source(files, made_on, commands)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -560,6 +647,8 @@ TABLES: dict[str, Callable[[], str]] = {
         ],
         [(32, 64, "fp32"), (32, 128, "fp32"), (8, 128, "fp32"), (32, 64, "bf16")],
     ),
+    "one-thread-cola": one_thread_cola,
+    "one-thread-tasks": one_thread_tasks,
     "retention-sweep": retention_sweep,
     "priming-scores": priming_scores,
     "retain-mass": retain_mass,
