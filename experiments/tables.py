@@ -619,6 +619,42 @@ def one_thread_tasks() -> str:
     return table(header, rows) + "\n" + source(files, made_on, commands)
 
 
+def practitioner() -> str:
+    grid = load("replicate_far/practitioner/practitioner.json")
+    extra = load("replicate_far/practitioner/practitioner_far.json")
+    arms = grid["summary"]["cola"]
+    full = arms["full"]
+    labelled = [
+        (arms["full"], "full"),
+        (arms["full+frozen-emb"], "full + frozen embeddings"),
+        (arms["full+frozen-bottom-3"], "full, embeddings + bottom 3 layers frozen"),
+        (arms["far"], "FAR r=0.4"),
+        (arms["lora"], "LoRA r=8, lr 8e-3"),
+        (extra["summary"]["cola"]["far-0.2+depth-auto"],
+         "FAR r=0.2 + frozen emb., `--freeze-layers auto` (`AUTO_FREEZE_MASS` 0.4; `practitioner_far.json`)"),
+    ]  # fmt: skip
+    rows = []
+    for arm, label in labelled:
+        metric, cpu = arm["metric"], arm["process_cpu_seconds"]
+        many = metric["n"] > 1
+        saved = 1 - cpu["mean"] / full["process_cpu_seconds"]["mean"]
+        rows.append([label, str(metric["n"]), pm(metric) if many else f"{100 * metric['mean']:.2f}",
+                     signed(100 * (metric["mean"] - full["metric"]["mean"])),
+                     f"{cpu['mean']:.0f} ± {cpu['std']:.0f}" if many else f"{cpu['mean']:.0f}",
+                     f"{100 * saved:.1f}%", f"{arm['peak_rss_bytes'] / MIB:,.0f}"])  # fmt: skip
+    header = ["method", "seeds", "CoLA MCC", "vs full's mean", "process CPU s", "CPU saved vs full's mean",
+              "peak RSS MiB"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            ["replicate_far/practitioner/practitioner.json", "replicate_far/practitioner/practitioner_far.json"],
+            machine(grid) + ", shared with other work (wall times not comparable)",
+            [grid["command"], extra["command"]],
+        )
+    )
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -646,6 +682,10 @@ TABLES: dict[str, Callable[[], str]] = {
             "far-0.2+frozen-emb+bottom-2",
         ],
         [(32, 64, "fp32"), (32, 128, "fp32"), (8, 128, "fp32"), (32, 64, "bf16")],
+    ),
+    "practitioner": practitioner,
+    "bf16-step": copied(
+        "bench_bf16/bench_bf16.md", "AMD EPYC, 2 cores (`avx2 avx512f avx512_bf16`, no AMX), 1 thread, torch 2.13.0+cpu"
     ),
     "one-thread-cola": one_thread_cola,
     "one-thread-tasks": one_thread_tasks,
