@@ -655,6 +655,44 @@ def practitioner() -> str:
     )
 
 
+COLA_SHAPE = [
+    ("far-0.4", "FAR r=0.4", True),
+    ("random-0.4", "random r=0.4", False),
+    ("far-0.4+frozen-emb", "FAR r=0.4 + frozen embeddings", True),
+    ("far-0.2", "FAR r=0.2", True),
+    ("far-0.2+frozen-emb", "FAR r=0.2 + frozen embeddings", True),
+    ("freeze-ffn", "freeze-FFN (no FFN weight trains)", False),
+]
+
+
+def cola_shape() -> str:
+    """The step at CoLA's batch shape; end to end, a tenth of the steps primes at full's cost where FAR primes."""
+    record = load("bench_step/bench_step_cola_shape.json")
+    by_precision = {r["precision"]: r["configs"] for r in record["results"]}
+    rows = []
+    for config, label, primes in COLA_SHAPE:
+        fp32, bf16 = by_precision["fp32"][config], by_precision["bf16"][config]
+        run = 0.1 + 0.9 * fp32["ratio_to_full"] if primes else fp32["ratio_to_full"]
+        whole = ("" if primes else "(no priming) ") + f"{signed(-100 * (1 - run), 1)}%"
+        rows.append([label, f"{fp32['ratio_to_full']:.3f}", f"{bf16['ratio_to_full']:.3f}",
+                     f"{fp32['flop_bound_ratio']:.3f}", whole])  # fmt: skip
+    header = [
+        "configuration",
+        "fp32 step / full's",
+        "bf16 step / full's",
+        "FLOP bound",
+        "end to end (10% priming), fp32",
+    ]
+    meta = record["meta"]
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            ["bench_step/bench_step_cola_shape.json"], f"{MACHINE_A}, {meta['threads']} threads", [meta["command"]]
+        )
+    )
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -689,6 +727,7 @@ TABLES: dict[str, Callable[[], str]] = {
     ),
     "one-thread-cola": one_thread_cola,
     "one-thread-tasks": one_thread_tasks,
+    "cola-shape": cola_shape,
     "retention-sweep": retention_sweep,
     "priming-scores": priming_scores,
     "retain-mass": retain_mass,
