@@ -38,8 +38,8 @@ def load(relative: str) -> dict:
 def machine(record: dict, default: str = "") -> str:
     """The machine a result file records (`harness.machine()`'s dict), else `default`."""
     found = record.get("machine")
-    if not isinstance(found, dict):
-        return default
+    if not isinstance(found, dict) or "cpu" not in found:
+        return default or "a 2-core CPU"
     flags = " ".join(found.get("cpu_flags", []))
     return f"{found.get('cpu', 'CPU')}, {found.get('cpus', '?')} cores" + (f" (`{flags}`)" if flags else "")
 
@@ -693,6 +693,75 @@ def cola_shape() -> str:
     )
 
 
+OWN_TEXTS_ARMS = {
+    "adamw": "SmolLM2-135M, **AdamW on FAR's learners** (3e-4, the default)",
+    "mezo": "SmolLM2-135M, MeZO on FAR's learners (1e-4)",
+    "zo-batched": "SmolLM2-135M, batched one-sided ZO, 4 directions (1e-5)",
+    "mezo-plain": "SmolLM2-135M, plain MeZO, every weight (1e-6)",
+    "gemma3-adamw": "Gemma-3-270M, AdamW on FAR's learners (3e-4)",
+}
+
+
+def own_texts() -> str:
+    record = load("own_texts_runs/summary.json")
+    rows = []
+    for row in record["rows"]:
+        points = [f"{point['perplexity']:.2f}" for point in row["curve"][1:-1]] + [f"{row['perplexity']:.2f}"]
+        change = signed(100 * row["change"], 1 if abs(row["change"]) >= 1e-3 else 2)
+        curve = f"{row['perplexity_before']:.2f} → {' / '.join(points)}: {change}%"
+        rows.append([OWN_TEXTS_ARMS[row["arm"]], str(row["steps"]), curve, f"{row['cpu_seconds']:.0f}",
+                     f"{row['peak_rss_mib']:.0f} MiB", f"{row['learners_file_bytes'] / 1e6:.1f} MB"])  # fmt: skip
+    header = ["model, optimizer (lr)", "steps", "held-out perplexity, before → at each evaluation: change", "CPU s ¹",
+              "peak RSS, whole process", "learners file"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            ["own_texts_runs/summary.json"],
+            machine(record) + ", one thread",
+            ["python experiments/own_texts_runs.py /tmp/python_docs.jsonl"],
+        )
+    )
+
+
+FEWSHOT_FILES = {"SmolLM2-135M": "llm_fewshot/llm_fewshot.json", "Gemma-3-270M": "llm_fewshot/llm_fewshot_gemma3.json"}
+
+
+def fewshot() -> str:
+    rows, made_on = [], ""
+    for model, relative in FEWSHOT_FILES.items():
+        record = load(relative)
+        made_on = machine(record, MACHINE_B)
+        arms = {(row["k"], row["arm"]): row for row in record["rows"]}
+
+        def cell(row: dict) -> str:
+            seeds = ", ".join(f"{100 * v:.1f}" for v in row["dev_accuracy"])
+            return f"{100 * row['dev_mean']:.1f} ± {100 * row['dev_std']:.1f} ({seeds}; lr {row['lr']:.0e})"
+
+        for k in sorted({k for k, _ in arms}):
+            plain, far_arm = arms[(k, "mezo")], arms[(k, "mezo_far")]
+            step = far_arm["seconds_per_step"], plain["seconds_per_step"]
+            rows.append([model, str(k), f"{100 * record['zero_shot_dev_accuracy']:.1f}", cell(plain), cell(far_arm),
+                         f"{step[0]:.2f} / {step[1]:.2f} s = {step[0] / step[1]:.2f}"])  # fmt: skip
+    header = [
+        "model",
+        "k per class",
+        "zero-shot",
+        "MeZO, all weights",
+        "MeZO + FAR r=0.4",
+        "step, FAR / plain (1 thread)",
+    ]
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            list(FEWSHOT_FILES.values()),
+            made_on,
+            ["python experiments/llm_fewshot.py"],
+        )
+    )
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -704,6 +773,8 @@ def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
 
 TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
+    "own-texts": own_texts,
+    "fewshot": fewshot,
     "replication": replication,
     "cuda-h200": cuda_ratios(
         "bench_step_cuda/bench_step_cuda.json",
