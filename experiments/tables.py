@@ -762,6 +762,62 @@ def fewshot() -> str:
     )
 
 
+CLOCK_ARMS = {
+    "mezo": "plain MeZO",
+    "far_top10": "**MeZO + FAR with depth (the default)**",
+    "far": "MeZO + FAR r=0.4, every layer",
+    "magnitude": "Sparse-MeZO's rule, nodes (r=0.4)",
+    "lezo": "LeZO (a quarter of the layers a step)",
+}
+
+
+def rate(lr: float) -> str:
+    """A learning rate as the docs write it: 3e-5, 1e-4."""
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{lr:.0e}")
+
+
+def on_the_clock(model: str, k: int, commands: list[str]) -> Callable[[], str]:
+    """Few-shot SST-2 on the clock: each arm's final accuracy after the same CPU seconds, and when the default
+    reaches plain MeZO's final mean (with the evaluation before it, to show the margin)."""
+
+    def write() -> str:
+        record = load("llm_fewshot_time/summary.json")
+        rows = []
+        found = {row["arm"]: row for row in record["rows"] if row["model"] == model and row["k"] == k}
+        plain = found["mezo"]
+        for arm, label in CLOCK_ARMS.items():
+            if arm not in found:
+                continue
+            row = found[arm]
+            cells = [label, rate(row["lr"]), f"{100 * row['grid_accuracy']:.1f}"]
+            if not row["seeds"]:
+                rows.append([*cells, "grid only", "", "", ""])
+                continue
+            bold = "**" if arm == "far_top10" else ""
+            if arm == "mezo":
+                reach = f"at {row['seconds']:.0f} s (its end)"
+            else:
+                at = row["seconds_to_mezo_final"]
+                reach = f"at {at:.0f} s: {bold}{row['time_to_mezo_final_vs_mezo']:.2f}×{bold} plain MeZO's time"
+                before = [p for p in row["mean_curve"] if p["seconds"] < at - 1]
+                if before:
+                    last = before[-1]
+                    short = 100 * (plain["final_mean"] - last["accuracy"])
+                    stood = f"{100 * last['accuracy']:.1f}, {short:.1f} short"
+                    reach += f"; at {last['seconds']:.0f} s the mean stood at {stood}"
+            rows.append([*cells, " / ".join(f"{100 * v:.1f}" for v in row["final_accuracy"]),
+                         f"{bold}{100 * row['final_mean']:.1f} ± {100 * row['final_std']:.1f}{bold}",
+                         f"{row['steps']:.0f}", reach])  # fmt: skip
+        header = ["arm", "lr", "seed-0 grid, 100 steps: dev", f"dev accuracy at {record['seconds']:.0f} s (seeds)",
+                  "mean ± std", f"steps in {record['seconds']:.0f} s", "reaches plain MeZO's final mean"]  # fmt: skip
+        return table(header, rows) + "\n" + source(
+            ["llm_fewshot_time/summary.json"], machine(record) + ", one thread a run",
+            commands,
+        )  # fmt: skip
+
+    return write
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -775,6 +831,25 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
     "own-texts": own_texts,
     "fewshot": fewshot,
+    "clock-smollm2": on_the_clock(
+        "smollm2-135m",
+        16,
+        [
+            "python experiments/llm_fewshot_time.py --phase grid --k 16",
+            "python experiments/llm_fewshot_time.py --phase curves summary --k 16 --arms mezo far_top10 --seeds 0 1 2"
+            " --seconds 900 --eval-seconds 150 --steps 3000",
+        ],
+    ),
+    "clock-gemma3": on_the_clock(
+        "gemma3-270m",
+        16,
+        [
+            "python experiments/llm_fewshot_time.py --phase grid --model gemma3-270m --k 16 --arms mezo far_top10"
+            " --lrs 3e-7 1e-6 3e-6 1e-5 3e-5",
+            "python experiments/llm_fewshot_time.py --phase curves summary --model gemma3-270m --k 16 --arms mezo"
+            " far_top10 --seeds 0 1 2 --seconds 900 --eval-seconds 150 --steps 3000",
+        ],
+    ),
     "replication": replication,
     "cuda-h200": cuda_ratios(
         "bench_step_cuda/bench_step_cuda.json",
