@@ -818,6 +818,23 @@ def on_the_clock(model: str, k: int, commands: list[str]) -> Callable[[], str]:
     return write
 
 
+LORA_SOURCES = [
+    ("replicate_far/replication_heads_lora/heads_lora.md", "whole runs, one at a time on an otherwise idle machine"),
+    ("bench_step/bench_step_heads_lora_fp32.md", "steps side by side"),
+    ("bench_step/bench_step_heads_lora_bf16.md", ""),
+    ("lr_sweep/lr_sweep_sst2.md", ""),
+    ("lr_sweep/lr_sweep_cola.md", ""),
+    ("mezo_lora/mezo_lora.md", ""),
+    ("replicate_far/replication_lora/replication_lora.md", "its `kept_files.json`: the file kept per task"),
+]
+
+
+def lora_sources() -> str:
+    """far-or-lora.md's sources: each file with the command its first line records."""
+    rows = [[f"`{name}`" + (f" ({note})" if note else ""), f"`{md_command(name)}`"] for name, note in LORA_SOURCES]
+    return table(["file (under `experiments/results/`)", "command (the file's first line)"], rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -830,6 +847,7 @@ def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
 TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
     "own-texts": own_texts,
+    "lora-sources": lora_sources,
     "fewshot": fewshot,
     "clock-smollm2": on_the_clock(
         "smollm2-135m",
