@@ -220,6 +220,55 @@ def readme_results() -> str:
     return table(["result", "numbers", "command"], summary_rows)
 
 
+def swap_record() -> tuple[str, dict]:
+    """swap_users.txt: a header (lscpu, the command) and the script's JSON."""
+    text = (RESULTS / "swap_users" / "swap_users.txt").read_text()
+    command = next(line for line in text.splitlines() if line.startswith("command: ")).removeprefix("command: ")
+    return command, json.loads(text[text.index("\n{") + 1 :])
+
+
+def readme_users() -> str:
+    swap_command, swap = swap_record()
+    budget = load("memory_budget/memory_budget.json")
+    cases = {case["case"]: case for case in budget["cases"]}
+    far, far_640 = cases["far"], cases["far @ 640"]
+    full, full_640, full_734 = cases["full"], cases["full @ 640"], cases["full @ 734"]
+    squad, squad_1024 = cases["squad far"], cases["squad far @ 1024"]
+    refused = cases["far @ 300 (refused)"]
+    same = "the same"
+    far_ratio = far_640["wall_s"] / far["wall_s"]
+    squad_ratio = squad_1024["wall_s"] / squad["wall_s"]
+    rows = [
+        ["swap one user's r=0.2 frozen-embedding file for another's, in place",
+         f"{swap['swap_ms_median']} ms median ({swap['swap_cpu_ms_median']} ms CPU); first visit of a file"
+         f" {swap['swap_ms_median_first_visit']} ms", f"`{swap_command}` (`swap_users/swap_users.txt`)"],
+        [f"{swap['users']} users served from one process, whole-process peak RSS",
+         f"{swap['peak_rss_mb']:.0f} MB (base parameters {swap['base_parameter_mb']} MB, one file"
+         f" {swap['file_mb']:.1f} MB)", same],
+        ["`far train --method far --retention 0.2 --freeze-embeddings --memory-budget 640` (STS-B pairs, 128 tokens,"
+         " batch 32, 120 steps)",
+         f"peak RSS **{far_640['peak_mib']} MiB** ({far['peak_mib']:,} without a budget), Pearson"
+         f" {far_640['metric']['pearson']:.3f} ({far['metric']['pearson']:.3f}), **{far_ratio:.2f}x**"
+         f" the time ({far_640['wall_s']:.0f} s vs {far['wall_s']:.0f} s)",
+         f"`{budget['command']}` (`memory_budget/memory_budget.json`)"],
+        ["full fine-tuning of the same run under a budget",
+         f"640 refused in {full_640['wall_s']} s (smallest that fits: {full_640['smallest_budget']}); at 734:"
+         f" {full_734['peak_mib']} MiB, {full_734['wall_s'] / full['wall_s']:.2f}x its time", same],
+        ["`far squad --method far ... --memory-budget 1024`",
+         f"peak {squad_1024['peak_mib']} MiB ({squad['peak_mib']:,} without), {squad_ratio:.2f}x"
+         " the time", same],
+        ["a budget that cannot fit (300 MiB)",
+         f"refused in {refused['wall_s']} s, before anything loads, naming {refused['smallest_budget']} MiB", same],
+    ]  # fmt: skip
+    return (
+        table(["what", "number", "command"], rows)
+        + "\n"
+        + source(
+            ["swap_users/swap_users.txt", "memory_budget/memory_budget.json"], machine(budget) + ", one thread", []
+        ).replace(" Command: .", "")
+    )
+
+
 # --- docs/results.md ------------------------------------------------------------------------------------------
 
 GROUPED_ARMS = [
@@ -846,6 +895,7 @@ def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
 
 TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
+    "readme-users": readme_users,
     "own-texts": own_texts,
     "lora-sources": lora_sources,
     "fewshot": fewshot,
