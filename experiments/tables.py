@@ -884,6 +884,58 @@ def lora_sources() -> str:
     return table(["file (under `experiments/results/`)", "command (the file's first line)"], rows)
 
 
+# (file, batch, length, precision, [(config, label)]): the FAR layer's step, each cell from the run that timed it.
+LAYER_CELLS = [
+    ("bench_step_layer_target", 32, 64, "fp32",
+     [("far-0.4", "FAR r=0.4"), ("far-0.4+recompute", "FAR r=0.4, `recompute_activations`")]),
+    ("bench_step_layer_fp32", 32, 128, "fp32",
+     [("far-0.4", "FAR r=0.4"), ("random-0.4", "random r=0.4"),
+      ("far-0.4+recompute", "FAR r=0.4, `recompute_activations`")]),
+    ("bench_step_layer_bf16", 32, 64, "bf16", [("far-0.4", "FAR r=0.4")]),
+]  # fmt: skip
+PRECISION_NAMES = {"fp32": "fp32", "bf16": "bf16 autocast"}
+
+
+def layer_cells() -> list[tuple[str, dict, str, list[tuple[str, str]]]]:
+    """Each LAYER_CELLS entry as (shape label, the result, the command, configs)."""
+    cells = []
+    for name, batch, length, precision, configs in LAYER_CELLS:
+        record = load(f"bench_step/{name}.json")
+        (result,) = [
+            r for r in record["results"] if (r["batch"], r["length"], r["precision"]) == (batch, length, precision)
+        ]
+        cells.append((f"{batch} × {length}, {PRECISION_NAMES[precision]}", result, record["meta"]["command"], configs))
+    return cells
+
+
+def layer_step() -> str:
+    rows, commands = [], []
+    for shape, result, command, configs in layer_cells():
+        commands.append(command)
+        full = result["configs"]["full"]
+        for config, label in configs:
+            c = result["configs"][config]
+            kept = f"{c['saved_for_backward_bytes'] / MIB:,.0f} / {full['saved_for_backward_bytes'] / MIB:,.0f} MiB"
+            live = f"{c['peak_live_bytes'] / MIB:,.0f} / {full['peak_live_bytes'] / MIB:,.0f} MiB"
+            rows.append([shape, label, f"{c['ratio_to_full']:.3f}",
+                         f"{c['paired_ratio_median']:.3f} ({c['paired_ratio_q1']:.3f}–{c['paired_ratio_q3']:.3f})",
+                         f"{c['flop_bound_ratio']:.3f}", f"{kept} ({c['saved_for_backward_ratio']:.3f})",
+                         f"{live} ({c['peak_live_ratio']:.3f})", str(c["steps"])])  # fmt: skip
+    header = ["shape, precision", "configuration", "AdamW step / full's: ratio", "paired (quartiles)", "FLOP bound",
+              "kept for backward", "peak live", "rounds"]  # fmt: skip
+    files = [f"bench_step/{name}.json" for name, *_ in LAYER_CELLS]
+    return table(header, rows) + "\n" + source(files, MACHINE_B + ", 2 threads", commands)
+
+
+def layer_no_grad() -> str:
+    rows = []
+    for shape, result, _, _ in layer_cells():
+        steps = result["configs"]["far-0.4"]["steps"]
+        rows.append([shape, f"{result['forward']['ratio']:.3f}", f"{result['mezo']['ratio']:.3f}", str(steps)])
+    header = ["shape, precision", "no-grad forward, FAR / plain", "`far.MeZO` step, FAR / plain", "rounds"]
+    return table(header, rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -942,6 +994,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "one-thread-cola": one_thread_cola,
     "one-thread-tasks": one_thread_tasks,
     "cola-shape": cola_shape,
+    "layer-step": layer_step,
+    "layer-no-grad": layer_no_grad,
     "retention-sweep": retention_sweep,
     "priming-scores": priming_scores,
     "retain-mass": retain_mass,
