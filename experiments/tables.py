@@ -936,6 +936,45 @@ def layer_no_grad() -> str:
     return table(header, rows)
 
 
+HEAD_CONFIGS = [
+    ("far-0.4", "FAR r=0.4, attention untouched"),
+    ("far-0.4+heads-1.0", "FAR r=0.4, heads 1.0 (split, every head a learner)"),
+    ("far-0.4+heads-0.4", "FAR r=0.4, heads 0.4"),
+    ("far-0.4+heads-0.2", "FAR r=0.4, heads 0.2"),
+    ("far-0.2+heads-0.2+frozen-emb", "FAR r=0.2, heads 0.2, embeddings frozen"),
+]
+
+
+def paired(config: dict) -> str:
+    return f"{config['paired_ratio_median']:.3f} ({config['paired_ratio_q1']:.3f}–{config['paired_ratio_q3']:.3f})"
+
+
+def heads_step() -> str:
+    record = load("bench_step/bench_step_heads_fp32.json")
+    by_shape = {(r["batch"], r["length"]): r["configs"] for r in record["results"] if r["precision"] == "fp32"}
+    short, long = by_shape[(32, 64)], by_shape[(32, 128)]
+    rows = []
+    for number, (config, label) in enumerate(HEAD_CONFIGS):
+        c = short[config]
+        kept, live = f"{c['saved_for_backward_bytes'] / MIB:,.0f}", f"{c['peak_live_bytes'] / MIB:,.0f}"
+        if number == 0:  # the first row names full's too
+            kept += f" / {short['full']['saved_for_backward_bytes'] / MIB:,.0f} MiB"
+            live += f" / {short['full']['peak_live_bytes'] / MIB:,.0f} MiB"
+        rows.append([label, paired(c), f"{c['flop_bound_ratio']:.3f}", paired(long[config]),
+                     f"{long[config]['flop_bound_ratio']:.3f}", f"{kept} ({c['saved_for_backward_ratio']:.3f})",
+                     f"{live} ({c['peak_live_ratio']:.3f})", params(c["trainable_parameters"])])  # fmt: skip
+    header = ["configuration (FFN retention, head retention)", "32 × 64: paired step / full's (quartiles)",
+              "FLOP bound", "32 × 128: paired (quartiles)", "FLOP bound", "kept for backward, 32 × 64",
+              "peak live, 32 × 64", "trainable"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            ["bench_step/bench_step_heads_fp32.json"], MACHINE_B + ", 2 threads, shared", [record["meta"]["command"]]
+        )
+    )
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -995,6 +1034,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "one-thread-tasks": one_thread_tasks,
     "cola-shape": cola_shape,
     "layer-step": layer_step,
+    "heads-step": heads_step,
     "layer-no-grad": layer_no_grad,
     "retention-sweep": retention_sweep,
     "priming-scores": priming_scores,
