@@ -975,6 +975,38 @@ def heads_step() -> str:
     )
 
 
+def heads_lora_step() -> str:
+    fp32_record, bf16_record = (
+        load("bench_step/bench_step_heads_lora_fp32.json"),
+        load("bench_step/bench_step_heads_lora_bf16.json"),
+    )
+    fp32, bf16 = fp32_record["results"][0]["configs"], bf16_record["results"][0]["configs"]
+    layer_bf16 = load("bench_step/bench_step_layer_bf16.json")["results"][0]["configs"]["far-0.4"]
+    labels = [*((c, label) for c, label in HEAD_CONFIGS if c in fp32), ("lora", "LoRA r=8 (PEFT)")]
+    rows = []
+    for config, label in labels:
+        c = fp32[config]
+        if config in bf16:
+            step, live = f"{bf16[config]['ratio_to_full']:.3f}", f" ({bf16[config]['peak_live_ratio']:.3f})"
+        elif config == "far-0.4":
+            step, live = f"({layer_bf16['ratio_to_full']:.3f}, from `bench_step_layer_bf16`)", ""
+        else:
+            step, live = "—", ""
+        rows.append([label, paired(c), f"{c['ratio_to_full']:.3f}", f"{c['flop_bound_ratio']:.3f}", step,
+                     f"{c['peak_live_ratio']:.3f}{live}"])  # fmt: skip
+    header = ["configuration", "fp32: paired step / full's (quartiles)", "fp32: ratio of medians", "FLOP bound",
+              "bf16: step / full's", "peak live, fp32 (bf16)"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(
+            ["bench_step/bench_step_heads_lora_fp32.json", "bench_step/bench_step_heads_lora_bf16.json"],
+            MACHINE_B + ", 2 threads",
+            [fp32_record["meta"]["command"], bf16_record["meta"]["command"]],
+        )
+    )
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1035,6 +1067,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "cola-shape": cola_shape,
     "layer-step": layer_step,
     "heads-step": heads_step,
+    "heads-lora-step": heads_lora_step,
     "layer-no-grad": layer_no_grad,
     "retention-sweep": retention_sweep,
     "priming-scores": priming_scores,
