@@ -1007,6 +1007,54 @@ def heads_lora_step() -> str:
     )
 
 
+def device_machine(record: dict) -> str:
+    """device_train's machine: 'CPU; flags', and its core count."""
+    cpu, _, flags = record["machine"].partition("; ")
+    bf16 = "avx512_bf16" if "avx512_bf16" in flags.split() else "no native bf16"
+    return f"{cpu}, {record['cores']} cores ({bf16}), one thread"
+
+
+def planned(plan: str) -> str:
+    """'772 + 22 MB' from far_train's plan line (train.pte's and bottom.pte's planned memory)."""
+    sizes = [float(size) for size in re.findall(r"\(planned ([0-9.]+) MB\)", plan)]
+    return " + ".join(f"{size:.0f}" if size >= 10 else f"{size:.1f}" for size in sizes) + " MB"
+
+
+def device_step() -> str:
+    record = load("device_train/step.json")
+    rows = []
+    for row in record["rows"]:
+        batch = int(row["shape"].split("x")[0])
+        micro = row["micro_batch"]
+        programs = str(micro) if micro == batch else f"{batch // micro} micro-batches of {micro}"
+        rows.append([row["shape"].replace("x", " x "), programs, f"{row['runner_step_s']:.3f}",
+                     f"{row['eager_step_s']:.3f}", f"**{row['runner_over_eager']:.2f}**",
+                     f"{row['runner_peak_rss_MiB']:.0f} MiB"])  # fmt: skip
+    header = ["shape", "programs' batch", "far_train step (s)", "torch eager step (s)", "far_train / eager",
+              "far_train peak RSS"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["device_train/step.json"], device_machine(record), [f"python {record['command']}"])
+    )
+
+
+def device_memory() -> str:
+    record = load("device_train/memory.json")
+    rows = []
+    for row in record["rows"]:
+        micro = row["micro_batch"]
+        parts = record["batch"] // micro
+        programs = f"{micro} (one micro-batch)" if parts == 1 else f"{micro} ({parts} micro-batches)"
+        rows.append([programs, planned(row["plan"]), f"{row['step_s']:.2f}", f"{row['peak_rss_MiB']:.0f} MiB"])
+    header = ["programs' batch", "planned memory (train.pte + bottom.pte)", "step (s)", "peak RSS"]
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["device_train/memory.json"], device_machine(record), [f"python {record['command']}"])
+    )
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1020,6 +1068,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
     "readme-users": readme_users,
     "own-texts": own_texts,
+    "device-step": device_step,
+    "device-memory": device_memory,
     "lora-sources": lora_sources,
     "fewshot": fewshot,
     "clock-smollm2": on_the_clock(
