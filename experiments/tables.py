@@ -1055,6 +1055,64 @@ def device_memory() -> str:
     )
 
 
+BF16_SEEDS = [
+    ("bench_bf16/cola/fp32-s0", "bench_bf16/cola/bf16-s0", ", `--bf16`"),
+    ("replicate_far/portable/runs/cola-far-0.2+frozen-emb-s1", "bench_bf16/cola/auto-s1", ""),
+    ("replicate_far/portable/runs/cola-far-0.2+frozen-emb-s2", "bench_bf16/cola/auto-s2", ""),
+]
+
+
+def mcc(run: str) -> float:
+    return 100 * load(f"{run}/metrics.json")["metrics"]["matthews_correlation"]
+
+
+def mean_std(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    std = (sum((value - mean) ** 2 for value in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def bf16_seeds() -> str:
+    rows, fp32, bf16 = [], [], []
+    for seed, (plain, autocast, note) in enumerate(BF16_SEEDS):
+        fp32.append(mcc(plain))
+        bf16.append(mcc(autocast))
+        rows.append([str(seed), f"{fp32[-1]:.2f} (`{plain}`)", f"{bf16[-1]:.2f} (`{autocast}`{note})"])
+    rows.append(["mean ± std", f"**{mean_std(fp32)}**", f"**{mean_std(bf16)}**"])
+    return table(["seed", "fp32", "bf16 autocast"], rows)
+
+
+def demo_run(seed: int, grouped: bool) -> tuple[list[float], float, bool]:
+    """One `far demo` output: the three arms' dev accuracies, the whole process's CPU seconds, timing rounds on."""
+    name = f"s{seed}_{'' if grouped else 'no-'}group-by-length.txt"
+    text = (RESULTS / "demo_grouping" / name).read_text()
+    accuracies = [float(a) for a in re.findall(r"^dev accuracy ([0-9.]+);", text, re.M)]
+    user, system = re.search(r"User time \(seconds\): ([0-9.]+), System time \(seconds\): ([0-9.]+)", text).groups()
+    return accuracies, float(user) + float(system), "--timing-rounds 0" not in text.splitlines()[0]
+
+
+GROUP_FLAGS = ("group-by-length", "no-group-by-length --timing-rounds 0")
+
+
+def demo_grouping() -> str:
+    rows, sums = [], {True: [0.0] * 3, False: [0.0] * 3}
+    for seed in range(3):
+        cells, seconds = [str(seed)], []
+        for grouped in (True, False):
+            accuracies, cpu, timing = demo_run(seed, grouped)
+            sums[grouped] = [a + b for a, b in zip(sums[grouped], accuracies, strict=True)]
+            cells.append(" / ".join(f"{a:.4f}" for a in accuracies))
+            seconds.append(f"{cpu:.1f}" + (" (with 10 timing rounds)" if timing else ""))
+        rows.append([*cells, " / ".join(seconds)])
+    rows.append(["mean", *(" / ".join(f"{a / 3:.4f}" for a in sums[g]) for g in (True, False)), ""])
+    header = ["seed", "grouped: full / FAR auto / bottom 3 (dev accuracy)", "not grouped",
+              "whole `far demo`, CPU s: grouped / not"]  # fmt: skip
+    return table(header, rows) + "\n" + source(
+        ["demo_grouping/"], "AMD EPYC, 2 cores (`avx512_bf16`), one thread, beside other jobs",
+        [f"OMP_NUM_THREADS=1 far demo --data-dir ../shared/data --seed S --{flag}" for flag in GROUP_FLAGS],
+    )  # fmt: skip
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1109,6 +1167,8 @@ TABLES: dict[str, Callable[[], str]] = {
         [(32, 64, "fp32"), (32, 128, "fp32"), (8, 128, "fp32"), (32, 64, "bf16")],
     ),
     "practitioner": practitioner,
+    "bf16-seeds": bf16_seeds,
+    "demo-grouping": demo_grouping,
     "bf16-step": copied(
         "bench_bf16/bench_bf16.md", "AMD EPYC, 2 cores (`avx2 avx512f avx512_bf16`, no AMX), 1 thread, torch 2.13.0+cpu"
     ),
