@@ -1113,6 +1113,46 @@ def demo_grouping() -> str:
     )  # fmt: skip
 
 
+ROOFLINE_FILES = ["bench_step/bench_step_roofline_fp32.md", "bench_step/bench_step_roofline_bf16.md"]
+
+
+def md_rows(relative: str, index: int = 0) -> list[dict[str, str]]:
+    """The rows of a committed .md table as dicts keyed by its header."""
+    lines = md_table(relative, index).splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
+
+
+def roofline() -> str:
+    """Measured step against the roofline per configuration: a gap above 0.05 is marked "(IQR wider)" when it is
+    smaller than half the measurement's quartile spread, "✗" when it is not."""
+    rows = []
+    for relative in ROOFLINE_FILES:
+        # the quartiles at full precision from the JSON beside the .md (the .md rounds them to 3 places)
+        record = load(relative.removesuffix(".md") + ".json")
+        quartiles = {
+            (f"{r['batch']}x{r['length']}", r["precision"], name): (c["paired_ratio_q1"], c["paired_ratio_q3"])
+            for r in record["results"]
+            for name, c in r["configs"].items()
+        }
+        for row in md_rows(relative):
+            if row["config"] == "full":
+                continue
+            median = float(row["paired ratio, median (IQR)"].split()[0])
+            q1, q3 = quartiles[(row["batch x len"], row["precision"], row["config"])]
+            gap = float(row["paired − roofline"])
+            mark = "" if abs(gap) <= 0.05 else (" (IQR wider)" if abs(gap) < (q3 - q1) / 2 else " ✗")
+            rows.append([row["batch x len"], row["precision"], row["config"], f"{median:.3f} ({q1:.2f}–{q3:.2f})",
+                         row["FLOP bound, no depth"], row["FLOP bound"], row["roofline"],
+                         row["paired − roofline"].replace("+-", "-") + mark])  # fmt: skip
+    header = ["shape", "precision", "config", "measured: paired step / full's (IQR)", "FLOP bound, no depth",
+              "FLOP bound, depth", "roofline", "measured − roofline"]  # fmt: skip
+    return table(header, rows) + "\n" + source(
+        ROOFLINE_FILES, "AMD EPYC (AVX-512 BF16, no AMX), 2 threads, CPU clock, shared",
+        [md_command(relative) for relative in ROOFLINE_FILES],
+    )  # fmt: skip
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1176,6 +1216,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "one-thread-tasks": one_thread_tasks,
     "cola-shape": cola_shape,
     "layer-step": layer_step,
+    "roofline": roofline,
     "heads-step": heads_step,
     "heads-lora-step": heads_lora_step,
     "layer-no-grad": layer_no_grad,
