@@ -1153,6 +1153,23 @@ def roofline() -> str:
     )  # fmt: skip
 
 
+def roofline_rates() -> str:
+    """The rates each shape's roofline was built from, and full's roofline step against its measured one."""
+    rows = []
+    for relative in ROOFLINE_FILES:
+        for result in load(relative.removesuffix(".md") + ".json")["results"]:
+            rates, full = result["rates"], result["configs"]["full"]
+            flops = " / ".join(f"{rates[f'{part}_flops_per_s'] / 1e9:.0f}"
+                               for part in ("forward", "input_grad", "weight_grad", "attention"))  # fmt: skip
+            rows.append([f"{result['batch']}x{result['length']}", result["precision"], flops,
+                         f"{rates['bytes_per_s'] / 1e9:.1f}", f"{rates['dropout_elements_per_s'] / 1e6:.0f}",
+                         f"{rates['seconds_per_tensor'] * 1e6:.0f}", f"{full['roofline_step_s']:.2f}",
+                         f"{full['median_step_s']:.2f}"])  # fmt: skip
+    header = ["shape", "precision", "F fwd / dX / dW / attention (GFLOP/s)", "B (GB/s)", "R (M elements/s)",
+              "t_tensor (µs)", "full: roofline step (CPU s)", "full: measured (CPU s)"]  # fmt: skip
+    return table(header, rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1217,6 +1234,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "cola-shape": cola_shape,
     "layer-step": layer_step,
     "roofline": roofline,
+    "roofline-rates": roofline_rates,
     "heads-step": heads_step,
     "heads-lora-step": heads_lora_step,
     "layer-no-grad": layer_no_grad,
