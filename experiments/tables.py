@@ -1170,6 +1170,26 @@ def roofline_rates() -> str:
     return table(header, rows)
 
 
+ONE_THREAD_ROOFLINE = ["full+frozen-emb", "full+frozen-emb+bottom-3", "random-0.4", "far-0.2+frozen-emb",
+                       "far-0.2+frozen-emb+bottom-3", "lora"]  # fmt: skip
+
+
+def roofline_one_thread() -> str:
+    """Measured paired step / full's against the roofline, one thread; ✗ where they are more than 0.05 apart."""
+    record = load("bench_step/bench_step_roofline_fp32_1thread.json")
+    rows = []
+    for result in record["results"]:
+        cells = [f"{result['batch']}x{result['length']}"]
+        for config in ONE_THREAD_ROOFLINE:
+            c = result["configs"][config]
+            measured, model = c["paired_ratio_median"], c["roofline_ratio"]
+            miss = " ✗" if abs(round(measured, 3) - round(model, 3)) > 0.05 else ""
+            cells.append(f"{measured:.3f} / {model:.3f}{miss}")
+        rows.append(cells)
+    header = ["shape", "full+frozen-emb", "+ bottom 3", "random-0.4", "far-0.2+frozen-emb", "+ bottom 3", "LoRA"]
+    return table(header, rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1235,6 +1255,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "layer-step": layer_step,
     "roofline": roofline,
     "roofline-rates": roofline_rates,
+    "roofline-one-thread": roofline_one_thread,
     "heads-step": heads_step,
     "heads-lora-step": heads_lora_step,
     "layer-no-grad": layer_no_grad,
