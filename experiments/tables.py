@@ -1190,6 +1190,24 @@ def roofline_one_thread() -> str:
     return table(header, rows)
 
 
+def recompute_cost() -> str:
+    relative = "recompute_cost/recompute_cost.md"
+    steps = {(r["precision"], r["config"]): r for r in md_rows(relative)}
+    cost = {r["precision"]: r for r in md_rows(relative, 1)}
+    rows = []
+    for precision in ("fp32", "bf16"):
+        far, again, full = (steps[(precision, c)] for c in ("random-0.4", "random-0.4+recompute", "full"))
+        mib = [row["kept for backward, MiB (ratio to full)"].split() for row in (far, again, full)]
+        kept = f"{mib[0][1].strip('()')} → {mib[1][1].strip('()')} ({mib[0][0]} → {mib[1][0]} MiB of {mib[2][0]})"
+        rows.append([PRECISION_NAMES[precision], far["paired ratio to full (IQR)"], again["paired ratio to full (IQR)"],
+                     signed(float(cost[precision]["recompute's cost, of full's step"]), 3), kept, far["FLOP bound"],
+                     far["roofline"]])  # fmt: skip
+    header = ["precision", "FAR r=0.4: paired step / full's (IQR)", "+ recompute (IQR)",
+              "recompute's cost, of full's step (median over rounds)",
+              "kept for backward / full's: FAR → FAR + recompute", "FLOP bound", "roofline"]  # fmt: skip
+    return table(header, rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1255,6 +1273,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "layer-step": layer_step,
     "roofline": roofline,
     "roofline-rates": roofline_rates,
+    "recompute-cost": recompute_cost,
     "roofline-one-thread": roofline_one_thread,
     "heads-step": heads_step,
     "heads-lora-step": heads_lora_step,
