@@ -1208,6 +1208,32 @@ def recompute_cost() -> str:
     return table(header, rows)
 
 
+OPTIMIZER_ARMS = {
+    "mezo-plain": "MeZO, every weight",
+    "mezo-far": "MeZO + FAR with depth",
+    "zo-batched-far": "batched one-sided ZO (n=4) + FAR with depth",
+    "adamw-far": "**AdamW on FAR's learners with depth**",
+}
+
+
+def own_texts_optimizers() -> str:
+    summary = load("own_texts_optimizers/summary.json")
+    before = summary["table"][0]["perplexity_before"]
+    rows = []
+    for row in summary["table"]:
+        arm = load(f"own_texts_optimizers/{row['arm']}.json")
+        grid = ", ".join(rate(point["lr"]) for point in arm["lr_grid"])
+        change = 100 * (row["perplexity_at_budget"] / row["perplexity_before"] - 1)
+        bold = "**" if row["arm"] == "adamw-far" else ""
+        result = f"{bold}{row['perplexity_at_budget']:.2f}: {signed(change, 2 if abs(change) < 1 else 1)}%{bold}"
+        rows.append([OPTIMIZER_ARMS[row["arm"]], f"{rate(row['lr'])} ({grid})", str(row["steps"]),
+                     f"{row['step_cpu_seconds']:.1f} ({row['eval_cpu_seconds']:.1f})", result,
+                     f"{row['peak_rss_mib']:,.0f} MiB"])  # fmt: skip
+    header = ["arm", "lr (grid)", "steps", "CPU s of steps (eval apart)", f"held-out perplexity, {before:.2f} before",
+              "peak RSS (this harness)"]  # fmt: skip
+    return table(header, rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1221,6 +1247,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
     "readme-users": readme_users,
     "own-texts": own_texts,
+    "own-texts-optimizers": own_texts_optimizers,
     "device-step": device_step,
     "device-memory": device_memory,
     "lora-sources": lora_sources,
