@@ -1234,6 +1234,42 @@ def own_texts_optimizers() -> str:
     return table(header, rows)
 
 
+LLM_MEMORY = [
+    ("Gemma-3-270M", "MeZO + FAR, the default (10% of the nodes, bottom 12 of 18 layers frozen)", "gemma3-270m"),
+    ("SmolLM2-135M", "MeZO + FAR, the default (10% of the nodes, bottom 20 of 30 layers frozen)", "smollm2-135m"),
+    ("Gemma-3-270M", "MeZO + FAR r=0.4", "llm_memory_gemma3_far"),
+    ("Gemma-3-270M", "inference", "llm_memory_gemma3_inf"),
+    ("SmolLM2-135M", "MeZO + FAR r=0.4, saving its fine-tune", "llm_memory_smollm2_far"),
+    ("SmolLM2-135M", "MeZO + FAR r=0.4, fp32 learners ¹", "llm_memory_smollm2_far32"),
+    ("SmolLM2-135M", "MeZO (plain)", "llm_memory_smollm2_full"),
+    ("SmolLM2-135M", "inference", "llm_memory_smollm2_inf"),
+]
+
+
+def time_v(model: str) -> tuple[str, float]:
+    """A `/usr/bin/time -v` record of the default run: its command (data and output folders left out) and peak MiB."""
+    text = (RESULTS / "llm_memory" / f"time_v_{model}_default.txt").read_text()
+    command = re.search(r'Command being timed: "(.*)"', text).group(1).removeprefix(".venv/bin/")
+    command = re.sub(r" --(data-dir|output-dir) \S+| --no-progress", "", command)
+    kbytes = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
+    return f"`/usr/bin/time -v {command}` ²", kbytes / 1024
+
+
+def llm_memory() -> str:
+    rows = []
+    for model, case, source_name in LLM_MEMORY:
+        if source_name.startswith("llm_memory_"):
+            (record,) = load(f"llm_memory/{source_name}.json")["cases"].values()
+            command, extra = record["command"], ""
+            if command.endswith(" (evaluation only)"):
+                command, extra = command.removesuffix(" (evaluation only)"), ", evaluation only"
+            rows.append([model, case, f"`{command}`{extra}", f"{record['peak_rss_mib']:.0f} MiB"])
+        else:
+            command, peak = time_v(source_name)
+            rows.append([model, case, command, f"{peak:.0f} MiB"])
+    return table(["model", "case", "command", "peak RSS"], rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1247,6 +1283,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
     "readme-users": readme_users,
     "own-texts": own_texts,
+    "llm-memory": llm_memory,
     "own-texts-optimizers": own_texts_optimizers,
     "device-step": device_step,
     "device-memory": device_memory,
