@@ -269,6 +269,34 @@ def readme_users() -> str:
     )
 
 
+def readme_files() -> str:
+    demo = (RESULTS / "demo.txt").read_text()
+    learners, share, merged = re.search(
+        r"learners\.safetensors: ([0-9.]+) MiB, (\d+)% of the merged model \(\S+: ([0-9.]+) MiB", demo
+    ).groups()
+    nodes = re.search(r"FAR auto: (\d+)% nodes, depth (\d+)", demo).groups()
+    sizes = {
+        (row["retention"], row["freeze_embeddings"]): row for row in load("learners_file_size/learners_file_size.json")
+    }
+    plain, frozen = sizes[(0.4, False)], sizes[(0.4, True)]
+    lora = load("replicate_far/replication_lora/kept_files.json")["lora"]["bytes"]
+    size_command = "`python experiments/learners_file_size.py` (`learners_file_size/learners_file_size.json`)"
+    depth = "layer" if nodes[1] == "1" else f"{nodes[1]} layers"
+    rows = [
+        ["the whole model, merged (what full fine-tuning keeps)", f"{merged} MiB", "`far demo` (`demo.txt`)"],
+        ["learners file, r=0.4",
+         f"{plain['learners_file_bytes'] / 1e6:.1f} MB ({plain['plain_checkpoint_bytes'] / 1e6:.1f} MB whole model)",
+         size_command],
+        ["learners file, r=0.4, embeddings frozen", f"{frozen['learners_file_bytes'] / 1e6:.1f} MB", size_command],
+        [f"learners file, FAR's automatic configuration (SST-2: {nodes[0]}% of the nodes, embeddings and the bottom"
+         f" {depth} frozen)", f"{learners} MiB ({share}% of the merged model)", "`far demo` (`demo.txt`)"],
+        ["LoRA adapter (PEFT, r=8), for comparison", f"{lora / MIB:.2f} MiB",
+         "`replicate_far.py ... --kept-files` (`replicate_far/replication_lora/kept_files.json`;"
+         " [docs/far-or-lora.md](docs/far-or-lora.md))"],
+    ]  # fmt: skip
+    return table(["per-user file", "size", "command"], rows)
+
+
 # --- docs/results.md ------------------------------------------------------------------------------------------
 
 GROUPED_ARMS = [
@@ -1282,6 +1310,7 @@ def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
 TABLES: dict[str, Callable[[], str]] = {
     "readme-results": readme_results,
     "readme-users": readme_users,
+    "readme-files": readme_files,
     "own-texts": own_texts,
     "llm-memory": llm_memory,
     "own-texts-optimizers": own_texts_optimizers,
