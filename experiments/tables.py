@@ -1298,6 +1298,56 @@ def llm_memory() -> str:
     return table(["model", "case", "command", "peak RSS"], rows)
 
 
+HEADS_RUNS = "replicate_far/replication_heads_lora/runs"
+
+
+def run_result(run: str) -> tuple[float, float]:
+    """A run's metric (in points) and train time (priming + training seconds), from its result.json."""
+    record = load(f"{run}/result.json")
+    (metric,) = record["metrics"].values()
+    return 100 * metric, record["priming_seconds"] + record["training_seconds"]
+
+
+def heads_end_to_end() -> str:
+    columns = [("cola", 0), ("cola", 2), ("sst2", 0)]
+    arms = [("full", "full"), ("far", "FAR r=0.4"),
+            ("far-0.2+heads-0.2+frozen-emb", "FFN r=0.2 + heads 0.2 + frozen embeddings")]  # fmt: skip
+    found = {}
+    for method, _ in arms:
+        for task, seed in columns:
+            run = f"{HEADS_RUNS}/{task}-{method}-s{seed}"
+            if (RESULTS / run).is_dir():
+                found[(method, task, seed)] = (*run_result(run), "")
+            elif (RESULTS / f"replicate_far/runs/{task}-{method}-s{seed}").is_dir():  # metric only, another grid
+                metric, _ = run_result(f"replicate_far/runs/{task}-{method}-s{seed}")
+                found[(method, task, seed)] = (metric, None, " (from `replicate_far/runs/`)")
+    time_rows, metric_rows = [], []
+    for method, label in arms:
+        times, metrics = [f"{label}: train time" + ("" if method == "full" else " (vs full)")], [f"{label}: metric"]
+        for task, seed in columns:
+            unit = "%" if task == "sst2" else ""
+            if (method, task, seed) not in found:
+                times.append("—")
+                metrics.append("—")
+                continue
+            metric, seconds, note = found[(method, task, seed)]
+            full_metric, full_seconds, _ = found[("full", task, seed)]
+            if seconds is None:
+                times.append("—")
+            elif method == "full":
+                times.append(f"{seconds:.0f} s")
+            else:
+                saved = signed(-100 * (1 - seconds / full_seconds), 1)
+                times.append(f"{seconds:.0f} s ({'**' + saved + '%**' if 'heads' in method else saved + '%'})")
+            suffix = " MCC" if (method, task, seed) == ("full", "cola", 0) else ""
+            delta = "" if method == "full" or note else f" ({signed(metric - full_metric)})"
+            metrics.append(f"{metric:.2f}{unit}{suffix}{delta}{note}")
+        time_rows.append(times)
+        metric_rows.append(metrics)
+    header = ["", "CoLA seed 0", "CoLA seed 2", "SST-2 seed 0 (8,000 sentences, 1 epoch)"]
+    return table(header, time_rows + metric_rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1370,6 +1420,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "roofline-one-thread": roofline_one_thread,
     "heads-step": heads_step,
     "heads-lora-step": heads_lora_step,
+    "heads-end-to-end": heads_end_to_end,
     "layer-no-grad": layer_no_grad,
     "retention-sweep": retention_sweep,
     "priming-scores": priming_scores,
