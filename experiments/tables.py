@@ -243,8 +243,8 @@ def readme_users() -> str:
          f"{swap['swap_ms_median']} ms median ({swap['swap_cpu_ms_median']} ms CPU); first visit of a file"
          f" {swap['swap_ms_median_first_visit']} ms", f"`{swap_command}` (`swap_users/swap_users.txt`)"],
         [f"{swap['users']} users served from one process, whole-process peak RSS",
-         f"{swap['peak_rss_mb']:.0f} MB (base parameters {swap['base_parameter_mb']} MB, one file"
-         f" {swap['file_mb']:.1f} MB)", same],
+         f"{swap['peak_rss_mb']:.0f} MiB (base parameters {swap['base_parameter_mb']} MiB, one file"
+         f" {swap['file_mb']:.1f} MiB)", same],
         ["`far train --method far --retention 0.2 --freeze-embeddings --memory-budget 640` (STS-B pairs, 128 tokens,"
          " batch 32, 120 steps)",
          f"peak RSS **{far_640['peak_mib']} MiB** ({far['peak_mib']:,} without a budget), Pearson"
