@@ -1399,6 +1399,94 @@ def against_the_paper() -> str:
     return table(["claim", "paper", "here"], rows)
 
 
+def far_or_lora() -> str:
+    """far-or-lora.md's comparison: full, FAR r=0.4 and LoRA r=8 on every measure the committed files hold."""
+    grid = load("replicate_far/replication_heads_lora/heads_lora.json")["summary"]
+    kept = load("replicate_far/replication_lora/kept_files.json")
+    fp32 = load("bench_step/bench_step_heads_lora_fp32.json")["results"][0]
+    bf16 = load("bench_step/bench_step_heads_lora_bf16.json")["results"][0]
+    layer_bf16 = load("bench_step/bench_step_layer_bf16.json")["results"][0]["configs"]["far-0.4"]
+    _, swap = swap_record()
+    runs = {path.name: path for folder in (HEADS_RUNS, "replicate_far/replication_heads_lora/earlier_lora/runs")
+            for path in (RESULTS / folder).iterdir()}  # fmt: skip
+
+    def seconds(name: str) -> float:
+        return run_result(str(runs[name].relative_to(RESULTS)))[1]
+
+    def one(task: str, method: str, scale: float = 100.0) -> str:
+        return f"{scale * grid[task][method]['metric']['mean']:.2f}"
+
+    cola = grid["cola"]
+    lora_cola = cola["lora-lr2e-3"]["metric"]
+    lora_values = ", ".join(f"{100 * v:.2f}" for v in lora_cola["values"])
+    squad = grid["squad"]
+    full_cola = [seconds("cola-full-s0"), seconds("cola-full-s2")]
+    lora_lr2 = [seconds("cola-lora-lr2e-3-s1"), seconds("cola-lora-lr2e-3-s2")]
+    lora_saving = 100 * (1 - (seconds("cola-lora-s0") + sum(lora_lr2)) / 3 / (sum(full_cola) / 2))
+    sst2_full, sst2_far = seconds("sst2-full-s0"), seconds("sst2-far-s0")
+    sst2_lora, sst2_lora2 = seconds("sst2-lora-s0"), seconds("sst2-lora-lr2e-3-s0")
+    rss = {m: cola[m]["peak_rss_bytes"] / MIB for m in ("full", "far")}
+    lora_rss = [load(str(path.relative_to(RESULTS)) + "/metrics.json")["peak_rss_bytes"] / MIB
+                for name, path in runs.items() if name.startswith("cola-lora")]  # fmt: skip
+    rss_cut = [100 * (1 - value / rss["full"]) for value in (max(lora_rss), min(lora_rss))]
+    c32, c16 = fp32["configs"], bf16["configs"]
+    trainable = {m: cola[m]["trainable_parameters"] for m in ("full", "far", "lora")}
+    rows = [
+        ["CoLA MCC, 3 epochs, 3 seeds", pm(cola["full"]["metric"]), pm(cola["far"]["metric"]),
+         f"{pm(lora_cola)} at 2e-3 ({lora_values}); {one('cola', 'lora')} at 8e-3 (seed 0)",
+         f"**FAR** ({signed(100 * (cola['far']['metric']['mean'] - lora_cola['mean']), 1)} over LoRA)"],
+        ["SST-2 accuracy (8,000 sentences, 1 epoch, seed 0)", one("sst2", "full"), one("sst2", "far"),
+         f"{one('sst2', 'lora')} at 8e-3, {one('sst2', 'lora-lr2e-3')} at 2e-3", "**full / FAR**"],
+        ["STS-B Pearson (seed 0)", one("stsb", "full"), one("stsb", "far"), f"{one('stsb', 'lora-lr2e-3')} at 2e-3",
+         "**full / FAR**"],
+        ["SQuAD v1.1 F1 (2,000 questions, 1 epoch)", f"{pm(squad['full']['metric'], 1)} (2 seeds)",
+         pm(squad["far"]["metric"], 1),
+         f"{one('squad', 'lora-lr2e-3', 1)} F1 (seed 0; full {squad['full']['metric']['values'][0]:.2f}, FAR"
+         f" {squad['far']['metric']['values'][0]:.2f} on seed 0)", "**full / FAR**"],
+        ["CoLA train time, one series of runs (runs drift up to ±25% here, see"
+         " [results.md](results.md#attention-heads-split-too))",
+         f"{full_cola[0]:.0f} s (seed 0), {full_cola[1]:.0f} s (seed 2)",
+         f"{seconds('cola-far-s0'):.0f} s (seed 0, overstated)",
+         f"{seconds('cola-lora-s0'):.0f} s at 8e-3 (seed 0), {lora_lr2[0]:.0f} and {lora_lr2[1]:.0f} s at 2e-3"
+         f" (seeds 1, 2): about {signed(-lora_saving, 0)}%", "**LoRA**"],
+        ["SST-2 train time, the same series", f"{sst2_full:.0f} s",
+         f"{sst2_far:.0f} s ({signed(-100 * (1 - sst2_far / sst2_full), 1)}%)",
+         f"{sst2_lora:.0f} s at 8e-3 ({signed(-100 * (1 - sst2_lora / sst2_full), 0)}%); {sst2_lora2:.0f} s at 2e-3,"
+         " the same work in a faster machine state", "**LoRA**"],
+        ["trainable parameters", f"{trainable['full']:,}", f"{trainable['far']:,}",
+         f"{trainable['lora']:,} ({100 * trainable['lora'] / trainable['full']:.1f}%)", "—"],
+        ["fp32 step vs full, 32 × 64, paired (ratio of medians)", "1",
+         f"{c32['far-0.4']['paired_ratio_median']:.3f} ({c32['far-0.4']['ratio_to_full']:.3f})",
+         f"{c32['lora']['paired_ratio_median']:.3f} ({c32['lora']['ratio_to_full']:.3f})", "**LoRA**"],
+        ["bf16 step vs full, 32 × 64, on a CPU without native bf16", f"1 ({c16['full']['median_step_s']:.0f} s)",
+         f"{layer_bf16['ratio_to_full']:.3f} (from `bench_step_layer_bf16.md`)", f"{c16['lora']['ratio_to_full']:.3f}",
+         "FAR (but train in fp32 here)"],
+        ["peak live tensors of a step vs full (fp32)", "1", f"{c32['far-0.4']['peak_live_ratio']:.3f}",
+         f"{c32['lora']['peak_live_ratio']:.3f}", "**LoRA**"],
+        ["whole-process peak RSS, CoLA run (max over runs)", f"{rss['full']:,.0f} MiB", f"{rss['far']:,.0f} MiB",
+         f"{min(lora_rss):,.0f}–{max(lora_rss):,.0f} MiB",
+         f"**LoRA** ({signed(-rss_cut[0], 0)} to {signed(-rss_cut[1], 0)}%)"],
+        ["file kept per task (CoLA)", f"{kept['full']['bytes'] / MIB:.1f} MiB",
+         f"{kept['far']['bytes'] / MIB:.1f} MiB learners file ({swap['file_mb']:.1f} MiB at r=0.2 with embeddings"
+         " frozen)", f"{kept['lora']['bytes'] / MIB:.2f} MiB adapter",
+         f"**LoRA**, by {kept['far']['bytes'] / kept['lora']['bytes']:.0f}×"],
+        ["MeZO step vs MeZO on every weight, 32 × 64 (fp32 / bf16)", "1",
+         f"{fp32['mezo']['ratio']:.3f} / {bf16['mezo']['ratio']:.3f}",
+         f"{fp32['mezo']['lora_ratio']:.3f} / {bf16['mezo']['lora_ratio']:.3f}", "**LoRA** in fp32"],
+    ]  # fmt: skip
+    mezo = {row["arm"]: row for row in md_rows("mezo_lora/mezo_lora.md")}
+    low, high = mezo["lora-mezo-lr1e-4"], mezo["lora-mezo-lr1e-3"]
+    rows.append(
+        ["MeZO learns? SST-2, 2,000 sentences, 300 steps of batch 16", "—", "—",
+         f"dev {float(low['dev accuracy']):.1f}% (lr 1e-4) and {float(high['dev accuracy']):.1f}% (1e-3) against the"
+         f" majority class's {float(low['majority class']):.1f}%; loss {low['loss, first 10%']} →"
+         f" {low['loss, last 10%']} and {high['loss, first 10%']} → {high['loss, last 10%']}", "it trains, slowly"]
+    )  # fmt: skip
+    rows.append(["result is a plain model", "—", "`far.restore` / `far export --merge`",
+                 "`model/` is merged (`merge_and_unload`)", "tie"])  # fmt: skip
+    return table(["measure", "full", "FAR r=0.4", "LoRA r=8", "winner"], rows)
+
+
 def copied(relative: str, made_on: str, index: int = 0) -> Callable[[], str]:
     """A table copied from a committed .md file that names its command on its first line."""
 
@@ -1418,6 +1506,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "device-step": device_step,
     "device-memory": device_memory,
     "lora-sources": lora_sources,
+    "far-or-lora": far_or_lora,
     "fewshot": fewshot,
     "clock-smollm2": on_the_clock(
         "smollm2-135m",
