@@ -19,7 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from table_sources import ROOT, copied
-from tables_llm import device_memory, device_step, fewshot, llm_memory, on_the_clock, own_texts, own_texts_optimizers
+from tables_llm import (
+    clock_curve,
+    device_memory,
+    device_step,
+    fewshot,
+    llm_memory,
+    on_the_clock,
+    own_texts,
+    own_texts_optimizers,
+)
 from tables_lora import against_the_paper, far_or_lora, heads_end_to_end, lora_sources
 from tables_readme import readme_files, readme_results, readme_users
 from tables_rules import freeze_mass, portable, priming_scores, retain_mass, retention_sweep
@@ -62,6 +71,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "lora-sources": lora_sources,
     "far-or-lora": far_or_lora,
     "fewshot": fewshot,
+    "clock-smollm2-k512": clock_curve("smollm2-135m", 512),
     "clock-smollm2": on_the_clock(
         "smollm2-135m",
         16,

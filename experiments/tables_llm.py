@@ -235,3 +235,32 @@ def llm_memory() -> str:
             command, peak = time_v(source_name)
             rows.append([model, case, command, f"{peak:.0f} MiB"])
     return table(["model", "case", "command", "peak RSS"], rows)
+
+
+def clock_curve(model: str, k: int) -> Callable[[], str]:
+    """One seed on the clock: each arm's dev accuracy at every evaluation, and when the default reaches plain MeZO's
+    final accuracy."""
+
+    def write() -> str:
+        record = load("llm_fewshot_time/summary.json")
+        found = {row["arm"]: row for row in record["rows"] if row["model"] == model and row["k"] == k}
+        rows = []
+        for arm in ("mezo", "far_top10"):
+            row = found[arm]
+            label = CLOCK_ARMS[arm] if arm == "mezo" else "**MeZO + FAR with depth**"
+            points = [f"{100 * point['accuracy']:.1f}" for point in row["mean_curve"][1:]]
+            points[-1] = f"**{points[-1]}**"
+            if arm == "mezo":
+                reach = f"at {row['seconds']:.0f} s (its end)"
+            else:
+                reach = f"at {row['seconds_to_mezo_final']:.0f} s: **{row['time_to_mezo_final_vs_mezo']:.2f}×**"
+            edge = " (grid edge)" if row["lr_at_grid_edge"] and arm != "mezo" else ""
+            rows.append([label, rate(row["lr"]) + edge, f"{100 * row['grid_accuracy']:.1f}", " / ".join(points),
+                         f"{row['steps']:.0f}", reach])  # fmt: skip
+        # the evaluations fall every --eval-seconds 150 of training, give or take a step
+        times = " / ".join(f"{150 * round(point['seconds'] / 150)}" for point in found["mezo"]["mean_curve"][1:])
+        header = ["arm", "lr", "seed-0 grid, 100 steps: dev", f"dev accuracy at {times} s",
+                  f"steps in {record['seconds']:.0f} s", "reaches plain MeZO's final"]  # fmt: skip
+        return table(header, rows)
+
+    return write
