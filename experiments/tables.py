@@ -25,6 +25,7 @@ from tables_llm import (
     device_step,
     fewshot,
     llm_memory,
+    mezo_step,
     on_the_clock,
     own_texts,
     own_texts_optimizers,
@@ -71,6 +72,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "lora-sources": lora_sources,
     "far-or-lora": far_or_lora,
     "fewshot": fewshot,
+    "mezo-step": mezo_step,
     "clock-smollm2-k512": clock_curve("smollm2-135m", 512),
     "clock-smollm2": on_the_clock(
         "smollm2-135m",

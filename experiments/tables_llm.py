@@ -264,3 +264,30 @@ def clock_curve(model: str, k: int) -> Callable[[], str]:
         return table(header, rows)
 
     return write
+
+
+MEZO_CONFIGS = [
+    ("plain", "plain MeZO (every weight)"),
+    ("far-0.4", "MeZO + FAR r=0.4, embeddings frozen"),
+    ("far-0.4+learners-only", "MeZO + FAR r=0.4, learners only"),
+]
+
+
+def mezo_step() -> str:
+    """`far.MeZO`'s step (bench_mezo.json) beside the record-based MeZO's (bench_mezo_before.json)."""
+    now, records = load("bench_mezo/bench_mezo.json")["steps"], load("bench_mezo/bench_mezo_before.json")["steps"]
+    rows = []
+    for config, label in MEZO_CONFIGS:
+        step, before = now[config], records[config]
+        split = step["split_medians"]
+        if config == "plain":
+            ratio, bound = "1", "1"
+        else:
+            ratio = f"{step['ratio_to_plain']:.3f} ({step['paired_ratio_median']:.3f})"
+            bound = f"{step['ratio_bound']:.3f}"
+        rows.append([label, f"{step['trainable_parameters'] / 1e6:.1f}M",
+                     f"{before['step_seconds_median']:.2f} → {step['step_seconds_median']:.2f} s", ratio, bound,
+                     f"{split['forwards']:.2f} / {split['noise']:.2f} / {split['arithmetic']:.2f} s"])  # fmt: skip
+    header = ["configuration", "perturbed", "step, record-based → `far.MeZO`", "/ plain's, `far.MeZO` (paired)",
+              "bound", "`far.MeZO`: forwards / noise / arithmetic"]  # fmt: skip
+    return table(header, rows)
