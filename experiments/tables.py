@@ -24,6 +24,7 @@ from tables_llm import (
     device_memory,
     device_step,
     fewshot,
+    lean_learners,
     llm_memory,
     mezo_step,
     on_the_clock,
@@ -72,6 +73,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "lora-sources": lora_sources,
     "far-or-lora": far_or_lora,
     "fewshot": fewshot,
+    "lean-learners": lean_learners,
     "mezo-step": mezo_step,
     "clock-smollm2-k512": clock_curve("smollm2-135m", 512),
     "clock-smollm2": on_the_clock(

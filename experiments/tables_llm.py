@@ -291,3 +291,42 @@ def mezo_step() -> str:
     header = ["configuration", "perturbed", "step, record-based → `far.MeZO`", "/ plain's, `far.MeZO` (paired)",
               "bound", "`far.MeZO`: forwards / noise / arithmetic"]  # fmt: skip
     return table(header, rows)
+
+
+def lean_learners() -> str:
+    """The lean runtime's learners file (lean_learners_file/report.json): size against the GGUF, swaps, generation."""
+    report = load("lean_learners_file/report.json")
+    gguf, files, swap = report["gguf_bytes"], report["files"], report["swap"]
+    long, short = files["user-0"], files["user-1"]
+    steps = [report["runs"][user]["steps"] for user in ("user-0", "user-1")]
+    whole = 2 * long["values"]  # every trained value kept as a whole bf16 (2 bytes)
+    start = report["generate_startup"]
+
+    def share(part: dict) -> str:
+        return f"{100 * part['bytes'] / gguf:.1f}%"
+
+    def patched(part: dict) -> str:
+        return f"{100 * part['patched_values'] / part['values']:.1f}%"
+
+    rows = [
+        [f"learners file, {steps[0]} steps / {steps[1]} steps",
+         f"{long['bytes'] / 1e6:.2f} MB / {short['bytes'] / 1e6:.2f} MB: {share(long)} / {share(short)} of the"
+         f" {gguf / 1e6:.2f} MB GGUF file ({long['values'] / 1e6:.1f}M values,"
+         f" {patched(long)} / {patched(short)} of them patched)", "<= 25%"],
+        ["bf16 values kept whole instead (the `trained.safetensors` layout, at these learners)",
+         f"{whole / 1e6:.1f} MB, {100 * whole / gguf:.0f}%", ""],
+        ["first load of a file (hashes the GGUF file once per model, and the file)",
+         f"{swap['first_load_ms']['cpu']:.0f} ms CPU ({swap['first_load_ms']['wall']:.0f} ms wall)", ""],
+        ["swap to a file not seen before (its sha256 checked)",
+         f"{swap['first_swap_ms']['cpu']:.0f} ms CPU ({swap['first_swap_ms']['wall']:.0f} ms wall)", ""],
+        [f"swap between files this model verified before, median of {swap['swaps']}",
+         f"{swap['median_swap_cpu_ms']:.0f} ms CPU ({swap['median_swap_wall_ms']:.0f} ms wall)", "<= 50 ms"],
+        ["A -> B -> A against A loaded fresh", "bit for bit" if report["a_b_a_bit_for_bit"] else "differs", ""],
+        [f"`far generate --learners A --max-new-tokens 1`, whole process, median of {len(start['cpu_seconds'])}",
+         f"{start['median_cpu_seconds']:.1f} s CPU ({start['median_wall_seconds']:.1f} s wall)", "<= 5 s"],
+    ]  # fmt: skip
+    for number, token in enumerate(report["tokens"]):
+        what = "a new token over the KV cache / running the whole text again" if number == 0 else "the same"
+        rows.append([f"{what}, {token['context_tokens']}-token text",
+                     f"{token['cached_ms']:.0f} / {token['whole_text_again_ms']:.0f} ms (wall)", ""])  # fmt: skip
+    return table(["", "measured", "target"], rows)
