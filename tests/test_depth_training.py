@@ -7,12 +7,13 @@ import torch
 from conftest import tiny_batch, tiny_examples, tiny_model
 
 import far
+from far.selection import AUTO_FREEZE_MASS
 
 RUN = dict(optimizer="adamw", lr=1e-2, max_steps=5, batch_size=6, progress=False)
 
 
-def deep(seed: int = 0) -> torch.nn.Module:
-    return tiny_model("bert", seed=seed, num_hidden_layers=3)
+def deep(seed: int = 0, layers: int = 3) -> torch.nn.Module:
+    return tiny_model("bert", seed=seed, num_hidden_layers=layers)
 
 
 @torch.no_grad()
@@ -22,16 +23,26 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
 
 @pytest.mark.parametrize("freeze_layers", [1, "auto"])
 def test_a_depth_run_writes_a_file_for_the_stock_model(tmp_path, freeze_layers):
-    model = deep()
-    far.finetune(model, tiny_examples(), far.FARConfig(0.4, freeze_layers=freeze_layers), priming=2, **RUN)
-    stock = deep()
+    # Six layers: under AdamW priming the layers move nearly alike, so `auto` freezes one (the bottom sixth holds
+    # less than AUTO_FREEZE_MASS of the change); with three it would freeze none and check nothing below.
+    model, stock = deep(layers=6), deep(layers=6)
+    result = far.finetune(model, tiny_examples(), far.FARConfig(0.4, freeze_layers=freeze_layers), priming=2, **RUN)
     frozen, _, below = far.summary(model, verbose=False).frozen_layers
-    assert below and (frozen >= 1 if freeze_layers == 1 else frozen >= 0)
-    # Priming moved every weight; the frozen layers and the embeddings are the stock values again.
-    layer0 = {n: p for n, p in model.named_parameters() if ".layer.0." in n and "learner" not in n}
+    if freeze_layers == "auto":
+        # K from the change priming measured: the bottom K layers hold under AUTO_FREEZE_MASS of it.
+        change = result.priming_layer_change
+        assert len(change) == 6 and abs(sum(change) - 1) < 1e-3
+        assert sum(change[:frozen]) < AUTO_FREEZE_MASS <= sum(change[: frozen + 1])
+    assert frozen == 1 and below
+    # Priming moved every weight; the frozen layer and the embeddings are the stock values again.
     stock_params = dict(stock.named_parameters())
-    if frozen >= 1:
-        assert all(torch.equal(p, stock_params[n]) for n, p in layer0.items() if n in stock_params)
+    bottom = {
+        n: p for n, p in model.named_parameters() if (".layer.0." in n or "embeddings" in n) and n in stock_params
+    }
+    assert any(".layer.0.attention" in n for n in bottom) and any("embeddings" in n for n in bottom)
+    assert all(torch.equal(p, stock_params[n]) for n, p in bottom.items())
+    above = {n: p for n, p in model.named_parameters() if ".layer.5.attention" in n and p.requires_grad}
+    assert above and not all(torch.equal(p, stock_params[n]) for n, p in above.items())
     path = far.save_learners(model, tmp_path / "user.safetensors")
     far.load_learners(stock, path)
     assert torch.equal(logits(stock), logits(model))

@@ -366,15 +366,17 @@ def test_minilm_exports_and_trains_a_step(minilm_path, tmp_path):
     )
     assert result.sizes["train.pte"] < result.sizes["bottom.pte"]  # the word embeddings stay in the bottom
     device.write_examples(TEXTS[:8], tokenizer, out, out / "examples.safetensors", labels=[i % 2 for i in range(8)])
-    assert device.train(out, out / "examples.safetensors", epochs=1).step == 1
+    trained = device.train(out, out / "examples.safetensors", epochs=1)
+    assert trained.step == 1 and len(trained.losses) == 1
+    # The device's one step saw all eight examples: its loss is eager MiniLM's on them (no dropout on either side).
+    examples, _ = read_examples(out / "examples.safetensors", read_manifest(out))
+    with torch.no_grad():
+        eager = model.eval()(**examples).loss.item()
+    assert trained.losses[0] == pytest.approx(eager, abs=1e-4)
 
 
 @FUZZ_COUNTS
 def test_mutated_device_files_are_refused_with_device_file_error(exported, tmp_path, count):
-    from far.device.examples import read_examples
-    from far.device.manifest import DeviceFileError, read_manifest
-    from far.device.state import read_state
-
     manifest = read_manifest(exported)
     # a state file carries a content digest, which catches nearly every change; an examples file does not, and
     # a change that leaves its ids in range is a valid file of other examples

@@ -18,7 +18,7 @@ RUN = dict(optimizer="adamw", lr=1e-2, epochs=3, batch_size=4, progress=False)
 
 
 def deep(**overrides) -> torch.nn.Module:
-    return tiny_model("bert", num_hidden_layers=3, **{**NO_DROPOUT["bert"], **overrides})
+    return tiny_model("bert", **{"num_hidden_layers": 3, **NO_DROPOUT["bert"], **overrides})
 
 
 def assert_same_training(got: torch.nn.Module, expected: torch.nn.Module) -> None:
@@ -49,26 +49,27 @@ def computed_rows(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "config, options",
+    "config, options, layers, frozen",
     [
-        (None, dict(freeze_layers=2)),
-        (far.FARConfig(0.4, freeze_embeddings=True, freeze_layers=1), dict(priming=2)),
-        (far.FARConfig(0.4, freeze_layers="auto"), dict(priming=2)),
+        (None, dict(freeze_layers=2), 3, 2),
+        (far.FARConfig(0.4, freeze_embeddings=True, freeze_layers=1), dict(priming=2), 3, 1),
+        # Six layers, so that `auto` freezes one (with three it freezes none and there is no bottom to keep).
+        (far.FARConfig(0.4, freeze_layers="auto"), dict(priming=2), 6, 1),
     ],
     ids=["plain-freezing", "far-depth", "far-auto"],
 )
-def test_a_cached_run_trains_as_an_uncached_one(config, options, computed_rows):
+def test_a_cached_run_trains_as_an_uncached_one(config, options, layers, frozen, computed_rows):
     # Without dropout anywhere, the cache changes nothing but where the bottom's states come from.
-    cached, plain = deep(), deep()
+    cached, plain = deep(num_hidden_layers=layers), deep(num_hidden_layers=layers)
     examples = ragged_examples()
     assert far.finetune(plain, examples, config, collate_fn=pad, **RUN, **options).frozen_cache_bytes == 0
     result = far.finetune(cached, examples, config, collate_fn=pad, cache_frozen=True, **RUN, **options)
     assert_same_training(cached, plain)
-    if config is None or config.freeze_layers != "auto":  # auto may freeze nothing on a tiny model
-        # 9 steps of 4 examples; the bottom saw each of the 12 examples once per phase (priming, then training).
-        assert sum(computed_rows) <= 2 * len(examples) < 9 * 4
-        tokens = sum(len(e["input_ids"]) for e in examples)
-        assert result.frozen_cache_bytes == tokens * cached.config.hidden_size * 4  # every example, unpadded, fp32
+    assert far.summary(cached, verbose=False).frozen_layers[0] == frozen
+    # 9 steps of 4 examples; the bottom saw each of the 12 examples once per phase (priming, then training).
+    assert 0 < sum(computed_rows) <= 2 * len(examples) < 9 * 4
+    tokens = sum(len(e["input_ids"]) for e in examples)
+    assert result.frozen_cache_bytes == tokens * cached.config.hidden_size * 4  # every example, unpadded, fp32
 
 
 def test_the_cached_bottom_runs_without_dropout_and_the_top_with_it():

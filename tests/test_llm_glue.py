@@ -103,12 +103,16 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, options, ret
     assert record["prompt"] == "{sentence} It was" and record["label_words"] == [" terrible", " great"]
     assert record["steps"] == 1 and record["retention"] == retention and record["freeze_embeddings"] is True
     assert record["gradient_priming_examples"] == 4
-    assert 0.0 <= record["metrics"]["accuracy"] <= 1.0
     assert trainable[0] < record["trainable_parameters"] < trainable[1] and record["total_parameters"] == 134_515_008
     assert record["frozen_layers"] == frozen
     with open(out / "predictions.tsv", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert len(rows) == 8 and {r["prediction"] for r in rows} <= {"negative", "positive"}
+    # The reported accuracy is the share of these eight predictions that match the dev set's first eight labels.
+    names = ("negative", "positive")
+    texts, labels = read_labelled_tsv(data_dir / "glue" / "SST-2" / "dev.tsv")
+    right = sum(names[label] == row["prediction"] for label, row in zip(labels[:8], rows, strict=True))
+    assert record["metrics"]["accuracy"] == pytest.approx(right / 8)
     assert "sst2 (far, prompts): accuracy = " in capsys.readouterr().out
     # The fine-tune is kept as a learners file for the stock GGUF model: each trained bf16 value as a one-byte
     # difference from its stock value, or in full where that does not fit, so never more than bf16 itself; and,
@@ -117,8 +121,6 @@ def test_far_glue_sst2_smollm2_mezo_far(tmp_path, capsys, data_dir, options, ret
     assert record["trained_file_bytes"] == trained.stat().st_size
     assert record["trainable_parameters"] < trained.stat().st_size < 2 * record["trainable_parameters"] + 2**20
     model, tokenizer = load_lean_lm("smollm2-135m", trained=trained)
-    texts, labels = read_labelled_tsv(data_dir / "glue" / "SST-2" / "dev.tsv")
     dev = PromptBatches(tokenizer, SST2_TEMPLATE, texts[:8], labels[:8], 128)
-    names = ("negative", "positive")
     predicted = predict_labels(model, dev, label_word_ids(tokenizer, SST2_TEMPLATE), 4)  # the run's chunks of 4
     assert [names[p] for p in predicted] == [r["prediction"] for r in rows]

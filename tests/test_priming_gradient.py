@@ -12,7 +12,7 @@ from transformers import default_data_collator
 import far
 from far.cli.common import settings_from
 from far.cli.main import build_parser, main
-from far.selection import select_learners
+from far.selection import AUTO_FREEZE_MASS, select_learners
 from far.surgery.state import learners
 from far.training.batches import BatchStream
 from far.training.gradient_priming import gradient_scores
@@ -94,14 +94,21 @@ def test_gradient_priming_moves_no_weight_and_picks_the_learners_of_its_batches(
 
 @pytest.mark.slow
 def test_gradient_priming_scores_the_depth_too():
-    model = tiny_model("bert", **NO_DROPOUT)
+    model = tiny_model("bert", num_hidden_layers=6, **NO_DROPOUT)  # gradient scores spread alike: `auto` freezes 1
     config = far.FARConfig(0.2, freeze_embeddings=True, freeze_layers="auto")
     result = far.finetune(
         model, tiny_examples(24), config, priming=2, priming_scores="gradient", max_steps=3, batch_size=4,
         progress=False, cache_frozen=True,
     )  # fmt: skip
-    assert result.priming_layer_change is not None and len(result.priming_layer_change) == 2
-    assert set(result.learner_shares) == {f"bert.encoder.layer.{i}.output.dense" for i in range(2)}
+    change = result.priming_layer_change
+    assert len(change) == 6 and sum(change) == pytest.approx(1, abs=1e-3)
+    # K is the deepest bottom stack holding under AUTO_FREEZE_MASS of the gradient scores, at least one layer left.
+    below = [sum(change[:k]) for k in range(1, 6)]
+    k = max((i + 1 for i, mass in enumerate(below) if mass < AUTO_FREEZE_MASS), default=0)
+    assert far.summary(model, verbose=False).frozen_layers[0] == k >= 1
+    shares = result.learner_shares
+    assert set(shares) == {f"bert.encoder.layer.{i}.output.dense" for i in range(6)}
+    assert all((shares[f"bert.encoder.layer.{i}.output.dense"] == 0) == (i < k) for i in range(6))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,129 @@
+"""docs/results.md's tables behind the rules: the retention sweep, priming's scores, the AUTO_RETAIN_MASS and
+AUTO_FREEZE_MASS choices on held-out data, portable learners files."""
+
+from __future__ import annotations
+
+from table_sources import MACHINE_A, MIB, TASK_NAMES, constant, load, machine, pm, shares, signed, source, table
+
+
+def retention_sweep() -> str:
+    sweep = load("replicate_far/sweep/replication.json")
+    step = load("bench_step/bench_sweep.json")
+    arms = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0"]
+    accuracy = sweep["summary"]["sst2"]
+    configs = step["results"][0]["configs"]
+    rows = [
+        ["SST-2 accuracy", *(f"{100 * accuracy[f'far-r{r}']['metric']['mean']:.2f}" for r in arms),
+         f"{100 * accuracy['full']['metric']['mean']:.2f}"],
+        ["step time / full's (fp32, 32 × 64)", *(f"{configs[f'far-{r}']['ratio_to_full']:.3f}" for r in arms), "1"],
+        ["FLOP bound", *(f"{configs[f'far-{r}']['flop_bound_ratio']:.3f}" for r in arms), "1"],
+    ]  # fmt: skip
+    meta = step["meta"]
+    return (
+        table(["retention", *arms, "full"], rows)
+        + "\n"
+        + source(
+            ["replicate_far/sweep/replication.json", "bench_step/bench_sweep.json"],
+            f"{MACHINE_A}; the step times on {meta.get('cpu', 'machine A')}, {meta['threads']} threads",
+            [sweep["command"], meta["command"]],
+        )
+    )
+
+
+def retain_mass() -> str:
+    record = load("retain_mass/sst2.json")
+    chosen = constant("AUTO_RETAIN_MASS")
+    rows = []
+    for row in record["rows"]:
+        bold = "**" if row["mass"] == chosen else ""
+        cpu = row["process_cpu_seconds"][0]
+        rows.append(
+            [
+                f"{bold}{row['mass']}{bold}",
+                f"{bold}{row['held_out_metric']:.2f}{bold}",
+                shares(row["learner_shares_bottom_first"][0]),
+                "(not recorded)" if cpu is None else f"{cpu:.0f}",
+            ]
+        )
+    header = [
+        "AUTO_RETAIN_MASS",
+        "held-out accuracy (4,000 sentences)",
+        "learners per layer, bottom first",
+        "process CPU s",
+    ]
+    return table(header, rows) + "\n" + source(["retain_mass/sst2.json"], machine(record), [record["command"]])
+
+
+def freeze_mass() -> str:
+    record = load("retain_mass/sst2_freeze.json")
+    chosen = constant("AUTO_FREEZE_MASS")
+    full = next(row for row in record["rows"] if row["mass"] is None or isinstance(row["mass"], str))
+    rows = [["full fine-tuning", "—", f"{full['held_out_metric']:.2f}", "",
+             " / ".join(f"{c:.1f}" for c in full["process_cpu_seconds"])]]  # fmt: skip
+    for row in record["rows"]:
+        if row is full:
+            continue
+        bold = "**" if row["mass"] == chosen else ""
+        (k,) = set(row["frozen_layers"])
+        rows.append(
+            [
+                f"{bold}{row['mass']}{bold}",
+                f"{bold}{k}{bold}",
+                f"{bold}{row['held_out_metric']:.2f}{bold}",
+                f"{bold}{signed(row['held_out_metric'] - full['held_out_metric'])}{bold}",
+                " / ".join(f"{c:.1f}" for c in row["process_cpu_seconds"]),
+            ]
+        )
+    header = ["AUTO_FREEZE_MASS", "layers frozen (K)", "held-out accuracy, mean of 3", "vs full",
+              "process CPU s (3 seeds)"]  # fmt: skip
+    return table(header, rows) + "\n" + source(["retain_mass/sst2_freeze.json"], machine(record), [record["command"]])
+
+
+PRIMING_COMMANDS = {
+    "cola": "OMP_NUM_THREADS=1 python experiments/priming_scores.py --task cola --batches 8 16 32",
+    "sst2": "OMP_NUM_THREADS=1 python experiments/priming_scores.py --task sst2 --epochs 1 --max-train-samples 8000"
+    " --batches 8 16",
+}
+
+
+def priming_scores() -> str:
+    rows, made_on = [], ""
+    for task in PRIMING_COMMANDS:
+        record = load(f"priming_scores/{task}.json")
+        made_on = machine(record)
+        change = record["change"]
+        name = TASK_NAMES[task][0]
+        rows.append([name, f"weight change, {record['priming_steps']} AdamW steps (the default)",
+                     f"{change['cpu_seconds']:.1f}", str(change["auto_freeze_layers"]),
+                     shares(change["layer_shares"]), "—"])  # fmt: skip
+        for batches, gradient in record["gradient"].items():
+            rows.append([name, f"gradient, {batches} batches", f"{gradient['cpu_seconds']:.1f}",
+                         str(gradient["auto_freeze_layers"]), shares(gradient["layer_shares"]),
+                         shares(gradient["top20_agreement_with_change"])])  # fmt: skip
+    header = ["task", "priming", "CPU s", "K (`auto`, `AUTO_FREEZE_MASS` 0.4)", "layer shares, bottom first",
+              "top-20% agreement with weight change, per layer"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["priming_scores/cola.json", "priming_scores/sst2.json"], made_on, list(PRIMING_COMMANDS.values()))
+    )
+
+
+def portable() -> str:
+    record = load("replicate_far/portable/portable.json")
+    arms = record["summary"]["cola"]
+    rows = []
+    for method, label in (
+        ("far-0.2+frozen-emb", "portable: frozen values reset to the stock model's (default)"),
+        ("far-0.2+frozen-emb+keep-primed", "`--keep-primed-frozen`"),
+    ):
+        metric = arms[method]["metric"]
+        bold = "**" if method == "far-0.2+frozen-emb" else ""
+        rows.append([label, " / ".join(f"{100 * v:.2f}" for v in metric["values"]), f"{bold}{pm(metric)}{bold}",
+                     f"{arms[method]['peak_rss_bytes'] / MIB:,.0f}"])  # fmt: skip
+    header = ["files", "CoLA MCC, seeds 0 / 1 / 2", "mean ± std", "peak RSS MiB (max)"]
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["replicate_far/portable/portable.json"], machine(record), [record["command"]])
+    )
