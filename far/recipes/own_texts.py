@@ -37,12 +37,12 @@ from pathlib import Path
 
 import torch
 
-from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
+from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.evaluation.perplexity import perplexity
 from far.llm.gguf_file import load_lean_model, read_config, read_header
 from far.llm.lean_far import ZO_RETENTION, zeroth_order_depth
 from far.llm.lean_saving import save_trained
-from far.llm.text_budget import PREFIX_CACHE_MIB, TrainedShare, plan_text_memory
+from far.llm.text_budget import PREFIX_CACHE_MIB, TextMemoryPlan, TrainedShare, plan_text_memory
 from far.llm.text_runner import SCORES, Layout, TextRunner, TextTraining, cpu_seconds
 from far.llm.text_steps import BATCHED_DIRECTIONS, MAX_PRIMING_CHUNKS
 from far.llm.tokenizer import load_gguf_tokenizer
@@ -129,6 +129,89 @@ def _layout(settings: RunSettings, n_layers: int) -> Layout:
     return Layout(far_config, "learners", depth, dtype)
 
 
+def _gguf_path(settings: RunSettings) -> Path:
+    try:
+        return Path(settings.model) if settings.model.endswith(".gguf") else find_gguf(settings.model)
+    except ModuleNotFoundError as e:
+        raise ValueError(str(e)) from None
+
+
+def _memory_plan(
+    settings: RunSettings, hparams: dict, texts: TextRun, gguf_path: Path, layout: Layout
+) -> TextMemoryPlan | None:
+    """The plan that fits `texts.memory_budget` (None without a budget); refused here, before the model loads."""
+    if texts.memory_budget is None:
+        return None
+    plan = plan_text_memory(
+        texts.memory_budget,
+        gguf_path,
+        optimizer=settings.optimizer,
+        trainable_dtype=settings.trainable_dtype,
+        trained=TrainedShare(layout.frozen_layers, layout.far.retention if layout.far is not None else 1.0),
+        batch_size=hparams["batch_size"],
+        max_length=hparams["max_length"],
+    )
+    logger.info(
+        "memory budget %g MiB: micro-batches of %d chunks, estimate %d MiB",
+        plan.budget_mib,
+        plan.micro_batch,
+        plan.estimate_mib,
+    )
+    return plan
+
+
+def _chunks(settings: RunSettings, max_length: int, texts: TextRun, gguf_path: Path, memory: PhaseMemory) -> TextChunks:
+    """The texts as chunks of token ids; with --max-train-samples or --max-eval-samples the first chunks of each."""
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    memory.mark("tokenizer")
+    chunks = load_text_chunks(
+        texts.train_file, tokenizer, max_length, texts.validation_file, texts.holdout, settings.seed
+    )
+    del tokenizer  # the texts are tokens now; nothing later reads text
+    release_freed_memory()
+    if settings.max_train_samples or settings.max_eval_samples:  # the first chunks of each, as for labelled rows
+        first = {"train": chunks.train[: settings.max_train_samples]}
+        first["validation"] = chunks.validation[: settings.max_eval_samples]
+        info = {**chunks.info, "train_chunks": len(first["train"]), "validation_chunks": len(first["validation"])}
+        chunks = dataclasses.replace(chunks, **first, info=info)
+    return chunks
+
+
+def _training(
+    settings: RunSettings, hparams: dict, n_train: int, layout: Layout, plan: TextMemoryPlan | None
+) -> TextTraining:
+    """Batches, steps and priming chunks of a run on `n_train` chunks.
+
+    Raises:
+        ValueError: FAR's gradient priming would get no chunk.
+    """
+    batch_size = min(hparams["batch_size"], n_train)
+    steps_per_epoch = math.ceil(n_train / batch_size)
+    micro = min(plan.micro_batch, batch_size) if plan is not None else batch_size
+    # --priming N (a number) primes on N chunks; a fraction of the steps (the default) on MAX_PRIMING_CHUNKS.
+    wanted = settings.priming if isinstance(settings.priming, int) else MAX_PRIMING_CHUNKS
+    to_prime = min(wanted, n_train) if layout.far is not None and layout.far.selection != "random" else 0
+    if layout.far is not None and layout.far.selection != "random" and not to_prime:
+        raise ValueError("--priming must give at least one chunk for gradient priming with --method far")
+    return TextTraining(
+        settings.optimizer,
+        hparams["lr"],
+        batch_size,
+        micro,
+        hparams["max_steps"] or math.ceil(hparams["epochs"] * steps_per_epoch),
+        steps_per_epoch,
+        seed=settings.seed,
+        mezo_eps=settings.mezo_eps,
+        directions=settings.mezo_directions if settings.mezo_directions != 1 else BATCHED_DIRECTIONS,
+        weight_decay=settings.weight_decay,
+        eval_batch=min(settings.eval_batch_size, micro),
+        priming_chunks=to_prime,
+        prefix_cache_mib=PREFIX_CACHE_MIB if plan is None else plan.prefix_cache_mib,
+        resume=settings.resume,
+        hyperparameters=hparams,
+    )
+
+
 def own_texts_run(
     settings: RunSettings,
     texts: TextRun,
@@ -148,55 +231,14 @@ def own_texts_run(
     memory.mark("imports")
     _check(settings)
     hparams = settings.hyperparameters(TEXT_DEFAULTS)
-    try:
-        gguf_path = Path(settings.model) if settings.model.endswith(".gguf") else find_gguf(settings.model)
-    except ModuleNotFoundError as e:
-        raise ValueError(str(e)) from None
-    config = read_config(read_header(gguf_path))
-    layout = _layout(settings, config.num_layers)
-    cache_mib, plan = PREFIX_CACHE_MIB, None
-    if texts.memory_budget is not None:  # refused here, before the model loads, when it cannot fit
-        share = TrainedShare(layout.frozen_layers, layout.far.retention if layout.far is not None else 1.0)
-        plan = plan_text_memory(
-            texts.memory_budget,
-            gguf_path,
-            optimizer=settings.optimizer,
-            trainable_dtype=settings.trainable_dtype,
-            trained=share,
-            batch_size=hparams["batch_size"],
-            max_length=hparams["max_length"],
-        )
-        cache_mib = plan.prefix_cache_mib
-        logger.info(
-            "memory budget %g MiB: micro-batches of %d chunks, estimate %d MiB",
-            plan.budget_mib,
-            plan.micro_batch,
-            plan.estimate_mib,
-        )
+    gguf_path = _gguf_path(settings)
+    layout = _layout(settings, read_config(read_header(gguf_path)).num_layers)
+    plan = _memory_plan(settings, hparams, texts, gguf_path, layout)
     settings.check_output(texts.name)
     release_freed_memory()
-
-    tokenizer = load_gguf_tokenizer(gguf_path)
-    memory.mark("tokenizer")
-    chunks = load_text_chunks(
-        texts.train_file, tokenizer, hparams["max_length"], texts.validation_file, texts.holdout, settings.seed
-    )
-    del tokenizer  # the texts are tokens now; nothing later reads text
-    release_freed_memory()
-    if settings.max_train_samples or settings.max_eval_samples:  # the first chunks of each, as for labelled rows
-        first = {"train": chunks.train[: settings.max_train_samples]}
-        first["validation"] = chunks.validation[: settings.max_eval_samples]
-        info = {**chunks.info, "train_chunks": len(first["train"]), "validation_chunks": len(first["validation"])}
-        chunks = dataclasses.replace(chunks, **first, info=info)
-    n_train, batch_size = len(chunks.train), min(hparams["batch_size"], len(chunks.train))
-    steps_per_epoch = math.ceil(n_train / batch_size)
-    total_steps = hparams["max_steps"] or math.ceil(hparams["epochs"] * steps_per_epoch)
-    micro = min(plan.micro_batch, batch_size) if plan is not None else batch_size
-    # --priming N (a number) primes on N chunks; a fraction of the steps (the default) on MAX_PRIMING_CHUNKS.
-    wanted = settings.priming if isinstance(settings.priming, int) else MAX_PRIMING_CHUNKS
-    to_prime = min(wanted, n_train) if layout.far is not None and layout.far.selection != "random" else 0
-    if layout.far is not None and layout.far.selection != "random" and not to_prime:
-        raise ValueError("--priming must give at least one chunk for gradient priming with --method far")
+    chunks = _chunks(settings, hparams["max_length"], texts, gguf_path, memory)
+    training = _training(settings, hparams, len(chunks.train), layout, plan)
+    total_steps, steps_per_epoch = training.total_steps, training.steps_per_epoch
     memory.mark("data")
     out = settings.claim_output(texts.name)
 
@@ -204,23 +246,6 @@ def own_texts_run(
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
-    training = TextTraining(
-        settings.optimizer,
-        hparams["lr"],
-        batch_size,
-        micro,
-        total_steps,
-        steps_per_epoch,
-        seed=settings.seed,
-        mezo_eps=settings.mezo_eps,
-        directions=settings.mezo_directions if settings.mezo_directions != 1 else BATCHED_DIRECTIONS,
-        weight_decay=settings.weight_decay,
-        eval_batch=min(settings.eval_batch_size, micro),
-        priming_chunks=to_prime,
-        prefix_cache_mib=cache_mib,
-        resume=settings.resume,
-        hyperparameters=hparams,
-    )
     runner = TextRunner(model, chunks.train, chunks.validation, layout, training, perplexity, out, memory)
     cadence = Cadence(
         total_steps,
@@ -278,8 +303,8 @@ def own_texts_run(
         "memory_plan": None if plan is None else dataclasses.asdict(plan),
         "hyperparameters": {
             **hparams,
-            "batch_size": batch_size,
-            "micro_batch": micro,
+            "batch_size": training.batch_size,
+            "micro_batch": training.micro_batch,
             "mezo_eps": settings.mezo_eps,
             **({"directions": runner.steps.zeroth_order.directions} if settings.optimizer == "zo-batched" else {}),
             "seed": settings.seed,
