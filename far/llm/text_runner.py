@@ -25,7 +25,7 @@ from torch import Tensor
 
 from far.llm.bottom_on_disk import keep_bottom_on_disk
 from far.llm.lean_checkpoint import read_lean_checkpoint, restore_trained, save_lean_checkpoint
-from far.llm.lean_far import prime_and_split, set_trainable
+from far.llm.lean_far import Layout, apply_layout
 from far.llm.lean_model import LeanCausalLM
 from far.llm.lean_saving import round_trained
 from far.llm.prefix import PrefixCache
@@ -33,6 +33,7 @@ from far.llm.text_steps import PRIMING_MICRO_BATCH, TextSteps, priming_loss
 from far.seeds import derive_seed
 from far.storage.step_folders import CHECKPOINTS
 from far.training.engine import Start
+from far.training.log import peak_rss_bytes
 from far.training.memory import PhaseMemory, release_freed_memory
 
 # perplexity(model, chunks (N, T), batch size, bottom cache) -> {"perplexity", "token_accuracy", "loss", ...}
@@ -45,16 +46,6 @@ def cpu_seconds() -> float:
     """This process's CPU seconds so far, user and system."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What trains: FAR's config (None: no surgery), the FFN part ("all", "learners", "none"), the frozen bottom."""
-
-    far: object
-    ffn: str
-    frozen_layers: int
-    dtype: torch.dtype
 
 
 @dataclass(frozen=True)
@@ -139,13 +130,11 @@ class TextRunner:
                 )
             optimizer_state = restore_trained(model, resume, trainer_state, layout.dtype)
             logger.info("resuming from %s (step %d of %d)", resume, trainer_state["step"], training.total_steps)
-        elif layout.far is not None:
-            self.primed = training.priming_chunks
+        else:
+            self.primed = training.priming_chunks if layout.far is not None else 0
             ids = self.train_ids[self.order(0)[: self.primed]]
             micro_batches = [ids[i : i + PRIMING_MICRO_BATCH] for i in range(0, self.primed, PRIMING_MICRO_BATCH)]
-            prime_and_split(model, micro_batches, priming_loss(layout.frozen_layers), layout.far, layout.dtype)
-        else:
-            set_trainable(model, layout.ffn, layout.dtype, frozen_layers=layout.frozen_layers)
+            apply_layout(model, layout, micro_batches, priming_loss(layout.frozen_layers))
         self.priming_seconds = time.perf_counter() - priming_started
         self.depth = model.lowest_trainable_layer()
         first = int(trainer_state["step"]) if resume is not None else 0
@@ -207,10 +196,11 @@ class TextRunner:
         self.eval_seconds += time.perf_counter() - t
         return scores
 
-    def elapsed(self) -> dict[str, float]:
+    def measures(self) -> dict[str, float]:
         self.seconds = self.prior_seconds + time.perf_counter() - self._started
         self.cpu = self.prior_cpu + cpu_seconds() - self._cpu_started
-        return {"elapsed": round(self.seconds, 3), "cpu_seconds": round(self.cpu, 3)}
+        clocks = {"elapsed": round(self.seconds, 3), "cpu_seconds": round(self.cpu, 3)}
+        return {**clocks, "peak_rss_bytes": peak_rss_bytes()}
 
     def save(self, done: int) -> None:
         state = {"ffn": self.layout.ffn, "frozen_layers": self.depth, "hyperparameters": self.training.hyperparameters}

@@ -40,10 +40,10 @@ import torch
 from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.evaluation.perplexity import perplexity
 from far.llm.gguf_file import load_lean_model, read_config, read_header
-from far.llm.lean_far import ZO_RETENTION, zeroth_order_depth
+from far.llm.lean_far import Layout, lean_layout
 from far.llm.lean_saving import save_trained
 from far.llm.text_budget import PREFIX_CACHE_MIB, TextMemoryPlan, TrainedShare, plan_text_memory
-from far.llm.text_runner import SCORES, Layout, TextRunner, TextTraining, cpu_seconds
+from far.llm.text_runner import SCORES, TextRunner, TextTraining, cpu_seconds
 from far.llm.text_steps import BATCHED_DIRECTIONS, MAX_PRIMING_CHUNKS
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
@@ -116,17 +116,8 @@ def _check(settings: RunSettings) -> None:
 def _layout(settings: RunSettings, n_layers: int) -> Layout:
     """What trains, decided before loading: FAR with depth by default, as MeZO + FAR on prompts."""
     dtype = DTYPES[settings.trainable_dtype] if settings.optimizer != "adamw" else torch.float32
-    far_config = settings.far
-    if far_config is None:
-        return Layout(None, settings.method_spec.lean_ffn, int(settings.freeze_layers or 0), dtype)
-    if far_config.freeze_layers is None:
-        far_config = dataclasses.replace(
-            far_config,
-            freeze_layers=zeroth_order_depth(n_layers),
-            retention=ZO_RETENTION if settings.retention is None else far_config.retention,
-        )
-    depth = far_config.freeze_layers if isinstance(far_config.freeze_layers, int) else 0
-    return Layout(far_config, "learners", depth, dtype)
+    ffn, frozen, given = settings.method_spec.lean_ffn, settings.freeze_layers, settings.retention is not None
+    return lean_layout(settings.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
 
 
 def _gguf_path(settings: RunSettings) -> Path:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from far.training.log import RunLog, peak_rss_bytes, progress_bar
+from far.training.log import RunLog, progress_bar
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ class Runner(Protocol):
     def evaluate(self, done: int) -> dict[str, float]:
         """Score the model after step `done`."""
 
-    def elapsed(self) -> dict[str, float]:
-        """The run's seconds so far for the log line (summed over resumed runs): `elapsed` and any other clock."""
+    def measures(self) -> dict[str, float]:
+        """What each log line measures: the run's seconds so far (summed over resumed runs), its peak memory."""
 
     def save(self, done: int) -> None:
         """Write a checkpoint of the run after step `done`, whole or not at all."""
@@ -129,8 +129,7 @@ def train(
                 runner.switch(done, record)
                 if cadence.evaluates(done):
                     record["eval"] = runner.evaluate(done)
-                record.update(runner.elapsed())
-                record["peak_rss_bytes"] = peak_rss_bytes()
+                record.update(runner.measures())
                 if cadence.logs(done, record):
                     log.write(record)
                 if cadence.checkpoints(done):

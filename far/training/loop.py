@@ -138,9 +138,9 @@ class Loop:
             record.update(self._surgery_record)
             self._surgery_record = None
 
-    def elapsed(self) -> dict[str, float]:
+    def measures(self) -> dict[str, float]:
         self.seconds["total"] = self._prior_seconds + time.perf_counter() - self._started
-        return {"elapsed": round(self.seconds["total"], 3)}
+        return {"elapsed": round(self.seconds["total"], 3), "peak_rss_bytes": peak_rss_bytes()}
 
     def save(self, done: int) -> None:
         plan = self.plan
@@ -372,7 +372,7 @@ class Loop:
         return self.metrics
 
     def _result(self, log_path: Path | None) -> FinetuneResult:
-        self.elapsed()
+        self.measures()
         params = {id(p): p for p in self.model.parameters()}.values()
         result = FinetuneResult(
             metrics=self.metrics,
