@@ -29,7 +29,8 @@ from far.llm.lean_far import Layout, apply_layout
 from far.llm.lean_model import LeanCausalLM
 from far.llm.lean_saving import round_trained
 from far.llm.prefix import PrefixCache
-from far.llm.text_steps import PRIMING_MICRO_BATCH, TextSteps, priming_loss
+from far.llm.text_budget import PREFIX_CACHE_MIB
+from far.llm.text_steps import BATCHED_DIRECTIONS, PRIMING_MICRO_BATCH, TextSteps, priming_loss
 from far.seeds import derive_seed
 from far.storage.step_folders import CHECKPOINTS
 from far.training.engine import Start
@@ -66,11 +67,11 @@ class TextTraining:
     steps_per_epoch: int
     seed: int = 0
     mezo_eps: float = 1e-3
-    directions: int = 4
+    directions: int = BATCHED_DIRECTIONS
     weight_decay: float = 0.0
     eval_batch: int = 8
     priming_chunks: int = 0
-    prefix_cache_mib: float = 256.0
+    prefix_cache_mib: float = PREFIX_CACHE_MIB
     resume: bool = False
     hyperparameters: dict = field(default_factory=dict)
 

@@ -27,7 +27,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from far.data.glue import GLUE_TASKS
@@ -41,6 +40,7 @@ from far.data.prompts import (
     prompt_loss_fn,
     read_labelled_tsv,
 )
+from far.llm.compact import DTYPES
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import lean_layout
 from far.llm.lean_saving import save_trained
@@ -56,7 +56,6 @@ from far.training.memory import PhaseMemory, release_freed_memory
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
 MAX_PRIMING_BATCHES = 16
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
 __all__ = ["DTYPES", "PRIMING_MICRO_BATCH", "PROMPT_TEMPLATES", "TRAINED_FILE", "lean_prompted_run", "priming_batches"]
 

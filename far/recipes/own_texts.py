@@ -39,6 +39,7 @@ import torch
 
 from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.evaluation.perplexity import perplexity
+from far.llm.compact import DTYPES
 from far.llm.gguf_file import load_lean_model, read_config, read_header
 from far.llm.lean_far import Layout, lean_layout
 from far.llm.lean_saving import save_trained
@@ -65,7 +66,6 @@ LEARNERS_FILE = "learners.safetensors"
 # The learners file keeps bf16 values, one byte each as a difference from the stock value (far.llm.lean_learners):
 # AdamW's fp32 weights are rounded to them at the end (SmolLM2: 17 MB instead of 67) and scored as rounded.
 SHIPPED_DTYPE = torch.bfloat16
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 logger = logging.getLogger(__name__)
 
 

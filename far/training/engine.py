@@ -1,12 +1,12 @@
-"""The one training loop: every runtime's run goes through `train`, with what runs the model as a `Runner`.
+"""The training loop: a run goes through `train`, with what runs the model as a `Runner`.
 
 The engine owns the order of a run and its cadence: start or resume, then step after step the
 optimizer step, the switch (FAR's surgery at the end of priming), evaluation, the log line, the
 atomic checkpoint and the progress bar. A runner owns the model: how a step is taken on its batch
 (micro-batches, accumulation, clipping and the schedule inside), how it is scored, what a checkpoint
-keeps and how a run goes on from one. Two runners drive it: `far.training.loop.Loop` (a transformers
-or lean encoder model, `far.finetune`) and `far.llm.text_runner.TextRunner` (the lean GGUF causal LM
-on a user's texts).
+keeps and how a run goes on from one. The runners: `far.training.loop.Loop` (a transformers or lean
+encoder model, `far.finetune`), `far.llm.text_runner.TextRunner` (the lean GGUF causal LM on a
+user's texts) and `far.llm.prompt_runner.PromptRunner` (the same model trained by prompts).
 
     >>> cadence = Cadence(total_steps=100, eval_every=50, checkpoint_every=25)
     >>> train(runner, cadence, Path("runs/x/log.jsonl"), progress=False)
