@@ -57,7 +57,8 @@ from far.training.memory import PhaseMemory, release_freed_memory
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
 MAX_PRIMING_BATCHES = 16
 TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
-__all__ = ["DTYPES", "PRIMING_MICRO_BATCH", "PROMPT_TEMPLATES", "TRAINED_FILE", "lean_prompted_run", "priming_batches"]
+# PRIMING_MICRO_BATCH is the prompt runner's; experiments read it from this recipe too.
+__all__ = ["PRIMING_MICRO_BATCH", "PROMPT_TEMPLATES", "TRAINED_FILE", "lean_prompted_run", "priming_batches"]
 
 
 def _write_predictions(path: Path, predictions: list[int], labels: list[int], names: Sequence[str]) -> None:
