@@ -181,8 +181,9 @@ def _training(
     micro = min(plan.micro_batch, batch_size) if plan is not None else batch_size
     # --priming N (a number) primes on N chunks; a fraction of the steps (the default) on MAX_PRIMING_CHUNKS.
     wanted = settings.priming if isinstance(settings.priming, int) else MAX_PRIMING_CHUNKS
-    to_prime = min(wanted, n_train) if layout.far is not None and layout.far.selection != "random" else 0
-    if layout.far is not None and layout.far.selection != "random" and not to_prime:
+    primes = layout.far is not None and layout.far.selection != "random"  # random selection reads no scores
+    to_prime = min(wanted, n_train) if primes else 0
+    if primes and not to_prime:
         raise ValueError("--priming must give at least one chunk for gradient priming with --method far")
     return TextTraining(
         settings.optimizer,
