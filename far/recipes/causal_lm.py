@@ -50,8 +50,7 @@ from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.storage.atomic import atomic_file, write_json
-from far.training.engine import Cadence
-from far.training.engine import train as train_loop
+from far.training import engine
 from far.training.memory import PhaseMemory, release_freed_memory
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
@@ -186,8 +185,9 @@ def lean_prompted_run(
     )
     loss_fn = prompt_loss_fn(label_ids)
     runner = PromptRunner(model, train_set.batch, n_train, loss_fn, label_ids, layout, training, memory)
+    # The log lines are kept and written with the other files once the run's folder is claimed, after scoring.
     log: list[dict] = []
-    train_loop(runner, Cadence(steps, evaluate=False), None, progress=False, on_step=log.append)
+    engine.train(runner, engine.Cadence(steps, evaluate=False), None, progress=False, on_step=log.append)
     training_seconds = runner.training_seconds()
     memory.mark("mezo_steps")
 
