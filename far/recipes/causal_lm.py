@@ -42,7 +42,7 @@ from far.data.prompts import (
 )
 from far.llm.compact import DTYPES
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_far import lean_layout
+from far.llm.lean_far import Layout, lean_layout
 from far.llm.lean_saving import save_trained
 from far.llm.prompt_runner import PRIMING_MICRO_BATCH, PromptRunner, PromptTraining
 from far.llm.tokenizer import load_gguf_tokenizer
@@ -114,6 +114,14 @@ def _check(settings: RunSettings, task_name: str) -> PromptTemplate:
     return template
 
 
+def _layout(settings: RunSettings, n_layers: int) -> Layout:
+    """What trains: FAR with MeZO + FAR's depth by default, or without FAR plain freezing of the bottom layers
+    (--freeze-layers K without FAR's surgery)."""
+    dtype, given = DTYPES[settings.trainable_dtype], settings.retention is not None
+    ffn, frozen = settings.method_spec.lean_ffn, settings.freeze_layers
+    return lean_layout(settings.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
+
+
 def _prompt_sets(
     settings: RunSettings, template: PromptTemplate, root: Path, gguf_path: Path, max_length: int, memory: PhaseMemory
 ) -> tuple[Tensor, PromptBatches, PromptBatches]:
@@ -168,12 +176,7 @@ def lean_prompted_run(
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
-    # Without FAR: plain freezing of the bottom layers (--freeze-layers K without FAR's surgery).
-    layout = None
-    if train:
-        dtype, given = DTYPES[settings.trainable_dtype], settings.retention is not None
-        ffn, frozen = settings.method_spec.lean_ffn, settings.freeze_layers
-        layout = lean_layout(far_config, len(model.layers), dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
+    layout = _layout(settings, len(model.layers)) if train else None
     training = PromptTraining(
         steps,
         hparams["batch_size"],
