@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from far.seeds import derive_seed
 
 Q8_BLOCK, Q8_BYTES = 32, 34  # GGUF Q8_0: an fp16 scale and 32 int8 values per block
+# The dtypes trainable weights are stored in, by the name a run's settings give (--trainable-dtype).
 
 
 class Perturbation:

@@ -17,7 +17,9 @@ folded in as backward produces them (`CompactLinear.grad_sink`), never stored wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -38,9 +40,43 @@ ZO_FROZEN_FRACTION = 2 / 3
 ZO_RETENTION = 0.1
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What trains: FAR's config (None: no surgery), the FFN part ("all", "learners", "none"), the frozen bottom."""
+
+    far: FARConfig | None
+    ffn: str
+    frozen_layers: int
+    dtype: torch.dtype
+
+
 def zeroth_order_depth(n_layers: int) -> int:
     """The bottom layers MeZO + FAR freezes by default: `ZO_FROZEN_FRACTION` of them, one layer left at least."""
     return min(n_layers - 1, round(ZO_FROZEN_FRACTION * n_layers))
+
+
+def lean_layout(
+    config: FARConfig | None,
+    n_layers: int,
+    dtype: torch.dtype,
+    *,
+    ffn: str,
+    frozen_layers: int | None,
+    retention_given: bool,
+) -> Layout:
+    """What trains on the lean runtime, decided before the model is split.
+
+    FAR without a depth is MeZO + FAR's default: `zeroth_order_depth(n_layers)` bottom layers frozen
+    whole and `ZO_RETENTION` of all FFN nodes as learners, unless a retention was given. Without FAR,
+    the FFN part `ffn` trains above `frozen_layers`.
+    """
+    if config is None:
+        return Layout(None, ffn, int(frozen_layers or 0), dtype)
+    if config.freeze_layers is None:
+        retention = config.retention if retention_given else ZO_RETENTION
+        config = dataclasses.replace(config, freeze_layers=zeroth_order_depth(n_layers), retention=retention)
+    depth = config.freeze_layers if isinstance(config.freeze_layers, int) else 0
+    return Layout(config, "learners", depth, dtype)
 
 
 def ffn_names(model: LeanCausalLM) -> list[str]:
@@ -220,3 +256,17 @@ def prime_and_split(
     frozen = frozen_bottom(chosen, ffn_names(model)) if config.freeze_layers is not None else 0
     set_trainable(model, "learners", learner_dtype, frozen_layers=frozen)
     return scores
+
+
+def apply_layout(
+    model: LeanCausalLM,
+    layout: Layout,
+    batches: Iterable[dict[str, Tensor]] | Iterable[Tensor],
+    loss_fn: Callable[[LeanCausalLM, object], Tensor],
+) -> None:
+    """Give `model` the layout, in place: FAR primed on `batches` and split, or without FAR the FFN part and the
+    frozen bottom marked."""
+    if layout.far is not None:
+        prime_and_split(model, batches, loss_fn, layout.far, layout.dtype)
+    else:
+        set_trainable(model, layout.ffn, layout.dtype, frozen_layers=layout.frozen_layers)

@@ -25,6 +25,7 @@ from far.llm.compact import CompactLinear, CompactWeight, DenseEmbedding, Pertur
 from far.llm.gguf_source import GGUFSource
 from far.llm.lean_config import SLIDING, LeanConfig
 from far.llm.next_token import VOCAB_SLICE, next_token_counts, next_token_loss
+from far.llm.recompute import Recompute
 
 TensorSource = Callable[[str], Tensor]  # transformers-style name -> fp32 (or any float) tensor
 
@@ -159,32 +160,6 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class _Recompute(torch.autograd.Function):
-    """Run a layer without keeping its activations; run it again in backward to get its gradients.
-
-    torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
-    (docs/design.md, "Resident memory"), which a memory-bound process cannot spend.
-    """
-
-    @staticmethod
-    def forward(ctx, layer: nn.Module, h: Tensor) -> Tensor:
-        ctx.layer = layer
-        ctx.save_for_backward(h)
-        return layer(h)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:
-        (h,) = ctx.saved_tensors
-        h = h.detach().requires_grad_(True)
-        with torch.enable_grad():
-            out = ctx.layer(h)
-            # (out * grad).sum() gives the same gradients as torch.autograd.backward(out, grad), which on
-            # its first call imports torch's symbolic shapes and sympy in torch 2.13
-            # (docs/design.md, "Resident memory").
-            (out * grad).sum().backward()
-        return None, h.grad
-
-
 class _Builder:
     """Turns named source tensors into compact modules, one tensor at a time."""
 
@@ -301,7 +276,7 @@ class LeanCausalLM(nn.Module):
             # of all layers at once would hold every activation of every layer
             # (docs/design.md, "Resident memory").
             for layer in layers:
-                h = _Recompute.apply(layer, h)
+                h = Recompute.apply(layer, h)
             return h
         for layer in layers:
             h = layer(h)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
+from torch import Tensor
 
 from far.data.glue import GLUE_TASKS
 from far.data.locate import resolve_data_dir
@@ -41,23 +41,23 @@ from far.data.prompts import (
     read_labelled_tsv,
 )
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_far import prime_and_split, set_trainable
+from far.llm.lean_far import Layout, lean_layout
 from far.llm.lean_saving import save_trained
-from far.llm.prefix import PrefixCache
+from far.llm.prompt_runner import PRIMING_MICRO_BATCH, PromptRunner, PromptTraining
 from far.llm.tokenizer import load_gguf_tokenizer
-from far.llm.zo import CompactMeZO
 from far.methods import METHODS
 from far.models import find_gguf
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.saving.safetensors_file import DTYPES
-from far.seeds import derive_seed
 from far.storage.atomic import atomic_file, write_json
+from far.training import engine
 from far.training.memory import PhaseMemory, release_freed_memory
 
 PROMPT_TEMPLATES: dict[str, PromptTemplate] = {"sst2": SST2_TEMPLATE}
-PRIMING_MICRO_BATCH = 4
 MAX_PRIMING_BATCHES = 16
 TRAINED_FILE = "trained.safetensors"  # `load_lean_lm(model, trained=...)` applies it to the base model
+# PRIMING_MICRO_BATCH is the prompt runner's; experiments read it from this recipe too.
+__all__ = ["PRIMING_MICRO_BATCH", "PROMPT_TEMPLATES", "TRAINED_FILE", "lean_prompted_run", "priming_batches"]
 
 
 def _write_predictions(path: Path, predictions: list[int], labels: list[int], names: Sequence[str]) -> None:
@@ -75,18 +75,8 @@ def priming_batches(priming: float | int, max_steps: int) -> int:
     return min(MAX_PRIMING_BATCHES, math.ceil(priming * max_steps)) if priming > 0 else 0
 
 
-def lean_prompted_run(
-    settings: RunSettings, task_name: str, memory: PhaseMemory | None = None, *, train: bool = True
-) -> dict:
-    """Fine-tune and evaluate a GGUF causal LM on a GLUE task by prompts; writes metrics.json; returns it.
-
-    With `train=False` the pretrained model is only evaluated (zero-shot inference, nothing trainable).
-
-    Raises:
-        ValueError: a task without a prompt, an optimizer or method the lean runtime has not.
-    """
-    memory = memory or PhaseMemory()
-    memory.mark("imports")
+def _check(settings: RunSettings, task_name: str) -> PromptTemplate:
+    """The task's prompt; refuses what the lean runtime cannot do by prompts."""
     template = PROMPT_TEMPLATES.get(task_name)
     if template is None:
         raise ValueError(
@@ -121,9 +111,55 @@ def lean_prompted_run(
             "--attention-retention is not available for a GGUF causal LM: the lean runtime splits FFNs only "
             "(drop --attention-retention)"
         )
+    return template
+
+
+def _layout(settings: RunSettings, n_layers: int) -> Layout:
+    """What trains: FAR with MeZO + FAR's depth by default, or without FAR plain freezing of the bottom layers
+    (--freeze-layers K without FAR's surgery)."""
+    dtype, given = DTYPES[settings.trainable_dtype], settings.retention is not None
+    ffn, frozen = settings.method_spec.lean_ffn, settings.freeze_layers
+    return lean_layout(settings.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
+
+
+def _prompt_sets(
+    settings: RunSettings, template: PromptTemplate, root: Path, gguf_path: Path, max_length: int, memory: PhaseMemory
+) -> tuple[Tensor, PromptBatches, PromptBatches]:
+    """The label words' token ids and the training and dev prompts (the first --max-*-samples rows of each)."""
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    label_ids = label_word_ids(tokenizer, template)
+    memory.mark("tokenizer")
+    train_texts, train_labels = read_labelled_tsv(root / "train.tsv")
+    dev_texts, dev_labels = read_labelled_tsv(root / "dev.tsv")
+    n_train = min(len(train_texts), settings.max_train_samples or len(train_texts))
+    n_dev = min(len(dev_texts), settings.max_eval_samples or len(dev_texts))
+    train_set = PromptBatches(tokenizer, template, train_texts[:n_train], train_labels[:n_train], max_length)
+    dev_set = PromptBatches(tokenizer, template, dev_texts[:n_dev], dev_labels[:n_dev], max_length)
+    del train_texts, train_labels, dev_texts, dev_labels
+    memory.mark("data")
+    return label_ids, train_set, dev_set
+
+
+def lean_prompted_run(
+    settings: RunSettings, task_name: str, memory: PhaseMemory | None = None, *, train: bool = True
+) -> dict:
+    """Fine-tune and evaluate a GGUF causal LM on a GLUE task by prompts; writes metrics.json; returns it.
+
+    With `train=False` the pretrained model is only evaluated (zero-shot inference, nothing trainable).
+
+    Raises:
+        ValueError: a task without a prompt, an optimizer or method the lean runtime has not.
+    """
+    memory = memory or PhaseMemory()
+    memory.mark("imports")
+    template = _check(settings, task_name)
     hparams = settings.hyperparameters(PROMPT_DEFAULTS)
-    steps = hparams["max_steps"] or 1
-    trainable_dtype = DTYPES[settings.trainable_dtype]
+    steps = (hparams["max_steps"] or 1) if train else 0
+    far_config = settings.far if train else None
+    primes = far_config is not None and far_config.selection != "random"
+    n_priming = priming_batches(settings.priming, steps) if primes else 0
+    if primes and not n_priming:
+        raise ValueError("--priming must give at least one gradient-priming batch for --method far")
     folder, names = GLUE_TASKS[task_name].folder, GLUE_TASKS[task_name].label_names
     root = resolve_data_dir(settings.data_dir) / "glue" / folder
     try:
@@ -133,72 +169,33 @@ def lean_prompted_run(
     settings.check_output(task_name)
     release_freed_memory()
 
-    tokenizer = load_gguf_tokenizer(gguf_path)
-    label_ids = label_word_ids(tokenizer, template)
-    memory.mark("tokenizer")
-    train_texts, train_labels = read_labelled_tsv(root / "train.tsv")
-    dev_texts, dev_labels = read_labelled_tsv(root / "dev.tsv")
-    n_train = min(len(train_texts), settings.max_train_samples or len(train_texts))
-    n_dev = min(len(dev_texts), settings.max_eval_samples or len(dev_texts))
-    train_set = PromptBatches(tokenizer, template, train_texts[:n_train], train_labels[:n_train], hparams["max_length"])
-    dev_set = PromptBatches(tokenizer, template, dev_texts[:n_dev], dev_labels[:n_dev], hparams["max_length"])
-    del train_texts, train_labels, dev_texts, dev_labels
-    memory.mark("data")
+    label_ids, train_set, dev_set = _prompt_sets(settings, template, root, gguf_path, hparams["max_length"], memory)
+    n_train, n_dev = len(train_set), len(dev_set)
 
     started = time.perf_counter()
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
+    layout = _layout(settings, len(model.layers)) if train else None
+    training = PromptTraining(
+        steps,
+        hparams["batch_size"],
+        hparams["lr"],
+        settings.mezo_eps,
+        settings.seed,
+        settings.weight_decay,
+        priming_batches=n_priming,
+    )
     loss_fn = prompt_loss_fn(label_ids)
-    order = torch.randperm(n_train, generator=torch.Generator().manual_seed(derive_seed(settings.seed, 0))).tolist()
-    batch_size = hparams["batch_size"]
-
-    def indices(step: int) -> list[int]:
-        start = (step * batch_size) % n_train
-        return [order[(start + j) % n_train] for j in range(min(batch_size, n_train))]
-
-    priming_started, primed = time.perf_counter(), 0
-    far_config = settings.far if train else None
-    if not train:
-        steps = 0
-    elif far_config is not None:
-        n_batches = priming_batches(settings.priming, steps) if far_config.selection != "random" else 0
-        examples = [order[i % n_train] for i in range(n_batches * batch_size)]
-        micro = [
-            train_set.batch(examples[i : i + PRIMING_MICRO_BATCH]) for i in range(0, len(examples), PRIMING_MICRO_BATCH)
-        ]
-        if far_config.selection != "random" and not micro:
-            raise ValueError("--priming must give at least one gradient-priming batch for --method far")
-        far_config = settings.causal_lm_far(len(model.layers))  # MeZO + FAR's default depth and retention
-        prime_and_split(model, micro, loss_fn, far_config, trainable_dtype)
-        primed = len(examples)
-        del micro
-    else:
-        # Plain freezing of the bottom layers (--freeze-layers K without FAR's surgery).
-        set_trainable(model, settings.method_spec.lean_ffn, trainable_dtype, frozen_layers=settings.freeze_layers or 0)
-    # Below the lowest trainable layer nothing changes: its output is computed once per prompt.
-    train_loss = PrefixCache(model).loss_fn(label_ids) if train and model.lowest_trainable_layer() > 0 else loss_fn
-    release_freed_memory()
-    memory.mark("priming" if far_config is not None else "trainable" if train else "no training")
-    priming_seconds = time.perf_counter() - priming_started
-
-    log, step_seconds = [], []
-    if steps:
-        optimizer = CompactMeZO(
-            model, hparams["lr"], settings.mezo_eps, seed=settings.seed, weight_decay=settings.weight_decay
-        )
-    training_started = time.perf_counter()
-    for step in range(steps):
-        batch = train_set.batch(indices(step))
-        t0 = time.perf_counter()
-        loss = optimizer.step(lambda b=batch: train_loss(model, b))
-        step_seconds.append(time.perf_counter() - t0)
-        log.append({"step": step + 1, "loss": loss})
-    training_seconds = time.perf_counter() - training_started
+    runner = PromptRunner(model, train_set.batch, n_train, loss_fn, label_ids, layout, training, memory)
+    # The log lines are kept and written with the other files once the run's folder is claimed, after scoring.
+    log: list[dict] = []
+    engine.train(runner, engine.Cadence(steps, evaluate=False), None, progress=False, on_step=log.append)
+    training_seconds = runner.training_seconds()
     memory.mark("mezo_steps")
 
     eval_started = time.perf_counter()
-    predictions = predict_labels(model, dev_set, label_ids, min(settings.eval_batch_size, batch_size))
+    predictions = predict_labels(model, dev_set, label_ids, min(settings.eval_batch_size, hparams["batch_size"]))
     eval_seconds = time.perf_counter() - eval_started
     accuracy = sum(p == y for p, y in zip(predictions, dev_set.labels, strict=True)) / len(dev_set)
     memory.mark("evaluation")
@@ -215,19 +212,19 @@ def lean_prompted_run(
     record = {
         "task": task_name,
         "method": settings.method if train else "zero-shot",
-        "retention": None if far_config is None else far_config.retention,
-        "selection": None if far_config is None else far_config.selection,
+        "retention": None if layout is None or layout.far is None else layout.far.retention,
+        "selection": None if layout is None or layout.far is None else layout.far.selection,
         "optimizer": settings.optimizer,
         "model": settings.model,
         "runtime": "lean",
         "metrics": {"accuracy": accuracy},
         "steps": steps,
         "priming_steps": 0,
-        "priming_seconds": priming_seconds,
+        "priming_seconds": runner.priming_seconds,
         "training_seconds": training_seconds,
         "eval_seconds": eval_seconds,
         "total_seconds": time.perf_counter() - started,
-        "median_step_seconds": statistics.median(step_seconds) if step_seconds else None,
+        "median_step_seconds": statistics.median(runner.step_seconds) if runner.step_seconds else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "frozen_layers": model.lowest_trainable_layer(),
@@ -236,7 +233,7 @@ def lean_prompted_run(
         "final_loss": log[-1]["loss"] if log else None,
         "hyperparameters": {**hparams, "mezo_eps": settings.mezo_eps, "seed": settings.seed},
         "freeze_embeddings": True,
-        "gradient_priming_examples": primed,
+        "gradient_priming_examples": runner.primed,
         "prompt": template.template,
         "label_words": list(template.label_words),
         "train_examples": n_train,

@@ -28,41 +28,30 @@ uninterrupted run would, tensor for tensor. The result is `learners.safetensors`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
-from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
+from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.evaluation.perplexity import perplexity
-from far.llm.bottom_on_disk import keep_bottom_on_disk
 from far.llm.gguf_file import load_lean_model, read_config, read_header
-from far.llm.lean_checkpoint import read_lean_checkpoint, restore_trained, save_lean_checkpoint
-from far.llm.lean_far import prime_and_split, set_trainable
-from far.llm.lean_saving import round_trained, save_trained
-from far.llm.prefix import PrefixCache
-from far.llm.text_budget import PREFIX_CACHE_MIB, TrainedShare, plan_text_memory
-from far.llm.text_steps import (
-    BATCHED_DIRECTIONS,
-    MAX_PRIMING_CHUNKS,
-    PRIMING_MICRO_BATCH,
-    TextSteps,
-    priming_loss,
-)
+from far.llm.lean_far import Layout, lean_layout
+from far.llm.lean_saving import save_trained
+from far.llm.text_budget import PREFIX_CACHE_MIB, TextMemoryPlan, TrainedShare, plan_text_memory
+from far.llm.text_runner import SCORES, TextRunner, TextTraining, cpu_seconds
+from far.llm.text_steps import BATCHED_DIRECTIONS, MAX_PRIMING_CHUNKS
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
 from far.recipes.settings import RunSettings
 from far.saving.safetensors_file import DTYPES, LEARNERS_FILE
-from far.seeds import derive_seed
 from far.storage.atomic import write_json
-from far.training.log import RunLog, peak_rss_bytes, progress_bar
+from far.training.engine import Cadence, train
+from far.training.log import peak_rss_bytes
 from far.training.memory import PhaseMemory, release_freed_memory
 from far.training.options import LEARNING_RATES
 
@@ -94,16 +83,6 @@ class TextRun:
     def name(self) -> str:
         """The training folder's or file's name: the run's folder is `runs/<name>-<model>-<method>`."""
         return Path(str(self.train_file).rstrip("/\\")).stem or "texts"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What trains: FAR's config (None: no surgery), the FFN part ("all", "learners", "none"), the frozen bottom."""
-
-    far: object
-    ffn: str
-    frozen_layers: int
-    dtype: torch.dtype
 
 
 def _check(settings: RunSettings) -> None:
@@ -138,16 +117,92 @@ def _check(settings: RunSettings) -> None:
 def _layout(settings: RunSettings, n_layers: int) -> Layout:
     """What trains, decided before loading: FAR with depth by default, as MeZO + FAR on prompts."""
     dtype = DTYPES[settings.trainable_dtype] if settings.optimizer != "adamw" else torch.float32
-    far_config = settings.causal_lm_far(n_layers)
-    if far_config is None:
-        return Layout(None, settings.method_spec.lean_ffn, int(settings.freeze_layers or 0), dtype)
-    depth = far_config.freeze_layers if isinstance(far_config.freeze_layers, int) else 0
-    return Layout(far_config, "learners", depth, dtype)
+    ffn, frozen, given = settings.method_spec.lean_ffn, settings.freeze_layers, settings.retention is not None
+    return lean_layout(settings.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def _gguf_path(settings: RunSettings) -> Path:
+    try:
+        return Path(settings.model) if settings.model.endswith(".gguf") else find_gguf(settings.model)
+    except ModuleNotFoundError as e:
+        raise ValueError(str(e)) from None
+
+
+def _memory_plan(
+    settings: RunSettings, hparams: dict, texts: TextRun, gguf_path: Path, layout: Layout
+) -> TextMemoryPlan | None:
+    """The plan that fits `texts.memory_budget` (None without a budget); refused here, before the model loads."""
+    if texts.memory_budget is None:
+        return None
+    plan = plan_text_memory(
+        texts.memory_budget,
+        gguf_path,
+        optimizer=settings.optimizer,
+        trainable_dtype=settings.trainable_dtype,
+        trained=TrainedShare(layout.frozen_layers, layout.far.retention if layout.far is not None else 1.0),
+        batch_size=hparams["batch_size"],
+        max_length=hparams["max_length"],
+    )
+    logger.info(
+        "memory budget %g MiB: micro-batches of %d chunks, estimate %d MiB",
+        plan.budget_mib,
+        plan.micro_batch,
+        plan.estimate_mib,
+    )
+    return plan
+
+
+def _chunks(settings: RunSettings, max_length: int, texts: TextRun, gguf_path: Path, memory: PhaseMemory) -> TextChunks:
+    """The texts as chunks of token ids; with --max-train-samples or --max-eval-samples the first chunks of each."""
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    memory.mark("tokenizer")
+    chunks = load_text_chunks(
+        texts.train_file, tokenizer, max_length, texts.validation_file, texts.holdout, settings.seed
+    )
+    del tokenizer  # the texts are tokens now; nothing later reads text
+    release_freed_memory()
+    if settings.max_train_samples or settings.max_eval_samples:  # the first chunks of each, as for labelled rows
+        first = {"train": chunks.train[: settings.max_train_samples]}
+        first["validation"] = chunks.validation[: settings.max_eval_samples]
+        info = {**chunks.info, "train_chunks": len(first["train"]), "validation_chunks": len(first["validation"])}
+        chunks = dataclasses.replace(chunks, **first, info=info)
+    return chunks
+
+
+def _training(
+    settings: RunSettings, hparams: dict, n_train: int, layout: Layout, plan: TextMemoryPlan | None
+) -> TextTraining:
+    """Batches, steps and priming chunks of a run on `n_train` chunks.
+
+    Raises:
+        ValueError: FAR's gradient priming would get no chunk.
+    """
+    batch_size = min(hparams["batch_size"], n_train)
+    steps_per_epoch = math.ceil(n_train / batch_size)
+    micro = min(plan.micro_batch, batch_size) if plan is not None else batch_size
+    # --priming N (a number) primes on N chunks; a fraction of the steps (the default) on MAX_PRIMING_CHUNKS.
+    wanted = settings.priming if isinstance(settings.priming, int) else MAX_PRIMING_CHUNKS
+    primes = layout.far is not None and layout.far.selection != "random"  # random selection reads no scores
+    to_prime = min(wanted, n_train) if primes else 0
+    if primes and not to_prime:
+        raise ValueError("--priming must give at least one chunk for gradient priming with --method far")
+    return TextTraining(
+        settings.optimizer,
+        hparams["lr"],
+        batch_size,
+        micro,
+        hparams["max_steps"] or math.ceil(hparams["epochs"] * steps_per_epoch),
+        steps_per_epoch,
+        seed=settings.seed,
+        mezo_eps=settings.mezo_eps,
+        directions=settings.mezo_directions if settings.mezo_directions != 1 else BATCHED_DIRECTIONS,
+        weight_decay=settings.weight_decay,
+        eval_batch=min(settings.eval_batch_size, micro),
+        priming_chunks=to_prime,
+        prefix_cache_mib=PREFIX_CACHE_MIB if plan is None else plan.prefix_cache_mib,
+        resume=settings.resume,
+        hyperparameters=hparams,
+    )
 
 
 def own_texts_run(
@@ -169,187 +224,35 @@ def own_texts_run(
     memory.mark("imports")
     _check(settings)
     hparams = settings.hyperparameters(TEXT_DEFAULTS)
-    try:
-        gguf_path = Path(settings.model) if settings.model.endswith(".gguf") else find_gguf(settings.model)
-    except ModuleNotFoundError as e:
-        raise ValueError(str(e)) from None
-    config = read_config(read_header(gguf_path))
-    layout = _layout(settings, config.num_layers)
-    cache_mib, plan = PREFIX_CACHE_MIB, None
-    if texts.memory_budget is not None:  # refused here, before the model loads, when it cannot fit
-        share = TrainedShare(layout.frozen_layers, layout.far.retention if layout.far is not None else 1.0)
-        plan = plan_text_memory(
-            texts.memory_budget,
-            gguf_path,
-            optimizer=settings.optimizer,
-            trainable_dtype=settings.trainable_dtype,
-            trained=share,
-            batch_size=hparams["batch_size"],
-            max_length=hparams["max_length"],
-        )
-        cache_mib = plan.prefix_cache_mib
-        logger.info(
-            "memory budget %g MiB: micro-batches of %d chunks, estimate %d MiB",
-            plan.budget_mib,
-            plan.micro_batch,
-            plan.estimate_mib,
-        )
+    gguf_path = _gguf_path(settings)
+    layout = _layout(settings, read_config(read_header(gguf_path)).num_layers)
+    plan = _memory_plan(settings, hparams, texts, gguf_path, layout)
     settings.check_output(texts.name)
     release_freed_memory()
-
-    tokenizer = load_gguf_tokenizer(gguf_path)
-    memory.mark("tokenizer")
-    chunks = load_text_chunks(
-        texts.train_file, tokenizer, hparams["max_length"], texts.validation_file, texts.holdout, settings.seed
-    )
-    del tokenizer  # the texts are tokens now; nothing later reads text
-    release_freed_memory()
-    if settings.max_train_samples or settings.max_eval_samples:  # the first chunks of each, as for labelled rows
-        train, validation = chunks.train[: settings.max_train_samples], chunks.validation[: settings.max_eval_samples]
-        info = {**chunks.info, "train_chunks": len(train), "validation_chunks": len(validation)}
-        chunks = dataclasses.replace(chunks, train=train, validation=validation, info=info)
-    n_train, batch_size = len(chunks.train), min(hparams["batch_size"], len(chunks.train))
-    steps_per_epoch = math.ceil(n_train / batch_size)
-    total_steps = hparams["max_steps"] or math.ceil(hparams["epochs"] * steps_per_epoch)
-    micro = min(plan.micro_batch, batch_size) if plan is not None else batch_size
-    # --priming N (a number) primes on N chunks; a fraction of the steps (the default) on MAX_PRIMING_CHUNKS.
-    wanted = settings.priming if isinstance(settings.priming, int) else MAX_PRIMING_CHUNKS
-    to_prime = min(wanted, n_train) if layout.far is not None and layout.far.selection != "random" else 0
-    if layout.far is not None and layout.far.selection != "random" and not to_prime:
-        raise ValueError("--priming must give at least one chunk for gradient priming with --method far")
+    chunks = _chunks(settings, hparams["max_length"], texts, gguf_path, memory)
+    training = _training(settings, hparams, len(chunks.train), layout, plan)
+    total_steps, steps_per_epoch = training.total_steps, training.steps_per_epoch
     memory.mark("data")
     out = settings.claim_output(texts.name)
 
-    started, cpu_started = time.perf_counter(), _cpu_seconds()
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
-
-    @functools.cache
-    def order(epoch: int) -> list[int]:
-        return torch.randperm(
-            n_train, generator=torch.Generator().manual_seed(derive_seed(settings.seed, epoch))
-        ).tolist()
-
-    def rows(step: int) -> list[int]:
-        epoch, index = divmod(step, steps_per_epoch)
-        return order(epoch)[index * batch_size : (index + 1) * batch_size]
-
-    def batch(step: int) -> list[Tensor]:
-        ids = chunks.train[rows(step)]
-        return [ids[i : i + micro] for i in range(0, len(ids), micro)]
-
-    resume, trainer_state = None, {}
-    if settings.resume and (Path(out) / "checkpoints").is_dir():
-        resume, trainer_state = read_lean_checkpoint(out)
-    priming_started, primed = time.perf_counter(), 0
-    if resume is not None:
-        if trainer_state["hyperparameters"] != hparams:
-            raise ValueError(
-                f"--resume continues {out} with its own hyper-parameters {trainer_state['hyperparameters']}; these are "
-                f"{hparams}: give the same options"
-            )
-        optimizer_state = restore_trained(model, resume, trainer_state, layout.dtype)
-        logger.info("resuming from %s (step %d of %d)", resume, trainer_state["step"], total_steps)
-    elif layout.far is not None:
-        primed = to_prime
-        ids = chunks.train[order(0)[:primed]]
-        micro_batches = [ids[i : i + PRIMING_MICRO_BATCH] for i in range(0, primed, PRIMING_MICRO_BATCH)]
-        prime_and_split(model, micro_batches, priming_loss(layout.frozen_layers), layout.far, layout.dtype)
-    else:
-        set_trainable(model, layout.ffn, layout.dtype, frozen_layers=layout.frozen_layers)
-    priming_seconds = time.perf_counter() - priming_started
-    depth = model.lowest_trainable_layer()
-    first = int(trainer_state["step"]) if resume is not None else 0
-    train_cache = eval_cache = None
-    if depth:
-        read = sorted({row for step in range(first, total_steps) for row in rows(step)})
-        train_cache = eval_cache = keep_bottom_on_disk(model, depth, [chunks.train[read], chunks.validation], out)
-    if depth and train_cache is None:  # no room on disk: in memory, as many as fit
-        train_cache = PrefixCache(model, max_bytes=int(cache_mib * 2 / 3 * 2**20))
-        eval_cache = PrefixCache(model, max_bytes=int(cache_mib / 3 * 2**20))
-    steps = TextSteps(
-        model,
-        settings.optimizer,
-        hparams["lr"],
-        train_cache,
-        eps=settings.mezo_eps,
-        directions=settings.mezo_directions if settings.mezo_directions != 1 else BATCHED_DIRECTIONS,
-        seed=settings.seed,
-        weight_decay=settings.weight_decay,
+    runner = TextRunner(model, chunks.train, chunks.validation, layout, training, perplexity, out, memory)
+    cadence = Cadence(
+        total_steps,
+        eval_every=settings.eval_every,
+        epoch_steps=steps_per_epoch,
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_last=False,  # the learners file holds the finished run
     )
-    release_freed_memory()
-    memory.mark("priming" if layout.far is not None else "trainable")
-
-    eval_batch = min(settings.eval_batch_size, micro)
-    eval_seconds = 0.0
-
-    def evaluate() -> dict:
-        nonlocal eval_seconds
-        t = time.perf_counter()
-        scores = perplexity(model, chunks.validation, eval_batch, eval_cache)
-        eval_seconds += time.perf_counter() - t
-        return scores
-
-    if resume is not None:
-        steps.load(optimizer_state)
-        before, evals = trainer_state["before"], trainer_state["evals"]
-        prior_seconds, prior_cpu = trainer_state["seconds"], trainer_state["cpu_seconds"]
-    else:
-        before, evals, prior_seconds, prior_cpu = evaluate(), [], 0.0, 0.0
-        logger.info("held-out perplexity before training: %.3f", before["perplexity"])
-    memory.mark("evaluation before")
-    train_started, train_cpu_started = time.perf_counter(), _cpu_seconds()
-    log = RunLog(out / "log.jsonl", resume_step=first if resume is not None else None)
-    if resume is None:
-        log.write({"step": 0, "epoch": 0.0, "eval": before})
-    try:
-        with progress_bar(total_steps, first, settings.progress) as bar:
-            for step in range(first, total_steps):
-                loss = steps(batch(step))
-                done = step + 1
-                record = {"step": done, "epoch": round(done / steps_per_epoch, 4), "loss": loss, "lr": hparams["lr"]}
-                if (
-                    done % steps_per_epoch == 0
-                    or done == total_steps
-                    or (settings.eval_every and done % settings.eval_every == 0)
-                ):
-                    record["eval"] = evaluate()
-                    evals.append({"step": done, "epoch": record["epoch"], **record["eval"]})
-                seconds = prior_seconds + time.perf_counter() - train_started
-                cpu = prior_cpu + _cpu_seconds() - train_cpu_started
-                record.update(elapsed=round(seconds, 3), cpu_seconds=round(cpu, 3), peak_rss_bytes=peak_rss_bytes())
-                log.write(record)
-                if settings.checkpoint_every and done % settings.checkpoint_every == 0 and done < total_steps:
-                    state = {"ffn": layout.ffn, "frozen_layers": depth, "hyperparameters": hparams}
-                    state.update(before=before, evals=evals)
-                    save_lean_checkpoint(
-                        out, done, model, steps.state(), {**state, "seconds": seconds, "cpu_seconds": cpu}
-                    )
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{loss:.4g}", **({"ppl": f"{record['eval']['perplexity']:.4g}"} if "eval" in record else {})
-                )
-                if on_step is not None:
-                    on_step(record)
-    finally:
-        log.close()
-    training_seconds = prior_seconds + time.perf_counter() - train_started
+    start = train(runner, cadence, out / "log.jsonl", progress=settings.progress, on_step=on_step)
+    training_seconds = runner.training_seconds()
     memory.mark("training")
-    final = evals[-1] if evals and evals[-1]["step"] == total_steps else {"step": total_steps, **evaluate()}
-    trained_precision = None
-    if settings.save_model and total_steps and layout.dtype != SHIPPED_DTYPE:
-        # What ships is what is scored: the fp32 weights rounded as the file keeps them, then evaluated again.
-        trained_precision = {k: final[k] for k in ("perplexity", "token_accuracy", "loss")}
-        round_trained(model, SHIPPED_DTYPE)
-        final = {"step": total_steps, **evaluate()}
-    bottom = None
-    if eval_cache is not None:
-        on_disk = eval_cache.store is not None
-        bottom = {"layers": depth, "kept": "disk" if on_disk else "memory", "released": model.released_layers}
-        bottom["bytes"] = eval_cache.store.bytes if on_disk else eval_cache.bytes
-        if on_disk:
-            eval_cache.store.close()  # its disk back now (the process's end would give it back too)
+    shipped = SHIPPED_DTYPE if settings.save_model and total_steps else None
+    final, trained_precision = runner.final_scores(shipped)
+    bottom = runner.close_bottom()
 
     files = {"step_log": "log.jsonl"}
     learners_bytes = None
@@ -357,7 +260,7 @@ def own_texts_run(
         learners_bytes = save_trained(model, out / LEARNERS_FILE, base=gguf_path, values_dtype=SHIPPED_DTYPE)
         files["learners"] = LEARNERS_FILE
         memory.mark("saving")
-    metrics = {k: final[k] for k in ("perplexity", "token_accuracy", "loss")}
+    metrics = {k: final[k] for k in SCORES}
     record = {
         "task": "texts",
         "name": texts.name,
@@ -367,36 +270,36 @@ def own_texts_run(
         "runtime": "lean",
         "objective": "next-token",
         "metrics": metrics,
-        "before": before,
-        "perplexity_change": metrics["perplexity"] / before["perplexity"] - 1.0,
-        "evals": evals,
+        "before": runner.before,
+        "perplexity_change": metrics["perplexity"] / runner.before["perplexity"] - 1.0,
+        "evals": runner.evals,
         "steps": total_steps,
         "steps_per_epoch": steps_per_epoch,
         "epochs": total_steps / steps_per_epoch,
         "retention": None if layout.far is None else layout.far.retention,
-        "frozen_layers": depth,
+        "frozen_layers": runner.depth,
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "total_parameters": model.num_parameters(),
         "trainable_dtype": str(layout.dtype).removeprefix("torch."),
         # The learners file's values; `metrics` are the model holding them, `trained_precision_metrics` before.
         "shipped_dtype": str(SHIPPED_DTYPE).removeprefix("torch.") if learners_bytes is not None else None,
         "trained_precision_metrics": trained_precision,
-        "gradient_priming_chunks": primed,
-        "priming_seconds": priming_seconds,
+        "gradient_priming_chunks": runner.primed,
+        "priming_seconds": runner.priming_seconds,
         "training_seconds": training_seconds,
-        "eval_seconds": eval_seconds,
+        "eval_seconds": runner.eval_seconds,
         "total_seconds": time.perf_counter() - started,
-        "cpu_seconds": prior_cpu + _cpu_seconds() - cpu_started,
+        "cpu_seconds": runner.prior_cpu + cpu_seconds() - cpu_started,
         "peak_rss_bytes": peak_rss_bytes(),
         "memory_phases": memory.phases,
         "bottom_states": bottom,
         "memory_plan": None if plan is None else dataclasses.asdict(plan),
         "hyperparameters": {
             **hparams,
-            "batch_size": batch_size,
-            "micro_batch": micro,
+            "batch_size": training.batch_size,
+            "micro_batch": training.micro_batch,
             "mezo_eps": settings.mezo_eps,
-            **({"directions": steps.zeroth_order.directions} if settings.optimizer == "zo-batched" else {}),
+            **({"directions": runner.steps.zeroth_order.directions} if settings.optimizer == "zo-batched" else {}),
             "seed": settings.seed,
             "weight_decay": settings.weight_decay,
         },
@@ -404,7 +307,7 @@ def own_texts_run(
         "files": files,
         "learners_file_bytes": learners_bytes,
         "base_model_file": str(gguf_path),
-        "resumed_from_step": first if resume is not None else None,
+        "resumed_from_step": start.first if start.resumed else None,
     }
     write_json(out / "metrics.json", record)
     return record

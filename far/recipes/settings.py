@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from far.config import FARConfig
-from far.llm.lean_far import ZO_RETENTION, zeroth_order_depth
 from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
 from far.recipes.outputs import check_output_dir, claim_output_dir
@@ -29,7 +28,7 @@ from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
 # "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
-DEFAULT_RETENTION = 0.4  # the paper's; a causal LM's lean run has its own default (`RunSettings.causal_lm_far`)
+DEFAULT_RETENTION = 0.4  # the paper's; a causal LM's lean run has its own default (`far.llm.lean_far.lean_layout`)
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
 TRAINABLE_DTYPES = tuple(DTYPES)
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
@@ -84,7 +83,7 @@ class RunSettings:
 
     model: str = DEFAULT_MODEL
     method: str = "far"
-    retention: float | str | None = None  # None: DEFAULT_RETENTION (a causal LM: `causal_lm_far`)
+    retention: float | str | None = None  # None: DEFAULT_RETENTION (a causal LM: `far.llm.lean_far.lean_layout`)
     attention_retention: float | None = None
     optimizer: str = "adamw"
     lr: float | None = None
@@ -230,18 +229,6 @@ class RunSettings:
         if chosen["epochs"] is None:  # the run's length is max_steps
             chosen["epochs"] = 1.0
         return replace(self.options, **chosen)
-
-    def causal_lm_far(self, n_layers: int) -> FARConfig | None:
-        """The surgery of a causal LM's lean run over `n_layers` layers: the one place its default is decided.
-
-        Without --freeze-layers, MeZO + FAR freezes the bottom `zeroth_order_depth(n_layers)` layers and, unless
-        --retention says otherwise, keeps `ZO_RETENTION` of the nodes (far.llm.lean_far); else `far` as it is.
-        """
-        config = self.far
-        if config is None or config.freeze_layers is not None:
-            return config
-        retention = ZO_RETENTION if self.retention is None else config.retention
-        return replace(config, freeze_layers=zeroth_order_depth(n_layers), retention=retention)
 
     def output_path(self, task: str) -> Path:
         """Where the run of `task` writes its outputs: `output_dir`, or `runs/<task>-<model>-<method>`."""

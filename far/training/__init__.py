@@ -1,5 +1,7 @@
 """Training with FAR: one-call fine-tuning, MeZO, checkpoints, and a transformers.Trainer callback.
 
+`far.finetune` and the lean causal-LM runs step through one loop, `far.training.engine`, each with a runner.
+
 >>> result = far.finetune(model, train_examples, retention=0.4, optimizer="adamw")
 >>> optimizer = far.MeZO(model.parameters(), lr=1e-6)      # zeroth-order, inference memory
 >>> FARTrainer(..., callbacks=[far.FARCallback(retention=0.4)])   # folders load with plain transformers

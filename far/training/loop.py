@@ -1,4 +1,4 @@
-"""The loop behind `far.finetune`: priming, surgery, training, evaluation, logs and checkpoints."""
+"""What runs a model for `far.finetune` in the engine: priming, surgery, steps, evaluation, checkpoints."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from far.selection import layer_changes
 from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import freeze_ffns, reconfigure
 from far.surgery.state import learners, node_groups
-from far.training.batches import BatchStream, MicroBatch, to_device
+from far.training.batches import BatchStream, to_device
 from far.training.checkpoint import (
     Checkpoint,
     load_model_state,
@@ -30,9 +30,10 @@ from far.training.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
+from far.training.engine import Cadence, Start, train
 from far.training.frozen_bottom import FrozenBottom
 from far.training.gradient_priming import gradient_scores
-from far.training.log import RunLog, peak_rss_bytes, progress_bar
+from far.training.log import peak_rss_bytes
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
 from far.training.plan import TrainingPlan
@@ -58,7 +59,8 @@ def _freeze_embeddings(model: nn.Module) -> None:
 
 
 class Loop:
-    """One run of `far.finetune`. Use `Loop(...).run(checkpoint_or_None)`.
+    """One run of `far.finetune`: the engine's runner (`far.training.engine`) for a transformers or lean encoder
+    model. Use `Loop(...).run(checkpoint_or_None)`.
 
     Phases: steps `[0, priming_steps)` train the whole model with the priming optimizer; right
     after the last of them the model is reconfigured and a fresh optimizer is built over its
@@ -96,65 +98,64 @@ class Loop:
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
+        self._resume_from: Checkpoint | None = None
+        self._batches: Any = None  # the stream's step batches, from the first step on
 
     def run(self, resume: Checkpoint | None = None) -> FinetuneResult:
         plan, was_training = self.plan, self.model.training
         self._started = time.perf_counter()
-        log = RunLog(
-            None if self.output_dir is None else self.output_dir / "log.jsonl",
-            resume_step=None if resume is None else resume.step,
+        self._resume_from = resume
+        cadence = Cadence(
+            plan.total_steps,
+            evaluate=self.eval_fn is not None,
+            eval_every=plan.eval_every,
+            log_every=plan.log_every,
+            checkpoint_every=None if self.output_dir is None else plan.checkpoint_every,
         )
+        log_path = None if self.output_dir is None else self.output_dir / "log.jsonl"
         try:
             # Dropout draws from torch's global RNG: seed it for this run only; fork_rng puts the
             # caller's RNG state back afterwards.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(plan.seed)
-                first = self._resume(resume) if resume is not None else self._start()
-                self._prior_seconds = self.seconds["total"]
-                with progress_bar(plan.total_steps, first, self.progress) as bar:
-                    batches = self.stream.batches(first * plan.grad_accum)
-                    for step in range(first, plan.total_steps):
-                        record = self._step(step, [next(batches) for _ in range(plan.grad_accum)])
-                        self._after_step(step + 1, record, log)
-                        bar.update(1)
-                        loss = record["loss"]
-                        bar.set_postfix(phase=record["phase"], loss="nan" if loss is None else f"{loss:.4g}")
+                train(self, cadence, log_path, progress=self.progress)
         finally:
-            log.close()
             self.model.train(was_training)
-        return self._result(log.path)
+        return self._result(log_path)
 
-    def _after_step(self, done: int, record: dict, log: RunLog) -> None:
-        """Surgery at the end of priming, evaluation, the log line and the checkpoint of step `done`."""
-        plan = self.plan
-        if done == plan.priming_steps:
+    def begin(self) -> Start:
+        resume = self._resume_from
+        first = self._resume(resume) if resume is not None else self._start()
+        self._prior_seconds = self.seconds["total"]
+        self._batches = self.stream.batches(first * self.plan.grad_accum)
+        return Start(first, resumed=resume is not None)
+
+    def switch(self, done: int, record: dict) -> None:
+        """Surgery at the end of priming; the surgery's record goes with the first log line after it."""
+        if done == self.plan.priming_steps:
             self._reconfigure(done)
         if self._surgery_record is not None:  # the surgery ran at the end of priming, or before step 0
             record.update(self._surgery_record)
             self._surgery_record = None
-        if self.eval_fn is not None and (done == plan.total_steps or (plan.eval_every and done % plan.eval_every == 0)):
-            record["eval"] = self._evaluate(done)
-        self._tick()
-        record.update(elapsed=round(self.seconds["total"], 3), peak_rss_bytes=peak_rss_bytes())
-        if done % plan.log_every == 0 or done == plan.total_steps or record.keys() & {"eval", "trainable_parameters"}:
-            log.write(record)
-        if self._checkpoint_due(done):
-            state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
-            state["layer_change"] = self.layer_change
-            state["learner_shares"] = self.learner_shares
-            self.checkpoint = save_checkpoint(
-                self.output_dir,
-                done,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                state,
-                keep=plan.keep_checkpoints,
-                primer=None if self.primer is None else self.primer.state(),  # during priming: its snapshot
-            )
 
-    def _tick(self) -> None:
+    def measures(self) -> dict[str, float]:
         self.seconds["total"] = self._prior_seconds + time.perf_counter() - self._started
+        return {"elapsed": round(self.seconds["total"], 3), "peak_rss_bytes": peak_rss_bytes()}
+
+    def save(self, done: int) -> None:
+        plan = self.plan
+        state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
+        state.update(layer_change=self.layer_change, learner_shares=self.learner_shares)
+        self.checkpoint = save_checkpoint(
+            self.output_dir,
+            done,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            state,
+            keep=plan.keep_checkpoints,
+            primer=None if self.primer is None else self.primer.state(),  # during priming: its snapshot
+        )
 
     def _start(self) -> int:
         plan, model, t = self.plan, self.model, time.perf_counter()
@@ -303,7 +304,8 @@ class Loop:
             return None
         return FrozenBottom(self.model, self.spec, max_bytes=int(self.plan.cache_frozen_mib * 2**20))
 
-    def _step(self, step: int, batches: list[list[MicroBatch]]) -> dict:
+    def step(self, step: int) -> dict:
+        batches = [next(self._batches) for _ in range(self.plan.grad_accum)]  # (grad_accum, micro-batches)
         t = time.perf_counter()
         phase = "priming" if step < self.plan.priming_steps else "training"
         lr = self.optimizer.param_groups[0]["lr"]
@@ -356,7 +358,7 @@ class Loop:
         optimizer.step()
         return total
 
-    def _evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int) -> dict[str, float]:
         t, training = time.perf_counter(), self.model.training
         self.model.eval()
         with torch.no_grad():
@@ -369,14 +371,8 @@ class Loop:
         self.seconds["eval"] += time.perf_counter() - t
         return self.metrics
 
-    def _checkpoint_due(self, done: int) -> bool:
-        plan = self.plan
-        if self.output_dir is None or plan.checkpoint_every is None:
-            return False
-        return done == plan.total_steps or done % plan.checkpoint_every == 0
-
     def _result(self, log_path: Path | None) -> FinetuneResult:
-        self._tick()
+        self.measures()
         params = {id(p): p for p in self.model.parameters()}.values()
         result = FinetuneResult(
             metrics=self.metrics,
