@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,19 +26,23 @@ import torch
 from transformers import DataCollatorWithPadding
 
 import far
-from far.cli.common import add_data_arguments, retention_or_auto
+from far.cli.common import UsageError, add_data_arguments, retention_or_auto
 from far.config import AUTO
 from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
 from far.data.locate import locate_data_dir
 from far.evaluation.evaluators import GlueEvaluator
 from far.models import DEFAULT_MODEL, load_model_and_tokenizer
 from far.recipes.compare import cpu_timed, majority_baseline, paired_step_times, save_trained_tensors
+from far.recipes.outputs import IDENTITY_KEYS, claim_output_dir, describe, existing_run
 from far.recipes.predict import Predictor, model_card
 from far.recipes.settings import first
 
 TASK = GLUE_TASKS["sst2"]
 MAX_LENGTH = 64  # SST-2's sentences: 99.8% of the dev set fits
 BASELINE_DEPTH = 3  # the plain baseline docs/results.md measured ("full, bottom 3 frozen, kept")
+# What the demo writes into its folder besides a run's files (far.recipes.outputs.RUN_OUTPUTS): --overwrite removes
+# these too, and nothing else a folder given by hand may hold.
+DEMO_FOLDERS = ("far", "merged", f"bottom{BASELINE_DEPTH}")
 
 
 def register(subparsers) -> None:
@@ -77,6 +82,12 @@ def register(subparsers) -> None:
         "32 pad to 3x their tokens)",
     )
     parser.add_argument("--output-dir", default="runs/demo", help="(default: runs/demo)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the demo (or run) that --output-dir holds (its files only); without it, a folder that holds "
+        "one is refused before anything loads",
+    )
     add_data_arguments(parser)
     parser.set_defaults(func=run, max_eval_samples=None)
 
@@ -100,6 +111,24 @@ class Arm:
     shipped: Path
 
 
+def claim_demo_dir(out: Path, model: str, overwrite: bool) -> None:
+    """Make `out` the demo's, as every training command claims its folder (`far.recipes.outputs`): a folder that
+    holds a demo or a run is refused (UsageError) unless `overwrite`, which removes that run's files first."""
+    held = existing_run(out)
+    if held is not None and not overwrite:
+        what = describe(held) if any(key in held for key in IDENTITY_KEYS) else "made by an earlier far"
+        raise UsageError(
+            f"{out} already holds a run ({what}); nothing was changed. Choose another --output-dir, or add "
+            "--overwrite to replace it"
+        )
+    if held is not None:
+        for name in DEMO_FOLDERS:
+            if (out / name).is_dir() and not (out / name).is_symlink():
+                shutil.rmtree(out / name)
+    identity = {"task": TASK.name, "model": model, "method": "demo", "optimizer": "adamw"}
+    claim_output_dir(out, identity, resume=False, overwrite=True)
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = Path(args.output_dir)
@@ -109,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     )
     root = locate_data_dir(args.data_dir, needs=f"glue/{TASK.folder}/train.tsv and dev.tsv")
     splits = load_glue(TASK.name, root)  # a clear error, before anything else, if there is no data
+    claim_demo_dir(out, args.model, args.overwrite)  # the data first, then the folder, before the model loads
     model, tokenizer = load_model_and_tokenizer(
         args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
     )
