@@ -26,7 +26,8 @@ import torch
 from transformers import DataCollatorWithPadding
 
 import far
-from far.cli.common import UsageError, add_data_arguments, retention_or_auto
+from far.cli.arguments import add_data_arguments, retention_or_auto
+from far.cli.common import UsageError
 from far.config import AUTO
 from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
 from far.data.locate import locate_data_dir
