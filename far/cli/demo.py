@@ -1,13 +1,13 @@
-"""`far demo`: FAR's automatic configuration against full fine-tuning and a frozen bottom, on MiniLM and SST-2.
+"""`far demo`: FAR's default, its automatic configuration, against full fine-tuning and a frozen bottom, on SST-2.
 
 Fine-tune the same model on the same sentences with the same hyper-parameters and seed three times:
-full fine-tuning; FAR as it configures itself (prime 10% of the steps, keep as learners the nodes that hold
-half of each FFN's priming change, embeddings frozen, the bottom layers frozen at the depth priming
-chooses and their output kept per example); and the practitioner's baseline, the bottom 3 layers
-frozen and kept, every weight above them training. Print each arm's dev accuracy, the process CPU seconds of its whole
-`far.finetune` call and its ratio to full's, its trainable parameters and the file it ships; then
-FAR's parity check (split vs merged logits), learners file, predictions, and the learners file on a
-stock model.
+full fine-tuning; FAR's default, as it configures itself (what `far glue --method far` runs; prime
+10% of the steps, keep as learners the nodes that hold half of each FFN's priming change, embeddings
+frozen, the bottom layers frozen at the depth priming chooses and their output kept per example);
+and the practitioner's baseline, the bottom 3 layers frozen and kept, every weight above them
+training. Print each arm's dev accuracy, the process CPU seconds of its whole `far.finetune` call
+and its ratio to full's, its trainable parameters and the file it ships; then FAR's parity check
+(split vs merged logits), learners file, predictions, and the learners file on a stock model.
 
     far demo --data-dir ../shared/data
 """
@@ -134,9 +134,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = Path(args.output_dir)
     frozen_embeddings = not args.train_embeddings
-    far_config = far.FARConfig(
-        args.retention, seed=args.seed, freeze_embeddings=frozen_embeddings, freeze_layers="auto"
-    )
+    # FAR's default (`far glue --method far`, far.finetune(config="auto")), or the retention and embeddings asked for.
+    default = args.retention == AUTO and frozen_embeddings
+    asked = dict(retention=args.retention, seed=args.seed, freeze_embeddings=frozen_embeddings)
+    far_config = "auto" if default else far.FARConfig.auto(**asked)
     root = locate_data_dir(args.data_dir, needs=f"glue/{TASK.folder}/train.tsv and dev.tsv")
     splits = load_glue(TASK.name, root)  # a clear error, before anything else, if there is no data
     claim_demo_dir(out, args.model, args.overwrite)  # the data first, then the folder, before the model loads
@@ -182,8 +183,9 @@ def run(args: argparse.Namespace) -> int:
 
     embeddings = "frozen" if frozen_embeddings else "trained"
     keep = "the nodes that hold half of each FFN's change" if args.retention == AUTO else f"{args.retention:.0%}"
+    what = "FAR's default, its automatic configuration" if default else "FAR, automatic"
     _step(
-        f"FAR, automatic: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
+        f"{what}: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
         f"bottom layers frozen at the depth priming chooses and kept ({shown})"
     )
     result, far_seconds = cpu_timed(

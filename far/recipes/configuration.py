@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from far.config import AUTO, PRESETS, FARConfig
+from far.config import AUTO, PRESETS, UNSET, FARConfig
 from far.methods import METHODS
 from far.models import is_causal_lm
 
@@ -163,14 +163,15 @@ def configuration_of(settings: object) -> Configuration:
     return Configuration(name, "as the run's settings give it")
 
 
-def configuration_record(settings: object, frozen_layers: object) -> dict:
+def configuration_record(settings: object, frozen_layers: object, far_config: FARConfig | None = UNSET) -> dict:
     """metrics.json's "configuration" of a run of `settings` (a `RunSettings`): which configuration ran and why,
-    `frozen_layers` the depth as trained."""
+    `frozen_layers` the depth as trained, `far_config` the surgery as made where the run settled it itself (the
+    lean runtime's default; else the settings')."""
     chosen = getattr(settings, "configuration", None) or configuration_of(settings)
-    far_config = getattr(settings, "far", None)
+    far_config = getattr(settings, "far", None) if far_config is UNSET else far_config
     return chosen.record(
         None if far_config is None else far_config.retention,
         frozen_layers=frozen_layers,
-        freeze_embeddings=settings.freeze_embeddings,
+        freeze_embeddings=settings.freeze_embeddings if far_config is None else far_config.freeze_embeddings,
         cache_frozen=settings.cache_frozen,
     )

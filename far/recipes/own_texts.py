@@ -58,6 +58,7 @@ from far.llm.text_steps import (
 )
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
+from far.recipes.configuration import configuration_record
 from far.recipes.settings import RunSettings
 from far.seeds import derive_seed
 from far.storage.atomic import write_json
@@ -380,6 +381,7 @@ def own_texts_run(
         "epochs": total_steps / steps_per_epoch,
         "retention": None if layout.far is None else layout.far.retention,
         "frozen_layers": depth,
+        "configuration": configuration_record(settings, depth, layout.far),
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "total_parameters": model.num_parameters(),
         "trainable_dtype": str(layout.dtype).removeprefix("torch."),
