@@ -200,7 +200,6 @@ def own_texts_run(
             plan.micro_batch,
             plan.estimate_mib,
         )
-    settings.check_output(texts.name)
     release_freed_memory()
 
     tokenizer = load_gguf_tokenizer(gguf_path)
@@ -209,6 +208,7 @@ def own_texts_run(
         texts.train_file, tokenizer, hparams["max_length"], texts.validation_file, texts.holdout, settings.seed
     )
     del tokenizer  # the texts are tokens now; nothing later reads text
+    settings.check_output(texts.name)  # the texts first: a bad file is named before a busy folder
     release_freed_memory()
     if settings.max_train_samples or settings.max_eval_samples:  # the first chunks of each, as for labelled rows
         train, validation = chunks.train[: settings.max_train_samples], chunks.validation[: settings.max_eval_samples]
