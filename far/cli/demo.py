@@ -37,6 +37,7 @@ from far.recipes.compare import cpu_timed, majority_baseline, paired_step_times,
 from far.recipes.outputs import IDENTITY_KEYS, claim_output_dir, describe, existing_run
 from far.recipes.predict import Predictor, model_card
 from far.recipes.settings import first
+from far.storage.atomic import write_json
 
 TASK = GLUE_TASKS["sst2"]
 MAX_LENGTH = 64  # SST-2's sentences: 99.8% of the dev set fits
@@ -287,5 +288,27 @@ def run(args: argparse.Namespace) -> int:
         "CPU s: the whole far.finetune call, priming and the final evaluation included; ships: the merged model, "
         f"FAR's learners file, the trained tensors (safetensors, {bottom_file}); parity {difference:.1e}; "
         f"demo wall time {time.perf_counter() - started:.0f} s"
+    )
+    configuration = {
+        "name": "auto" if default else "custom",
+        "why": "the default of --method far" if default else "--retention/--train-embeddings given",
+        "retention": args.retention,
+        "frozen_layers": depth,
+        "freeze_embeddings": frozen_embeddings,
+        "cache_frozen": True,
+    }
+    write_json(
+        out / "metrics.json",
+        {
+            "task": TASK.name,
+            "model": args.model,
+            "training_examples": len(train),
+            "majority_accuracy": baseline["accuracy"],
+            "arms": [
+                {"arm": a.label, "accuracy": a.accuracy, "cpu_seconds": a.cpu_seconds, "ships_bytes": sizes[a.label]}
+                for a in arms
+            ],
+            "configuration": configuration,  # FAR's arm
+        },
     )
     return 0
