@@ -2,7 +2,9 @@
 
 A training command is `register_training_command(...)` plus a `run(args)` that builds a
 `far.recipes.TrainingRun` from `settings_from(args)` and hands it to `train_and_report` through
-`report(...)`; the training itself, the files and the metrics record are the tasks layer's.
+`report(...)`; the training itself, the files and the metrics record are the tasks layer's. The
+arguments themselves are `far.cli.arguments`'; which FAR configuration they make is
+`far.recipes.configuration`'s.
 """
 
 from __future__ import annotations
