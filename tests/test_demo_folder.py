@@ -7,7 +7,7 @@ import json
 from far.cli.main import main
 
 
-def _earlier_demo(folder):
+def _demo_outputs(folder):
     (folder / "merged").mkdir(parents=True)
     (folder / "merged" / "model.safetensors").write_bytes(b"x")
     (folder / "learners.safetensors").write_bytes(b"x")
@@ -16,7 +16,7 @@ def _earlier_demo(folder):
 
 def test_demo_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
     out = tmp_path / "demo"
-    _earlier_demo(out)
+    _demo_outputs(out)
     # A model that does not exist: the refusal must come before anything loads.
     argv = ["demo", "--data-dir", str(data_dir), "--output-dir", str(out), "--model", str(tmp_path / "no-model")]
     assert main(argv) == 2
@@ -25,9 +25,9 @@ def test_demo_refuses_a_folder_that_holds_a_run(data_dir, tmp_path, capsys):
     assert (out / "learners.safetensors").read_bytes() == b"x" and (out / "merged" / "model.safetensors").is_file()
 
 
-def test_demo_overwrite_removes_the_earlier_demo_only(data_dir, tmp_path, capsys):
+def test_demo_overwrite_removes_the_demo_outputs_only(data_dir, tmp_path, capsys):
     out = tmp_path / "demo"
-    _earlier_demo(out)
+    _demo_outputs(out)
     argv = ["demo", "--data-dir", str(data_dir), "--output-dir", str(out), "--model", str(tmp_path / "no-model")]
     main([*argv, "--overwrite"])  # goes past the folder, then fails on the missing model
     assert "already holds" not in capsys.readouterr().err
