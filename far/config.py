@@ -10,6 +10,10 @@ from typing import Any
 
 SELECTIONS = ("per_layer", "global", "random")
 AUTO = "auto"  # chosen from the priming scores: far.selection.auto_freeze_layers, far.selection.auto_retention
+PAPER_RETENTION = 0.4  # the FAR paper's fixed share of learner nodes
+# The named configurations (`FARConfig.preset`): "auto", what `far glue/train/squad --method far` run by default,
+# and "paper", the FAR paper's fixed retention with nothing else frozen.
+PRESETS = ("auto", "paper")
 
 
 def check_retention(retention: object, name: str = "retention", what: str = "FFN nodes") -> float:
@@ -79,7 +83,7 @@ class FARConfig:
             trainable, by the same `selection`. None (default): every layer keeps learners.
     """
 
-    retention: float | str = 0.4
+    retention: float | str = PAPER_RETENTION
     selection: str = "per_layer"
     seed: int = 0
     freeze_embeddings: bool = False
@@ -116,6 +120,43 @@ class FARConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def freezes_depth(self) -> bool:
+        """Whether bottom layers are frozen whole (a depth K >= 1, or "auto"): what a run can keep the output of
+        (`cache_frozen`), as a named configuration does."""
+        return self.freeze_layers == AUTO or bool(self.freeze_layers)
+
+    @classmethod
+    def auto(cls, **fields: Any) -> FARConfig:
+        """FAR's automatic configuration: each FFN's retention and the frozen depth chosen from the priming
+        scores, the embeddings frozen. What `far glue/train/squad --method far` run with no other flag (they also
+        keep the frozen bottom's output per example: `far.finetune(model, data, config="auto")`). `fields`
+        change single fields.
+
+        Example:
+            >>> FARConfig.auto() == FARConfig(retention="auto", freeze_embeddings=True, freeze_layers="auto")
+            True
+        """
+        return cls(**{"retention": AUTO, "freeze_embeddings": True, "freeze_layers": AUTO, **fields})
+
+    @classmethod
+    def paper(cls, **fields: Any) -> FARConfig:
+        """The FAR paper's configuration: a fixed retention of 0.4 in every FFN, nothing else frozen
+        (`--preset paper`, or `--retention 0.4`, on the command line). `fields` change single fields.
+
+        Example:
+            >>> FARConfig.paper() == FARConfig(retention=0.4)
+            True
+        """
+        return cls(**{"retention": PAPER_RETENTION, **fields})
+
+    @classmethod
+    def preset(cls, name: str, **fields: Any) -> FARConfig:
+        """The named configuration `name` (one of `PRESETS`: "auto" or "paper"), `fields` changing single fields."""
+        if name not in PRESETS:
+            raise ValueError(f"the configurations are named {', '.join(map(repr, PRESETS))}, got {name!r}")
+        return cls.auto(**fields) if name == "auto" else cls.paper(**fields)
 
 
 class _Unset:

@@ -27,6 +27,13 @@ class Summary:
     def trainable_fraction(self) -> float:
         return self.trainable_parameters / max(1, self.total_parameters)
 
+    def __repr__(self) -> str:
+        # One line: `far.summary(model)` has printed the table already, and a REPL shows the returned value too.
+        return (
+            f"<far.Summary: {self.trainable_parameters:,} of {self.total_parameters:,} parameters trainable "
+            f"({100 * self.trainable_fraction:.2f}%); print() it for the table>"
+        )
+
     def __str__(self) -> str:
         lines = [
             f"trainable params: {self.trainable_parameters:,} || all params: {self.total_parameters:,} "
@@ -58,7 +65,8 @@ def summary(model: nn.Module, *, verbose: bool = True) -> Summary:
         verbose: Print the summary (like PEFT's `print_trainable_parameters`).
 
     Returns:
-        A `Summary`; `str(summary)` is what is printed.
+        A `Summary`; `str(summary)` is what is printed, its `repr` one line (a REPL shows the returned value
+        after the printed table: the table is shown once).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")

@@ -233,7 +233,13 @@ def test_predict_user_errors(trained, tmp_path, capsys, case, argv, message):
         ("empty file", [], None, [], "is empty"),
         ("non-UTF-8", b"text,label\n\xff,positive\n", None, [], "is not UTF-8 text"),
         ("missing file", "missing", None, [], "does not exist"),
-        ("nothing frozen to keep", None, None, ["--cache-frozen"], "--freeze-layers K or --freeze-layers auto"),
+        (  # the paper's configuration freezes no bottom (the default, FAR's automatic one, does)
+            "nothing frozen to keep",
+            None,
+            None,
+            ["--retention", "0.4", "--cache-frozen"],
+            "--freeze-layers K or --freeze-layers auto",
+        ),
         (
             "kept states over a budget",
             None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_batch, tiny_model
@@ -59,7 +61,10 @@ def test_demo_end_to_end(data_dir, minilm_path, tmp_path, capsys, monkeypatch):
     for arm in ("full fine-tuning", "FAR auto: ", "bottom 3 frozen, kept"):
         assert arm in summary, summary
     assert "grouped by length" in summary  # every arm batches sentences of similar lengths
+    assert "FAR's default, its automatic configuration" in out
     assert (tmp_path / "bottom3" / "trained.safetensors").is_file()
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    assert record["configuration"]["name"] == "auto" and len(record["arms"]) == 3  # FAR's arm is the default
     assert (tmp_path / "learners.safetensors").stat().st_size < (
         tmp_path / "merged" / "model.safetensors"
     ).stat().st_size / 4

@@ -1,13 +1,13 @@
-"""`far demo`: FAR's automatic configuration against full fine-tuning and a frozen bottom, on MiniLM and SST-2.
+"""`far demo`: FAR's default, its automatic configuration, against full fine-tuning and a frozen bottom, on SST-2.
 
 Fine-tune the same model on the same sentences with the same hyper-parameters and seed three times:
-full fine-tuning; FAR as it configures itself (prime 10% of the steps, keep as learners the nodes that hold
-half of each FFN's priming change, embeddings frozen, the bottom layers frozen at the depth priming
-chooses and their output kept per example); and the practitioner's baseline, the bottom 3 layers
-frozen and kept, every weight above them training. Print each arm's dev accuracy, the process CPU seconds of its whole
-`far.finetune` call and its ratio to full's, its trainable parameters and the file it ships; then
-FAR's parity check (split vs merged logits), learners file, predictions, and the learners file on a
-stock model.
+full fine-tuning; FAR's default, as it configures itself (what `far glue --method far` runs; prime
+10% of the steps, keep as learners the nodes that hold half of each FFN's priming change, embeddings
+frozen, the bottom layers frozen at the depth priming chooses and their output kept per example);
+and the practitioner's baseline, the bottom 3 layers frozen and kept, every weight above them
+training. Print each arm's dev accuracy, the process CPU seconds of its whole `far.finetune` call
+and its ratio to full's, its trainable parameters and the file it ships; then FAR's parity check
+(split vs merged logits), learners file, predictions, and the learners file on a stock model.
 
     far demo --data-dir ../shared/data
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,19 +26,25 @@ import torch
 from transformers import DataCollatorWithPadding
 
 import far
-from far.cli.common import add_data_arguments, retention_or_auto
+from far.cli.arguments import add_data_arguments, retention_or_auto
+from far.cli.common import UsageError
 from far.config import AUTO
 from far.data.glue import GLUE_TASKS, load_glue, tokenize_glue
 from far.data.locate import locate_data_dir
 from far.evaluation.evaluators import GlueEvaluator
 from far.models import DEFAULT_MODEL, load_model_and_tokenizer
 from far.recipes.compare import cpu_timed, majority_baseline, paired_step_times, save_trained_tensors
+from far.recipes.outputs import IDENTITY_KEYS, claim_output_dir, describe, existing_run
 from far.recipes.predict import Predictor, model_card
 from far.recipes.settings import first
+from far.storage.atomic import write_json
 
 TASK = GLUE_TASKS["sst2"]
 MAX_LENGTH = 64  # SST-2's sentences: 99.8% of the dev set fits
 BASELINE_DEPTH = 3  # the plain baseline docs/results.md measured ("full, bottom 3 frozen, kept")
+# What the demo writes into its folder besides a run's files (far.recipes.outputs.RUN_OUTPUTS): --overwrite removes
+# these too, and nothing else a folder given by hand may hold.
+DEMO_FOLDERS = ("far", "merged", f"bottom{BASELINE_DEPTH}")
 
 
 def register(subparsers) -> None:
@@ -77,6 +84,12 @@ def register(subparsers) -> None:
         "32 pad to 3x their tokens)",
     )
     parser.add_argument("--output-dir", default="runs/demo", help="(default: runs/demo)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the demo (or run) that --output-dir holds (its files only); without it, a folder that holds "
+        "one is refused before anything loads",
+    )
     add_data_arguments(parser)
     parser.set_defaults(func=run, max_eval_samples=None)
 
@@ -100,15 +113,35 @@ class Arm:
     shipped: Path
 
 
+def claim_demo_dir(out: Path, model: str, overwrite: bool) -> None:
+    """Make `out` the demo's, as every training command claims its folder (`far.recipes.outputs`): a folder that
+    holds a demo or a run is refused (UsageError) unless `overwrite`, which removes that run's files first."""
+    held = existing_run(out)
+    if held is not None and not overwrite:
+        what = describe(held) if any(key in held for key in IDENTITY_KEYS) else "made by an earlier far"
+        raise UsageError(
+            f"{out} already holds a run ({what}); nothing was changed. Choose another --output-dir, or add "
+            "--overwrite to replace it"
+        )
+    if held is not None:
+        for name in DEMO_FOLDERS:
+            if (out / name).is_dir() and not (out / name).is_symlink():
+                shutil.rmtree(out / name)
+    identity = {"task": TASK.name, "model": model, "method": "demo", "optimizer": "adamw"}
+    claim_output_dir(out, identity, resume=False, overwrite=True)
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = Path(args.output_dir)
     frozen_embeddings = not args.train_embeddings
-    far_config = far.FARConfig(
-        args.retention, seed=args.seed, freeze_embeddings=frozen_embeddings, freeze_layers="auto"
-    )
+    # FAR's default (`far glue --method far`, far.finetune(config="auto")), or the retention and embeddings asked for.
+    default = args.retention == AUTO and frozen_embeddings
+    asked = dict(retention=args.retention, seed=args.seed, freeze_embeddings=frozen_embeddings)
+    far_config = "auto" if default else far.FARConfig.auto(**asked)
     root = locate_data_dir(args.data_dir, needs=f"glue/{TASK.folder}/train.tsv and dev.tsv")
     splits = load_glue(TASK.name, root)  # a clear error, before anything else, if there is no data
+    claim_demo_dir(out, args.model, args.overwrite)  # the data first, then the folder, before the model loads
     model, tokenizer = load_model_and_tokenizer(
         args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
     )
@@ -151,8 +184,9 @@ def run(args: argparse.Namespace) -> int:
 
     embeddings = "frozen" if frozen_embeddings else "trained"
     keep = "the nodes that hold half of each FFN's change" if args.retention == AUTO else f"{args.retention:.0%}"
+    what = "FAR's default, its automatic configuration" if default else "FAR, automatic"
     _step(
-        f"FAR, automatic: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
+        f"{what}: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
         f"bottom layers frozen at the depth priming chooses and kept ({shown})"
     )
     result, far_seconds = cpu_timed(
@@ -254,5 +288,27 @@ def run(args: argparse.Namespace) -> int:
         "CPU s: the whole far.finetune call, priming and the final evaluation included; ships: the merged model, "
         f"FAR's learners file, the trained tensors (safetensors, {bottom_file}); parity {difference:.1e}; "
         f"demo wall time {time.perf_counter() - started:.0f} s"
+    )
+    configuration = {
+        "name": "auto" if default else "custom",
+        "why": "the default of --method far" if default else "--retention/--train-embeddings given",
+        "retention": args.retention,
+        "frozen_layers": depth,
+        "freeze_embeddings": frozen_embeddings,
+        "cache_frozen": True,
+    }
+    write_json(
+        out / "metrics.json",
+        {
+            "task": TASK.name,
+            "model": args.model,
+            "training_examples": len(train),
+            "majority_accuracy": baseline["accuracy"],
+            "arms": [
+                {"arm": a.label, "accuracy": a.accuracy, "cpu_seconds": a.cpu_seconds, "ships_bytes": sizes[a.label]}
+                for a in arms
+            ],
+            "configuration": configuration,  # FAR's arm
+        },
     )
     return 0

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import far
-from far.cli.common import UsageError, add_data_arguments, print_metrics
+from far.cli.arguments import add_data_arguments
+from far.cli.common import UsageError, print_metrics
 from far.cli.squad import add_squad_arguments, squad_settings
 from far.data.glue import GLUE_TASKS, load_glue
 from far.data.locate import locate_data_dir

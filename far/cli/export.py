@@ -18,8 +18,10 @@ import far
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
 from far.device.lowering import XNNPACK_LEVELS, quietly
+from far.device.plan import EXPORTABLE
 from far.methods.peft_adapter import save_peft_adapter
-from far.models import MODEL_ALIASES, load_trained_model
+from far.models import MODEL_ALIASES, is_causal_lm, load_trained_model
+from far.recipes.outputs import existing_run
 from far.saving.learners_file import save_learners
 from far.saving.pretrained import CONFIG_NAME, from_pretrained, has_far_layout, weight_files, write_pretrained
 from far.storage import lock
@@ -122,6 +124,26 @@ def _size(n_bytes: int) -> str:
     return f"{n_bytes:,} bytes ({n_bytes / 2**20:.2f} MiB)"
 
 
+def _no_model_folder(checkpoint: Path, executorch: bool) -> str:
+    """Why `checkpoint` (a folder without config.json) cannot be exported, and what can."""
+    kinds = ", ".join(repr(kind) for kind in EXPORTABLE)
+    supported = (
+        f"--executorch exports FAR-reconfigured sequence classifiers of {kinds} (e.g. MiniLM's run: "
+        "--checkpoint runs/<task>-minilm-far/model)"
+        if executorch
+        else "far export reads a model folder with a config.json, as far train/glue/squad save an encoder's (e.g. "
+        "runs/<task>-minilm-far/model) or far.save_pretrained writes"
+    )
+    held = existing_run(checkpoint) or {}
+    if is_causal_lm(str(held.get("model", ""))) or (checkpoint / "trained.safetensors").is_file():
+        return (
+            f"--checkpoint {str(checkpoint)!r} is a GGUF causal LM's run ({held.get('model', 'a .gguf model')}), which "
+            f"far export does not export: {supported}. A causal LM's run keeps what it trained in its own file, which "
+            "far generate --learners FILE (or far.models.load_lean_lm(model, trained=FILE)) applies to the GGUF model"
+        )
+    return f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it): {supported}"
+
+
 def _check_args(args: argparse.Namespace) -> None:
     checkpoint = args.checkpoint
     if args.peft is not None:
@@ -138,7 +160,7 @@ def _check_args(args: argparse.Namespace) -> None:
             )
         return
     if not (checkpoint / CONFIG_NAME).is_file():
-        raise ValueError(f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it)")
+        raise ValueError(_no_model_folder(checkpoint, args.executorch is not None))
     if args.merge is not None:
         if args.merge.exists() and not args.merge.is_dir():
             raise ValueError(f"--merge {str(args.merge)!r} is a file; name a folder to write the model into")

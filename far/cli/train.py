@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from far.cli.common import UsageError, from_args, print_metrics, register_training_command, report, settings_from
+from far.cli.common import UsageError, print_metrics, register_training_command, report, settings_from
 from far.models import is_causal_lm
-from far.recipes.settings import FILE_DEFAULTS, RunSettings
+from far.recipes.settings import FILE_DEFAULTS
 from far.training.log import peak_rss_bytes
 
 DEFAULT_LABEL_COLUMN = "label"  # far.data.files' default, named here without importing the table readers
@@ -62,9 +62,7 @@ def _train_on_texts(args: argparse.Namespace) -> int:
     # Loaded by name, as far glue loads the lean runtime: an encoder's run does not import it, nor it the table readers.
     own_texts = importlib.import_module("far.recipes.own_texts")
     # The budget is planned from the GGUF file by the run itself (far.llm.text_budget), not as an encoder's.
-    settings = from_args(
-        RunSettings, args, save_model=not args.no_save_model, progress=not args.no_progress, memory_budget=None
-    )
+    settings = settings_from(args, memory_budget=None)
     texts = own_texts.TextRun(args.train_file, args.validation_file, memory_budget=args.memory_budget)
     record = own_texts.own_texts_run(settings, texts)
     before, after = record["before"], record["metrics"]

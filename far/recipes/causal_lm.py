@@ -47,6 +47,7 @@ from far.llm.prompt_runner import PRIMING_MICRO_BATCH, PromptRunner, PromptTrain
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.methods import METHODS
 from far.models import find_gguf
+from far.recipes.configuration import configuration_record
 from far.recipes.settings import PROMPT_DEFAULTS, RunSettings
 from far.saving.safetensors_file import DTYPES
 from far.storage.atomic import atomic_file, write_json
@@ -228,6 +229,7 @@ def lean_prompted_run(
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "frozen_layers": model.lowest_trainable_layer(),
+        "configuration": configuration_record(settings, model.lowest_trainable_layer(), far_config),
         "total_parameters": model.num_parameters(),
         "trainable_dtype": settings.trainable_dtype,
         "final_loss": log[-1]["loss"] if log else None,

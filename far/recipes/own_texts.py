@@ -47,6 +47,7 @@ from far.llm.text_runner import SCORES, TextRunner, TextTraining, cpu_seconds
 from far.llm.text_steps import BATCHED_DIRECTIONS, MAX_PRIMING_CHUNKS
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
+from far.recipes.configuration import configuration_record
 from far.recipes.settings import RunSettings
 from far.saving.safetensors_file import DTYPES, LEARNERS_FILE
 from far.storage.atomic import write_json
@@ -227,9 +228,9 @@ def own_texts_run(
     gguf_path = _gguf_path(settings)
     layout = _layout(settings, read_config(read_header(gguf_path)).num_layers)
     plan = _memory_plan(settings, hparams, texts, gguf_path, layout)
-    settings.check_output(texts.name)
     release_freed_memory()
     chunks = _chunks(settings, hparams["max_length"], texts, gguf_path, memory)
+    settings.check_output(texts.name)  # the texts first: a bad file is named before a busy folder
     training = _training(settings, hparams, len(chunks.train), layout, plan)
     total_steps, steps_per_epoch = training.total_steps, training.steps_per_epoch
     memory.mark("data")
@@ -278,6 +279,7 @@ def own_texts_run(
         "epochs": total_steps / steps_per_epoch,
         "retention": None if layout.far is None else layout.far.retention,
         "frozen_layers": runner.depth,
+        "configuration": configuration_record(settings, runner.depth, layout.far),
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "total_parameters": model.num_parameters(),
         "trainable_dtype": str(layout.dtype).removeprefix("torch."),

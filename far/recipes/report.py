@@ -28,6 +28,7 @@ from torch import nn
 
 import far
 from far.models import resolve_model
+from far.recipes.configuration import configuration_record
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
 from far.saving.stock import stock_reader
 from far.storage.atomic import write_json
@@ -171,6 +172,7 @@ def train_and_report(run: TrainingRun) -> dict:
         },
         # Bottom layers frozen whole as trained ("auto" resolved): backward stopped above them.
         "frozen_layers": frozen_layers(model),
+        "configuration": configuration_record(settings, frozen_layers(model)),
         **run.extra,
         **(saved.sizes if saved else {}),
         "files": files,

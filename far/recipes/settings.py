@@ -21,6 +21,7 @@ from pathlib import Path
 from far.config import FARConfig
 from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
+from far.recipes.configuration import Configuration
 from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
@@ -127,6 +128,9 @@ class RunSettings:
     overwrite: bool = False  # replace the run that output_dir holds (far.recipes.outputs)
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
+    # Which configuration the fields above make and why, as the command line chose it (far.recipes.configuration);
+    # None: as the fields say. metrics.json records it.
+    configuration: Configuration | None = field(default=None, compare=False)
     # Derived, built once from the fields above: the run's surgery (None: the method makes none), and what the run
     # asks of far.finetune, all but the task's hyper-parameters (`train_options` adds them).
     far: FARConfig | None = field(init=False, repr=False, compare=False)

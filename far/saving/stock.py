@@ -39,23 +39,25 @@ def stock_reader(folder: str | os.PathLike, model: nn.Module) -> Callable[[str],
     the folder has no safetensors weights.
 
     A parameter is found under its own name, or without (or with) the model's base-model prefix
-    (`bert.`), as a bare encoder's checkpoint names it. Reading a name the files do not hold raises
-    KeyError.
+    (`bert.`), as a bare encoder's checkpoint names it. Reading a name the files do not hold (or hold in
+    another shape) raises KeyError.
     """
     files = weight_files(Path(folder))
     if not files:
         return None
-    where: dict[str, tuple[Path, str]] = {}
+    where: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
     for file in files:
         with safe_open(file, framework="pt") as f:
             for key in f.keys():
-                where[key] = (file, key)
+                where[key] = (file, key, tuple(f.get_slice(key).get_shape()))
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
     located: dict[str, tuple[Path, str]] = {}
-    for name, _ in model.named_parameters(remove_duplicate=False):
+    for name, parameter in model.named_parameters(remove_duplicate=False):
         for key in (name, name.removeprefix(prefix), prefix + name):
-            if key in where:
-                located[name] = where[key]
+            # A tensor held in another shape is not this parameter's stock value (a head made anew at load time
+            # for another number of labels): not located, as a head the files do not hold.
+            if key in where and where[key][2] == tuple(parameter.shape):
+                located[name] = where[key][:2]
                 break
 
     def read(name: str) -> Tensor:

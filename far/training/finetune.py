@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from transformers import default_data_collator
 
 from far.architectures import CAUSAL_LM_TYPES, FFNSpec, find_attention, find_ffns
-from far.config import UNSET, FARConfig
+from far.config import PRESETS, UNSET, FARConfig
 from far.freezing import find_layers
 from far.surgery.state import is_reconfigured
 from far.training.batches import BatchStream, longest_example
@@ -53,10 +53,35 @@ def _check_data(train_data: object) -> int:
     return n
 
 
+def named_config(
+    config: object, cache_frozen: bool | None, *, seed: int, freeze_embeddings: bool, memory_budget: float | None
+) -> tuple[object, bool]:
+    """A `far.finetune` call's `config` and `cache_frozen` with a configuration's name resolved: `"auto"` is
+    `FARConfig.auto()` with the frozen bottom kept, `"paper"` `FARConfig.paper()`; `cache_frozen` left None keeps
+    the frozen bottom's output where a named configuration freezes one (off otherwise). Any other `config` is
+    returned as it is."""
+    if not isinstance(config, str):
+        return config, bool(cache_frozen)
+    if config not in PRESETS:
+        raise TypeError(
+            f"config={config!r} names no configuration: the named ones are {', '.join(map(repr, PRESETS))}; else pass "
+            "a far.FARConfig, None (no surgery) or a retention (the retention must be a number in (0, 1], e.g. 0.4)"
+        )
+    if config == "auto" and memory_budget is not None:
+        raise ValueError(
+            "config='auto' chooses the retention and the depth from the priming scores and keeps the frozen bottom's "
+            "output, which the memory budget does not plan for: give config='paper' (a fixed retention) with "
+            "memory_budget, or no budget"
+        )
+    embeddings = {"freeze_embeddings": True} if freeze_embeddings else {}
+    named = FARConfig.preset(config, seed=seed, **embeddings)
+    return named, named.freezes_depth if cache_frozen is None else bool(cache_frozen)
+
+
 def finetune(
     model: nn.Module,
     train_data: Any,
-    config: FARConfig | float | None = UNSET,
+    config: FARConfig | float | str | None = UNSET,
     *,
     options: TrainOptions | None = None,
     optimizer: str = "adamw",
@@ -93,7 +118,7 @@ def finetune(
     reset_frozen: bool = True,
     prime_frozen: bool | None = None,
     freeze_layers: int | None = None,
-    cache_frozen: bool = False,
+    cache_frozen: bool | None = None,
     cache_frozen_mib: float = 1024.0,
     group_by_length: bool = False,
     memory_budget: float | None = None,
@@ -126,8 +151,11 @@ def finetune(
         train_data: Map-style dataset of examples (a list, a torch `Dataset`, a `datasets.Dataset`).
         config: The surgery, as for `far.reconfigure`: a `far.FARConfig`, a number (the retention:
             `FARConfig(retention, seed=seed, freeze_embeddings=freeze_embeddings)`), or None for no
-            surgery (full fine-tuning: no priming, the same loop otherwise). Left out: `FARConfig()`.
-            The config travels whole to the surgery; its `selection="random"` needs no priming.
+            surgery (full fine-tuning: no priming, the same loop otherwise), or a configuration's name:
+            `"auto"`, FAR's automatic configuration (`FARConfig.auto()`, with `cache_frozen` on: what
+            `far glue --method far` runs), or `"paper"` (`FARConfig.paper()`, retention 0.4). Left out:
+            `FARConfig()`, the paper's. The config travels whole to the surgery; its `selection="random"`
+            needs no priming.
         options: Every option below at once, as a `far.training.TrainOptions` built (and checked)
             beforehand, the config included; then no other option may be given.
         priming: Priming length: a fraction of the run's steps in [0, 1), or a number of steps.
@@ -182,7 +210,8 @@ def finetune(
             does there. True: primed like the rest (the FAR paper primes the whole model).
         freeze_layers: With config=None: freeze the embeddings and the bottom K layers whole
             (`far.freeze_layers`), the practitioner's baseline; with a config, set its field instead.
-        cache_frozen: Run the frozen bottom (the embeddings and the bottom K layers) without dropout and keep
+        cache_frozen: None (default): on with `config="auto"`, else off. True: run the frozen bottom (the
+            embeddings and the bottom K layers) without dropout and keep
             its output per training example (`far.training.frozen_bottom`): once an example has been seen, its
             steps run the layers above K only. Needs a frozen depth (`freeze_layers`, in the config or here),
             batches that are right-padded mappings of tensors, and a `loss_fn` that runs the model's layers.
@@ -212,6 +241,7 @@ def finetune(
         >>> result = far.finetune(model, train_examples, far.FARConfig(retention=0.4), epochs=3, lr=5e-5,
         ...                       eval_fn=lambda m: {"accuracy": accuracy(m)})
         >>> result.metrics, result.training_seconds
+        >>> far.finetune(model, train_examples, "auto", epochs=3)  # retention and depth from priming
         >>> far.finetune(model, train_examples, optimizer="mezo", max_steps=20_000)
     """
     # Everything is checked before the model is touched.
@@ -221,6 +251,9 @@ def finetune(
     for name, fn in (("collate_fn", collate_fn), ("loss_fn", loss_fn), ("eval_fn", eval_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+    config, cache_frozen = named_config(
+        config, cache_frozen, seed=seed, freeze_embeddings=freeze_embeddings, memory_budget=memory_budget
+    )
     keywords = {name: value for name, value in locals().items() if name in OPTION_NAMES}
     options = TrainOptions.from_call(options, config, keywords, deprecated)
     plan = plan_training(n_examples, options)

@@ -1,0 +1,36 @@
+"""`far export` names what it exports when --checkpoint is not a model folder, e.g. a GGUF causal LM's run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from far.cli.main import main
+
+
+def _gguf_run(folder, trained_file):
+    folder.mkdir()
+    (folder / "run.json").write_text(
+        json.dumps({"task": "notes", "model": "smollm2-135m", "method": "far", "optimizer": "adamw"})
+    )
+    (folder / "metrics.json").write_text("{}")
+    (folder / trained_file).write_bytes(b"x")
+
+
+@pytest.mark.parametrize("trained_file", ["learners.safetensors", "trained.safetensors"])
+def test_a_causal_lms_run_is_named_with_what_export_supports(tmp_path, capsys, trained_file):
+    run = tmp_path / "notes-smollm2-135m-far"
+    _gguf_run(run, trained_file)
+    assert main(["export", "--checkpoint", str(run), "--executorch", str(tmp_path / "device")]) == 2
+    err = capsys.readouterr().err
+    assert "GGUF causal LM's run (smollm2-135m)" in err, err
+    assert "sequence classifiers of 'bert'" in err and "far generate --learners" in err, err
+    assert not (tmp_path / "device").exists()
+
+
+def test_a_folder_without_config_names_what_export_reads(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["export", "--checkpoint", str(tmp_path / "empty"), "--merge", str(tmp_path / "plain")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a model folder (no config.json in it)" in err and "runs/<task>-minilm-far/model" in err, err
