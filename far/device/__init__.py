@@ -8,7 +8,7 @@
     export.py     `export_executorch`: the whole folder, atomically
     examples.py   `write_examples`: texts tokenised and padded for the programs
     order.py      the seeded batch order every runtime reproduces
-    optim.py      the device's optimizers written out: AdamW, SGD with momentum, clipping, schedule
+    optim.py      the device's optimizers: torch.optim's AdamW and SGD on named tensors, clipping, schedule
     state.py      the training state file (trainable tensors, optimizer state, position), checked on reading
     runtime.py    the programs through ExecuTorch's Python bindings
     train.py      `train`: micro-batches, the optimizer's step, checkpoints, resume
