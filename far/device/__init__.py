@@ -1,7 +1,7 @@
 """far.device: a FAR run as an ExecuTorch training program, trained outside torch eager, and back to far.
 
     plan.py       what the export reads from a reconfigured model, checked first (architectures it knows)
-    view.py       the export view: BERT in plain torch, each FFN split into learner and frozen parts
+    view.py       the export view: the lean encoder's BERT modules, eager attention, each FFN split in two
     program.py    a model -> its views (the frozen bottom and the trained top) and their inputs
     lowering.py   views -> ExecuTorch programs (joint forward-backward graph, edge passes, XNNPACK)
     manifest.py   the export folder's layout and manifest
