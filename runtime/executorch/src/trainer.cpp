@@ -230,7 +230,7 @@ void Trainer::bind_params() {
     if (accumulate_ > 1) p.grad_sum.assign(static_cast<size_t>(p.numel), 0.f);
   }
   slots_started_ = !slot_names_.empty() && state_.slot(slot_names_[0], params_.front().name) != nullptr;
-  state_.file = safetensors::File();  // unmap it: its values live in the program now
+  state_.file = safetensors::File();  // unmap it: the program holds its values
 }
 
 void Trainer::open_bottom() {
@@ -345,7 +345,7 @@ void Trainer::run_programs() {
 void Trainer::gather_gradients(int64_t part) {
   for (Param& p : params_) {
     if (fwd_->get_output(p.param_output).toTensor().const_data_ptr<float>() != p.data)
-      throw std::runtime_error("'" + p.name + "' moved during execution; its output no longer aliases the weight");
+      throw std::runtime_error("'" + p.name + "' moved during execution: its output stopped aliasing the weight");
     float* g = fwd_->get_output(p.grad_output).toTensor().mutable_data_ptr<float>();
     if (accumulate_ == 1) {
       p.grad = g;
