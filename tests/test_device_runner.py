@@ -70,6 +70,15 @@ def runner(tmp_path_factory) -> Path:
     return build / "far_train"
 
 
+def test_cpp_tests_pass(runner):
+    """CTest's tests of the runner's parts (batch order, state reader, optimizer, file formats), in the same build."""
+    done = subprocess.run(
+        ["ctest", "--test-dir", str(runner.parent), "--output-on-failure"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "100% tests passed" in done.stdout, done.stdout
+
+
 @dataclass
 class Exported:
     out: Path  # the export folder

@@ -1,14 +1,14 @@
 """far.device: a FAR run as an ExecuTorch training program, trained outside torch eager, and back to far.
 
     plan.py       what the export reads from a reconfigured model, checked first (architectures it knows)
-    view.py       the export view: BERT in plain torch, each FFN split into learner and frozen parts
+    view.py       the export view: the lean encoder's BERT modules, eager attention, each FFN split in two
     program.py    a model -> its views (the frozen bottom and the trained top) and their inputs
     lowering.py   views -> ExecuTorch programs (joint forward-backward graph, edge passes, XNNPACK)
     manifest.py   the export folder's layout and manifest
     export.py     `export_executorch`: the whole folder, atomically
     examples.py   `write_examples`: texts tokenised and padded for the programs
     order.py      the seeded batch order every runtime reproduces
-    optim.py      the device's optimizers written out: AdamW, SGD with momentum, clipping, schedule
+    optim.py      the device's optimizers: torch.optim's AdamW and SGD on named tensors, clipping, schedule
     state.py      the training state file (trainable tensors, optimizer state, position), checked on reading
     runtime.py    the programs through ExecuTorch's Python bindings
     train.py      `train`: micro-batches, the optimizer's step, checkpoints, resume

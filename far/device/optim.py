@@ -1,18 +1,22 @@
-"""The device's optimizers, written out: SGD with momentum and AdamW, gradient clipping and the schedule.
+"""The device's optimizers: SGD with momentum and AdamW, gradient clipping and the schedule, with named state.
 
 The runtime hands back the gradients of the trainable tensors and lets the caller write the tensors,
-so the update is done here (and in the C++ runner's optimizer.h), op for op as torch does it, with
-its state in the state file:
+so the update is run here on the named tensors, by torch's own optimizers (`torch.optim.SGD` and
+`torch.optim.AdamW`, single-tensor, as the host's training loop builds them), with their state kept
+in the state file's slots:
 
-- `sgd`: torch.optim.SGD (momentum, dampening, weight decay, Nesterov); slot `momentum`.
-- `adamw`: torch.optim.AdamW's single-tensor update; slots `exp_avg`, `exp_avg_sq`. The bias
-  corrections count optimizer steps from the state's step + 1, as torch's `state["step"]` does.
+- `sgd`: torch.optim.SGD (momentum, dampening, weight decay, Nesterov); slot `momentum` (torch's
+  `momentum_buffer`).
+- `adamw`: torch.optim.AdamW; slots `exp_avg`, `exp_avg_sq`. Its step count (torch's `state["step"]`)
+  is the state's step: the bias corrections count optimizer steps from the state's step + 1.
 - `max_grad_norm`: torch.nn.utils.clip_grad_norm_ over all trainable gradients before the update.
-- `schedule`: the factor on `lr` at each step, `far.training.schedule.WarmupLinear`'s formula (linear
-  warmup, then linear decay to zero) at `offset + step`, where `total_steps` None means offset + this
-  run's steps; no schedule: a constant lr.
+- `schedule`: the factor on `lr` at each step, `far.training.schedule.WarmupLinear` (linear warmup,
+  then linear decay to zero) at `offset + step`, where `total_steps` None means offset + this run's
+  steps; no schedule: a constant lr.
 
-The settings are a plain dict, as the manifest stores them (`optimizer_settings` builds and checks one).
+The C++ runner writes the same updates out (runtime/executorch/src/optimizer.cpp); its tests hold it
+to this module's numbers (tests/test_device_reference.py writes them). The settings are a plain
+dict, as the manifest stores them (`optimizer_settings` builds and checks one).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor
+from torch.nn.utils import clip_grad_norm_
+from torch.optim import SGD, AdamW, Optimizer
+
+from far.training.schedule import WarmupLinear
 
 SLOTS = {"sgd": ("momentum",), "adamw": ("exp_avg", "exp_avg_sq")}
 
@@ -107,22 +115,29 @@ def lr_at(settings: Mapping, step: int, run_steps: int) -> float:
     lr = float(settings["lr"])
     if not schedule:
         return lr
-    offset, warmup = int(schedule["offset"]), int(schedule["warmup_steps"])
+    offset = int(schedule["offset"])
     total = offset + run_steps if schedule["total_steps"] is None else int(schedule["total_steps"])
-    at = offset + step
-    if at < warmup:
-        return lr * (at / max(1, warmup))
-    return lr * max(0.0, (total - at) / max(1, total - warmup))
+    return lr * WarmupLinear(total, int(schedule["warmup_steps"]), offset)(step)
 
 
-@torch.no_grad()
-def clip_gradients(grads: Mapping[str, Tensor], max_norm: float) -> None:
-    """torch.nn.utils.clip_grad_norm_ (L2, foreach=False) on `grads`, in place."""
-    norms = [torch.linalg.vector_norm(g, 2.0) for g in grads.values()]
-    total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads.values():
-        g.mul_(coef)
+# The state file's slot name of each torch.optim state entry, per optimizer.
+_TORCH_STATE = {"sgd": {"momentum_buffer": "momentum"}, "adamw": {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}}
+
+
+def _torch_optimizer(settings: Mapping, params: list[Tensor], lr: float) -> Optimizer:
+    wd = float(settings["weight_decay"])
+    if settings["name"] == "sgd":
+        return SGD(
+            params,
+            lr=lr,
+            momentum=float(settings["momentum"]),
+            dampening=float(settings.get("dampening", 0.0)),
+            weight_decay=wd,
+            nesterov=bool(settings.get("nesterov", False)),
+            foreach=False,
+        )
+    betas = tuple(float(b) for b in settings["betas"])
+    return AdamW(params, lr=lr, betas=betas, eps=float(settings["eps"]), weight_decay=wd, foreach=False)
 
 
 @torch.no_grad()
@@ -136,40 +151,32 @@ def update(
 ) -> None:
     """One optimizer step on `params` in place, `step` being the number of steps taken before it.
 
-    `slots` holds the optimizer's state by slot name (`SLOTS`), filled on the first step. `grads`
-    may be scaled in place by clipping.
+    `slots` holds the optimizer's state by slot name (`SLOTS`), filled on the first step (SGD without
+    momentum keeps none). `grads` may be scaled in place by clipping.
     """
-    if settings.get("max_grad_norm") is not None:
-        clip_gradients(grads, float(settings["max_grad_norm"]))
-    wd = float(settings["weight_decay"])
-    if settings["name"] == "sgd":
-        momentum = float(settings["momentum"])
-        buffers = slots.setdefault("momentum", {})
-        for name, param in params.items():
-            d = grads[name]
-            if wd != 0:
-                d = d.add(param, alpha=wd)
-            if momentum != 0:
-                buf = buffers.get(name)
-                if buf is None:
-                    buf = buffers[name] = d.detach().clone()
-                else:
-                    buf.mul_(momentum).add_(d)
-                d = buf
-            param.add_(d, alpha=-lr)
-        return
-    beta1, beta2 = (float(b) for b in settings["betas"])
-    eps, count = float(settings["eps"]), step + 1
-    exp_avgs, exp_avg_sqs = slots.setdefault("exp_avg", {}), slots.setdefault("exp_avg_sq", {})
-    for name, param in params.items():
-        grad = grads[name]
-        if name not in exp_avgs:
-            exp_avgs[name], exp_avg_sqs[name] = torch.zeros_like(param), torch.zeros_like(param)
-        exp_avg, exp_avg_sq = exp_avgs[name], exp_avg_sqs[name]
-        param.mul_(1 - lr * wd)
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1**count
-        bias_correction2_sqrt = math.sqrt(1 - beta2**count)
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+    names = list(params)
+    tensors = [params[n] for n in names]
+    for name, tensor in zip(names, tensors, strict=True):
+        tensor.grad = grads[name]
+    try:
+        if settings.get("max_grad_norm") is not None:
+            clip_grad_norm_(tensors, float(settings["max_grad_norm"]), foreach=False)
+        optimizer = _torch_optimizer(settings, tensors, lr)
+        kept = _TORCH_STATE[settings["name"]]
+        for slot in SLOTS[settings["name"]]:
+            slots.setdefault(slot, {})
+        for name, tensor in zip(names, tensors, strict=True):
+            held = {key: slots[slot][name] for key, slot in kept.items() if name in slots[slot]}
+            if settings["name"] == "adamw":
+                zeros = {key: torch.zeros_like(tensor) for key in kept if key not in held}
+                optimizer.state[tensor] = {"step": torch.tensor(float(step)), **held, **zeros}
+            elif held:
+                optimizer.state[tensor] = held
+        optimizer.step()
+        for name, tensor in zip(names, tensors, strict=True):
+            for key, slot in kept.items():
+                if key in optimizer.state[tensor]:
+                    slots[slot][name] = optimizer.state[tensor][key]
+    finally:
+        for tensor in tensors:
+            tensor.grad = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFN, model_type
+from far.architectures import BUILTIN_SPECS, CAUSAL_LM_TYPES, FFN, AttentionSpec, model_type, resolve_attention_spec
 from far.config import FARConfig
 from far.encoder.bert import ACTIVATIONS
 from far.freezing import find_layers, frozen_depth
@@ -34,7 +34,9 @@ class Layout:
     classifier: str
 
 
-# The architectures the export view rebuilds, and why the others cannot be exported yet.
+# The architectures the export view rebuilds, and why the others that far reconfigures
+# (far.architectures.BUILTIN_SPECS) cannot be exported yet. The layers' projections are named by
+# far.architectures (FFN and attention specs); only what lies around the layers is named here.
 EXPORTABLE: dict[str, Layout] = {
     "bert": Layout(embeddings="bert.embeddings", pooler="bert.pooler.dense", classifier="classifier"),
 }
@@ -55,7 +57,8 @@ class ExportPlan:
 
     Attributes:
         model_type: The architecture (a key of `EXPORTABLE`).
-        layout: Its module names.
+        layout: Its module names around the layers.
+        attention: The layers' attention projections (`far.architectures`).
         layers: Qualified names of the layers, bottom first.
         frozen_layers: K, the bottom layers frozen whole.
         bottom: Whether the embeddings and the bottom K layers form a forward-only program (True when
@@ -70,6 +73,7 @@ class ExportPlan:
 
     model_type: str
     layout: Layout
+    attention: AttentionSpec
     layers: tuple[str, ...]
     frozen_layers: int
     bottom: bool
@@ -100,10 +104,19 @@ class ExportPlan:
         return self.layers[self.frozen_layers :] if self.bottom else self.layers
 
 
+def _not_exportable(kind: str | None) -> str:
+    """Why a `kind` model cannot be exported."""
+    if kind in CAUSAL_LM_TYPES:
+        return "it is a causal LM (far.architectures.CAUSAL_LM_TYPES), and the device trains sequence classifiers"
+    if kind not in BUILTIN_SPECS:
+        return "far does not know its layers (far.architectures has no spec for it)"
+    return NOT_EXPORTABLE.get(kind, "far's export view has no layout for it")
+
+
 def _check_architecture(model: nn.Module) -> tuple[str, Layout]:
     kind = model_type(model)
     if kind not in EXPORTABLE:
-        why = NOT_EXPORTABLE.get(kind, "far's export view has no layout for it")
+        why = _not_exportable(kind)
         raise ValueError(
             f"cannot export a {kind!r} model to ExecuTorch: {why}. far.device exports "
             f"{', '.join(repr(k) for k in EXPORTABLE)} sequence classifiers"
@@ -195,6 +208,7 @@ def plan_export(model: nn.Module, max_length: int) -> ExportPlan:
     return ExportPlan(
         model_type=kind,
         layout=layout,
+        attention=resolve_attention_spec(model),
         layers=tuple(find_layers(model)),
         frozen_layers=k,
         bottom=below,

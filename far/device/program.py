@@ -17,19 +17,12 @@ import torch
 from torch import Tensor, nn
 
 from far.device.plan import ExportPlan
-from far.device.view import BottomView, Embeddings, Layer, SplitDown, SplitUp, TrainFromTokens, TrainView
+from far.device.view import BottomView, SplitDown, SplitUp, TrainFromTokens, TrainView, embeddings, layer
 from far.layers import SplitLinear
 from far.saving.fingerprint import complement
 
-# A BERT layer's modules other than the FFN projections, relative to the layer.
-_LAYER_PARTS = (
-    "attention.self.query",
-    "attention.self.key",
-    "attention.self.value",
-    "attention.output.dense",
-    "attention.output.LayerNorm",
-    "output.LayerNorm",
-)
+# A BERT layer's post-LayerNorms, relative to the layer (far.architectures names the projections only).
+_LAYER_NORMS = ("attention.output.LayerNorm", "output.LayerNorm")
 
 
 def _copy(module: nn.Module) -> nn.Module:
@@ -52,8 +45,11 @@ def _merged(module: nn.Module) -> tuple[Tensor, Tensor | None, bool]:
     return linear.weight.detach(), None if bias is None else bias.detach(), trains
 
 
-def _layer(model: nn.Module, plan: ExportPlan, name: str) -> Layer:
-    parts = {part: _copy(model.get_submodule(f"{name}.{part}")) for part in _LAYER_PARTS}
+def _layer(model: nn.Module, plan: ExportPlan, name: str) -> nn.Module:
+    a = plan.attention  # the model's names of the projections, keyed by the view's
+    names = {"attention.self.query": a.query, "attention.self.key": a.key, "attention.self.value": a.value}
+    names |= {"attention.output.dense": a.output, **{norm: norm for norm in _LAYER_NORMS}}
+    parts = {part: _copy(model.get_submodule(f"{name}.{source}")) for part, source in names.items()}
     ffn = next(f for f in plan.ffns.values() if f.name.startswith(f"{name}."))
     learners = plan.learners[ffn.name]
     frozen = complement(learners, ffn.n_nodes)
@@ -64,15 +60,15 @@ def _layer(model: nn.Module, plan: ExportPlan, name: str) -> Layer:
     parts["intermediate.dense"] = SplitUp(weight, bias, learners, frozen, trains)
     weight, bias, bias_trains = _merged(model.get_submodule(ffn.output))
     parts["output.dense"] = SplitDown(weight, bias, learners, frozen, trains, bias_trains)
-    return Layer(parts, plan.heads, plan.activation)
+    return layer(parts, plan.heads, plan.activation)
 
 
-def _embeddings(model: nn.Module, plan: ExportPlan) -> Embeddings:
+def _embeddings(model: nn.Module, plan: ExportPlan) -> nn.Module:
     parts = (
         f"{plan.layout.embeddings}.{p}"
         for p in ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
     )
-    return Embeddings(*(_copy(model.get_submodule(p)) for p in parts))
+    return embeddings(*(_copy(model.get_submodule(p)) for p in parts))
 
 
 @torch.no_grad()

@@ -12,8 +12,9 @@ are split the same way, so no permutation is needed anywhere:
 Learners and frozen nodes each keep their original (ascending) order, so a learner tensor is
 exactly what a learners file stores under the same name (`<projection>.learner_weight`, (k, in)
 for an input projection, (out, k) for the output one; `<projection>.learner_bias`). Every other
-tensor keeps its model name and its trainability. Attention is computed eagerly (an explicit
-softmax: SDPA's backward is not in ExecuTorch's core operator set), and there is no dropout.
+tensor keeps its model name and its trainability. The embeddings and layers are the lean encoder's
+modules (`far.encoder.bert`) and run its forward, with two parts put in: attention computed eagerly
+(an explicit softmax: SDPA's backward is not in ExecuTorch's core operator set), and no dropout.
 
 Two programs come out of one model: `BottomView` (the frozen embeddings and bottom K layers,
 forward only) and `TrainView` (the layers above, the head and the loss). Without a frozen bottom
@@ -28,7 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from far.encoder.bert import ACTIVATIONS
+from far.encoder.bert import (
+    ACTIVATIONS,
+    BertAttention,
+    BertEmbeddings,
+    BertIntermediate,
+    BertLayer,
+    BertOutput,
+    BertSelfOutput,
+)
 
 
 def _put(root: nn.Module, name: str, module: nn.Module) -> None:
@@ -96,41 +105,65 @@ class SplitDown(nn.Module):
         return y + F.linear(a[..., k:], self.frozen_weight)  # backward gives the frozen part no weight gradient
 
 
-class Embeddings(nn.Module):
-    def __init__(self, word: nn.Embedding, position: nn.Embedding, token_type: nn.Embedding, norm: nn.LayerNorm):
+class EagerSelfAttention(nn.Module):
+    """BERT's self-attention with an explicit softmax over an additive mask, in the lean encoder's place.
+
+    The lean encoder (`far.encoder.bert.BertSelfAttention`) calls SDPA, whose backward is not in
+    ExecuTorch's core operator set; everything around it is the lean encoder's own forward.
+    """
+
+    def __init__(self, query: nn.Linear, key: nn.Linear, value: nn.Linear, heads: int) -> None:
         super().__init__()
-        self.word_embeddings, self.position_embeddings = word, position
-        self.token_type_embeddings, self.LayerNorm = token_type, norm
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
-        # Summed in transformers' order, so that fp32 rounding agrees too.
-        h = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        return self.LayerNorm(h + self.position_embeddings(positions))  # (B, T, hidden)
-
-
-class Layer(nn.Module):
-    """A post-LayerNorm BERT layer with eager attention and a split FFN; module names as transformers'."""
-
-    def __init__(self, parts: dict[str, nn.Module], heads: int, activation: str) -> None:
-        super().__init__()
-        for name, module in parts.items():
-            _put(self, name, module)
-        self.heads, self.activation = heads, activation
+        self.query, self.key, self.value, self.heads = query, key, value, heads
 
     def forward(self, h: Tensor, mask: Tensor) -> Tensor:
         b, t, width = h.shape
         d = width // self.heads
-        attention = self.attention
-        q, k, v = (
-            p(h).view(b, t, self.heads, d).transpose(1, 2)
-            for p in (attention.self.query, attention.self.key, attention.self.value)
-        )
+        q, k, v = (p(h).view(b, t, self.heads, d).transpose(1, 2) for p in (self.query, self.key, self.value))
         scores = torch.matmul(q, k.transpose(2, 3)) * (1.0 / math.sqrt(d)) + mask  # (B, heads, T, T)
-        context = torch.matmul(scores.softmax(dim=-1), v).transpose(1, 2).reshape(b, t, width)
-        a = attention.output.LayerNorm(attention.output.dense(context) + h)
-        f = ACTIVATIONS[self.activation](self.intermediate.dense(a))  # (B, T, n): learners first
-        return self.output.LayerNorm(self.output.dense(f) + a)  # (B, T, hidden)
+        return torch.matmul(scores.softmax(dim=-1), v).transpose(1, 2).reshape(b, t, width)  # (B, T, hidden)
+
+
+# The lean encoder's classes that apply dropout in their forward.
+_DROPOUT = (BertEmbeddings, BertSelfOutput, BertOutput)
+
+
+def _assemble(cls: type[nn.Module], children: dict[str, nn.Module], **attributes) -> nn.Module:
+    """A lean encoder module of class `cls` made of `children` (in its own order), its dropout left out.
+
+    The class's `__init__` is not run: it would allocate (and initialise) weights that are replaced at
+    once; the children are the model's copies. Dropout becomes `nn.Identity`: the programs have none.
+    """
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    for name, child in children.items():
+        module.add_module(name, child)
+    if "dropout" not in children and cls in _DROPOUT:
+        module.add_module("dropout", nn.Identity())
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    return module
+
+
+def embeddings(word: nn.Embedding, position: nn.Embedding, token_type: nn.Embedding, norm: nn.LayerNorm) -> nn.Module:
+    """The lean encoder's `BertEmbeddings` over these tensors: (input ids, token types, None) -> (B, T, hidden)."""
+    parts = {"word_embeddings": word, "position_embeddings": position, "token_type_embeddings": token_type}
+    return _assemble(BertEmbeddings, {**parts, "LayerNorm": norm})
+
+
+def layer(parts: dict[str, nn.Module], heads: int, activation: str) -> nn.Module:
+    """The lean encoder's `BertLayer` over the model's modules (`parts`, by their names in the layer), with
+    eager attention and the FFN's split projections: (hidden, additive mask) -> (B, T, hidden)."""
+    q, k, v = (parts[f"attention.self.{p}"] for p in ("query", "key", "value"))
+    attention_output = {"dense": parts["attention.output.dense"], "LayerNorm": parts["attention.output.LayerNorm"]}
+    attention = {"self": EagerSelfAttention(q, k, v, heads), "output": _assemble(BertSelfOutput, attention_output)}
+    intermediate = _assemble(
+        BertIntermediate, {"dense": parts["intermediate.dense"]}, intermediate_act_fn=ACTIVATIONS[activation]
+    )
+    output = _assemble(BertOutput, {"dense": parts["output.dense"], "LayerNorm": parts["output.LayerNorm"]})
+    return _assemble(
+        BertLayer, {"attention": _assemble(BertAttention, attention), "intermediate": intermediate, "output": output}
+    )
 
 
 def additive_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -162,7 +195,7 @@ class BottomView(_Stack):
         self.embeddings_name = embeddings
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
-        h = self.get_submodule(self.embeddings_name)(input_ids, token_type_ids)
+        h = self.get_submodule(self.embeddings_name)(input_ids, token_type_ids, None)
         return self._run_layers(h, attention_mask)  # (B, T, hidden)
 
 
@@ -211,5 +244,5 @@ class TrainFromTokens(TrainView):
     def forward(  # type: ignore[override]
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor, labels: Tensor
     ) -> tuple[Tensor, Tensor]:
-        hidden = self.get_submodule(self.embeddings_name)(input_ids, token_type_ids)
+        hidden = self.get_submodule(self.embeddings_name)(input_ids, token_type_ids, None)
         return super().forward(hidden, attention_mask, labels)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configure and build far_train into runtime/executorch/build/ (about 10 s).
+# Configure and build far_train and its C++ tests into runtime/executorch/build/ (run them: ctest --test-dir BUILD).
 #   bash runtime/executorch/build.sh [PYTHON]     PYTHON: an interpreter with executorch (default: the repo's .venv)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,4 +23,4 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "$here" -B "$build" "${generator[@]}" -DPython_EXECUTABLE="$python" \
   -Dexecutorch_DIR="$root_et/lib/cmake/executorch" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "${FAR_TRAIN_JOBS:-2}"
-echo "built $build/far_train"
+echo "built $build/far_train (C++ tests: ctest --test-dir $build)"

@@ -1,0 +1,27 @@
+// far_train's command line, and the refusal that ends a run before training (exit status 2).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace far {
+
+// A problem with the inputs, found before training: exit status 2, nothing written.
+struct Refusal : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+extern const char* const kUsage;
+
+struct Args {
+  std::string out_dir, examples, state, state_out;
+  int64_t epochs = -1, max_steps = 0, checkpoint_every = 0, threads = 0;
+  bool resume = false, seed_given = false, help = false;
+  uint64_t seed = 0;
+};
+
+// Parse argv; throws Refusal naming the bad flag. `help` is set for -h/--help (the other fields may be empty).
+Args parse_args(int argc, const char* const* argv);
+
+}  // namespace far

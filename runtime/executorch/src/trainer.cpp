@@ -1,0 +1,393 @@
+#include "far/trainer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "far/optimizer.h"
+#include "far/sha256.h"
+
+namespace far {
+
+using executorch::aten::ScalarType;
+using executorch::runtime::EValue;
+using executorch::runtime::Method;
+using safetensors::shape_str;
+
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<int64_t> sizes_of(const executorch::runtime::TensorInfo& info) {
+  std::vector<int64_t> out;
+  for (int32_t d : info.sizes()) out.push_back(d);
+  return out;
+}
+
+void set_input(Method& m, size_t i, const EValue& v, const char* what) {
+  const auto e = m.set_input(v, i);
+  if (e != executorch::runtime::Error::Ok)
+    throw std::runtime_error("cannot set input " + std::to_string(i) + " of " + what + " (ExecuTorch error " +
+                             error_name(e) + ")");
+}
+
+}  // namespace
+
+Role role_of(const std::string& name) {
+  if (name == "hidden" || name == "hidden_states") return Role::Hidden;
+  if (name == "input_ids") return Role::InputIds;
+  if (name == "attention_mask") return Role::AttentionMask;
+  if (name == "token_type_ids") return Role::TokenTypeIds;
+  if (name == "labels") return Role::Labels;
+  throw Refusal("manifest.json names a train.pte input '" + name + "' far_train does not know");
+}
+
+std::vector<Role> infer_roles(size_t n_inputs, bool has_bottom) {
+  if (has_bottom && n_inputs == 3) return {Role::Hidden, Role::AttentionMask, Role::Labels};
+  if (!has_bottom && n_inputs == 4) return {Role::InputIds, Role::AttentionMask, Role::TokenTypeIds, Role::Labels};
+  if (!has_bottom && n_inputs == 3) return {Role::InputIds, Role::AttentionMask, Role::Labels};
+  throw Refusal("train.pte's forward takes " + std::to_string(n_inputs) + " inputs; far_train expects " +
+                (has_bottom ? "3 (hidden, attention_mask, labels)"
+                            : "3 or 4 (input_ids, attention_mask, [token_type_ids], labels)") +
+                " or their names in manifest.json's programs.train.inputs");
+}
+
+// ---- everything is checked before the first step ----
+
+Trainer::Trainer(const Args& args) : args_(args), manifest_(read_manifest(args.out_dir)) {
+  if (args_.threads > 0) set_threads(static_cast<uint32_t>(args_.threads));
+  check_programs();
+  const bool resuming_from_out = args_.resume && args_.state_out != args_.state && exists(args_.state_out);
+  state_ = read_state(resuming_from_out ? args_.state_out : args_.state, manifest_);
+  examples_ = read_examples(args_.examples, manifest_.max_length);
+  examples_sha_ = file_sha256(args_.examples);
+  check_examples();
+  plan_steps();
+  check_resume();
+  open_programs();
+  bind_inputs();
+  bind_params();
+  open_bottom();
+  make_batch_tensors();
+  print_plan();
+  // What a step reads of the mapped files is given back after it (pages.h), so resident memory holds one step's.
+  std::vector<std::string> mapped = {manifest_.path(manifest_.train), args_.examples};
+  if (bottom_) mapped.push_back(manifest_.path(manifest_.bottom));
+  file_pages_ = std::make_unique<FilePages>(mapped);
+}
+
+// The programs are the ones the manifest names, and STATE_OUT can be written.
+void Trainer::check_programs() const {
+  for (const ProgramFile* p : {&manifest_.train, &manifest_.bottom}) {
+    if (p->file.empty()) continue;
+    if (!exists(manifest_.path(*p))) throw Refusal(args_.out_dir + " lacks its program " + p->file);
+    if (file_sha256(manifest_.path(*p)) != p->sha256)
+      throw Refusal(manifest_.path(*p) + " is not the program manifest.json records (its sha256 differs: changed or "
+                    "damaged since the export); export the folder again");
+  }
+  const std::string& out = args_.state_out;
+  const std::string folder = out.find('/') == std::string::npos ? "." : out.substr(0, out.rfind('/') + 1);
+  if (::access(folder.c_str(), W_OK) != 0)
+    throw Refusal("cannot write " + out + " (its folder " + folder + " is missing or read-only)");
+}
+
+void Trainer::check_examples() const {
+  const Examples& ex = *examples_;
+  if (!ex.base_fingerprint.empty() && ex.base_fingerprint != manifest_.base_fingerprint)
+    throw Refusal(args_.examples + " was written for another export (another base model); write it for " +
+                  args_.out_dir);
+  if (ex.float_label() != manifest_.regression)
+    throw Refusal(args_.examples + " has " + (ex.float_label() ? "float32" : "integer") + " labels; the program " +
+                  "trains " + (manifest_.regression ? "a regression (float32 labels)" : "a classifier (int64 class ids)"));
+  for (int64_t i = 0; i < ex.n && manifest_.num_labels > 0 && !manifest_.regression; ++i)
+    if (ex.int_labels[i] < 0 || ex.int_labels[i] >= manifest_.num_labels)
+      throw Refusal(args_.examples + ": example " + std::to_string(i) + " has label " + std::to_string(ex.int_labels[i]) +
+                    ", not a class id of the program (0-" + std::to_string(manifest_.num_labels - 1) + ")");
+}
+
+// Steps per epoch and the step to stop at; the order's seed.
+void Trainer::plan_steps() {
+  batch_ = manifest_.batch_size;
+  accumulate_ = manifest_.accumulate;
+  const int64_t per_step = batch_ * accumulate_;
+  if (examples_->n < per_step)
+    throw Refusal(args_.examples + " has " + std::to_string(examples_->n) + " examples, fewer than a step's " +
+                  std::to_string(per_step) + " (short batches are dropped, so nothing would train)");
+  per_epoch_ = examples_->n / per_step;
+  total_ = args_.epochs * per_epoch_;
+  if (args_.max_steps > 0) total_ = std::min(total_, args_.max_steps);
+  step_ = state_.step;
+  seed_ = args_.seed_given ? args_.seed : state_.order_seed;
+  slot_names_ = optim::slots(manifest_.optimizer);
+}
+
+// A state past step 0 goes on in the order, on the examples and with the optimizer state it was trained with.
+void Trainer::check_resume() const {
+  const std::string at = state_.path + " is at step " + std::to_string(state_.step);
+  if (args_.seed_given && state_.step > 0 && args_.seed != state_.order_seed)
+    throw Refusal(at + " of a run with order_seed " + std::to_string(state_.order_seed) + "; --seed " +
+                  std::to_string(args_.seed) + " would change its order (drop --seed to resume it)");
+  if (state_.step > 0 && state_.examples_sha256 != examples_sha_)
+    throw Refusal(at + " of a run on another examples file; pass the same --examples to resume it, or start from the "
+                  "export's state.safetensors");
+  if (!slot_names_.empty() && state_.step > 0 && !state_.slot(slot_names_[0], manifest_.trainable.front().name))
+    throw Refusal(at + " but holds no " + manifest_.optimizer.name +
+                  " state; resuming without it would not be the same run");
+}
+
+// The programs, mapped read-only: a training program whose trained tensors are the manifest's.
+void Trainer::open_programs() {
+  train_ = std::make_unique<Program>(manifest_.path(manifest_.train));
+  if (manifest_.has_bottom()) bottom_ = std::make_unique<Program>(manifest_.path(manifest_.bottom));
+  for (const char* meta : {"__et_training_gradients_index_forward", "__et_training_parameters_index_forward"})
+    if (!train_->has_method(meta))
+      throw Refusal(train_->path() + " has no method " + meta + ": not a training program (export it with far)");
+  const int64_t grad_start = train_->meta_int("__et_training_gradients_index_forward");
+  const int64_t param_start = train_->meta_int("__et_training_parameters_index_forward");
+  const int64_t n_params = param_start - grad_start;
+  if (n_params != static_cast<int64_t>(manifest_.trainable.size()))
+    throw Refusal(train_->path() + " trains " + std::to_string(n_params) + " tensors, manifest.json lists " +
+                  std::to_string(manifest_.trainable.size()));
+  if (train_->has_method("__et_training_fqn_forward")) {
+    train_->run_meta("__et_training_fqn_forward", [&](Method& m) {
+      for (size_t i = 0; i < m.outputs_size() && i < manifest_.trainable.size(); ++i)
+        if (std::string(m.get_output(i).toString()) != manifest_.trainable[i].name)
+          throw Refusal(train_->path() + " trains '" + std::string(m.get_output(i).toString()) + "' as tensor " +
+                        std::to_string(i) + ", manifest.json says '" + manifest_.trainable[i].name + "'");
+    });
+  }
+  params_.resize(static_cast<size_t>(n_params));
+  for (int64_t i = 0; i < n_params; ++i) {  // outputs [param_start, +n) alias the weights; gradients at grad_start
+    params_[i].name = manifest_.trainable[i].name;
+    params_[i].grad_output = static_cast<size_t>(grad_start + i);
+    params_[i].param_output = static_cast<size_t>(param_start + i);
+  }
+  fwd_ = &train_->load_forward();
+}
+
+// What each input of train.pte takes, checked against the batch and the examples' labels.
+void Trainer::bind_inputs() {
+  const auto meta = train_->forward_meta();
+  if (!manifest_.inputs.empty()) {
+    for (const auto& n : manifest_.inputs) roles_.push_back(role_of(n));
+    if (roles_.size() != meta.num_inputs())
+      throw Refusal("manifest.json names " + std::to_string(roles_.size()) + " inputs, train.pte takes " +
+                    std::to_string(meta.num_inputs()));
+  } else {
+    roles_ = infer_roles(meta.num_inputs(), bottom_ != nullptr);
+  }
+  const bool float_label = examples_->float_label();
+  for (size_t i = 0; i < roles_.size(); ++i) {
+    const auto info = meta.input_tensor_meta(i).get();
+    const auto sz = sizes_of(info);
+    if (sz.empty() || sz[0] != batch_)
+      throw Refusal("train.pte's input " + std::to_string(i) + " has shape " + shape_str(sz) + ", not batch_size " +
+                    std::to_string(batch_) + " first");
+    if (roles_[i] == Role::Labels) {
+      if ((info.scalar_type() == ScalarType::Float) != float_label)
+        throw Refusal("train.pte takes " + std::string(float_label ? "int64" : "float32") + " labels, " +
+                      args_.examples + " holds " + (float_label ? "float32" : "int64") + " ones");
+    } else if (sz.size() >= 2) {
+      length_ = sz[1];
+    }
+  }
+  if (length_ != manifest_.max_length)
+    throw Refusal("train.pte takes sequences of " + std::to_string(length_) + " tokens, manifest.json says max_length " +
+                  std::to_string(manifest_.max_length));
+}
+
+// The live parameters, in planned memory, take the state's values (before any execution: see program.h).
+void Trainer::bind_params() {
+  for (Param& p : params_) {
+    auto t = fwd_->get_output(p.param_output).toTensor();
+    if (t.scalar_type() != ScalarType::Float) throw Refusal(train_->path() + ": '" + p.name + "' is not float32");
+    for (auto d : t.sizes()) p.shape.push_back(d);
+    p.numel = t.numel();
+    p.data = t.mutable_data_ptr<float>();
+    if (!train_->in_planned(p.data, p.numel * sizeof(float)))
+      throw Refusal(train_->path() + ": parameter '" + p.name + "' is not in planned (writable) memory; "
+                    "far_train needs the parameters exported as mutable, memory-planned tensors");
+    if (state_.tensor(p.name).shape != p.shape)
+      throw Refusal(state_.path + ": '" + p.name + "' has shape " + shape_str(state_.tensor(p.name).shape) +
+                    ", the program's is " + shape_str(p.shape));
+  }
+  for (Param& p : params_) {
+    std::memcpy(p.data, state_.tensor(p.name).data, p.numel * sizeof(float));
+    for (const std::string& slot : slot_names_) {
+      p.slots.emplace_back(static_cast<size_t>(p.numel), 0.f);
+      if (const safetensors::Tensor* held = state_.slot(slot, p.name))
+        std::memcpy(p.slots.back().data(), held->data, p.numel * sizeof(float));
+    }
+    if (accumulate_ > 1) p.grad_sum.assign(static_cast<size_t>(p.numel), 0.f);
+  }
+  slots_started_ = !slot_names_.empty() && state_.slot(slot_names_[0], params_.front().name) != nullptr;
+  state_.file = safetensors::File();  // unmap it: the program holds its values
+}
+
+void Trainer::open_bottom() {
+  if (!bottom_) return;
+  bottom_->load_forward();
+  bottom_inputs_ = static_cast<int64_t>(bottom_->forward_meta().num_inputs());
+  const auto hidden = sizes_of(bottom_->forward_meta().output_tensor_meta(0).get());
+  const auto meta = train_->forward_meta();
+  for (size_t i = 0; i < roles_.size(); ++i)
+    if (roles_[i] == Role::Hidden && hidden != sizes_of(meta.input_tensor_meta(i).get()))
+      throw Refusal("bottom.pte returns " + shape_str(hidden) + ", train.pte takes hidden states of " +
+                    shape_str(sizes_of(meta.input_tensor_meta(i).get())));
+}
+
+// The batch's buffers, and the tensors over them that feed the programs.
+void Trainer::make_batch_tensors() {
+  using executorch::extension::make_tensor_ptr;
+  rows_ = std::make_unique<Batch>(batch_, length_);
+  const auto b = static_cast<int32_t>(batch_), l = static_cast<int32_t>(length_);
+  ids_ = make_tensor_ptr({b, l}, rows_->input_ids.data(), ScalarType::Long);
+  mask_ = make_tensor_ptr({b, l}, rows_->attention_mask.data(), ScalarType::Long);
+  token_types_ = make_tensor_ptr({b, l}, rows_->token_type_ids.data(), ScalarType::Long);
+  labels_ = examples_->float_label() ? make_tensor_ptr({b}, rows_->float_labels.data(), ScalarType::Float)
+                                     : make_tensor_ptr({b}, rows_->int_labels.data(), ScalarType::Long);
+}
+
+void Trainer::print_plan() const {
+  int64_t n_values = 0;
+  for (const Param& p : params_) n_values += p.numel;
+  char bottom[64] = "";
+  if (bottom_) std::snprintf(bottom, sizeof bottom, ", bottom.pte (planned %.1f MB)", bottom_->planned_bytes() / 1e6);
+  const int64_t n = examples_->n;
+  std::printf("far_train: %s (planned %.1f MB)%s; %zu trainable tensors (%lld values); %s; batch %lld x %lld in %lld "
+              "micro-batch(es); %lld examples -> %lld batches/epoch (%lld left over each epoch); from step %lld to step "
+              "%lld; order_seed %llu\n",
+              train_->path().c_str(), train_->planned_bytes() / 1e6, bottom, params_.size(), (long long)n_values,
+              manifest_.optimizer.name.c_str(), (long long)(batch_ * accumulate_), (long long)length_,
+              (long long)accumulate_, (long long)n, (long long)per_epoch_,
+              (long long)(n - per_epoch_ * batch_ * accumulate_), (long long)step_, (long long)total_,
+              (unsigned long long)seed_);
+  std::fflush(stdout);
+}
+
+// ---- training ----
+
+void Trainer::train() {
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+  while (step_ < total_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t epoch = step_ / per_epoch_;
+    if (epoch != order_epoch) {
+      order = epoch_order(seed_, epoch, examples_->n);
+      order_epoch = epoch;
+    }
+    const float loss = step_once(order);
+    ++step_;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("step=%lld epoch=%lld loss=%.6f time_s=%.3f\n", (long long)step_, (long long)epoch, loss, secs);
+    if (args_.checkpoint_every > 0 && step_ % args_.checkpoint_every == 0 && step_ < total_) {
+      checkpoint();
+      std::printf("checkpoint step=%lld %s\n", (long long)step_, args_.state_out.c_str());
+    }
+    std::fflush(stdout);
+  }
+  checkpoint();
+  std::printf("done step=%lld %s\n", (long long)step_, args_.state_out.c_str());
+}
+
+float Trainer::step_once(const std::vector<int64_t>& order) {
+  const int64_t next = step_ % per_epoch_;  // batch `next` of the epoch
+  float loss = 0.f;
+  for (int64_t part = 0; part < accumulate_; ++part) {  // each gradient is a micro-batch mean: their mean is the step's
+    for (int64_t r = 0; r < batch_; ++r)
+      rows_->set_row(r, *examples_, order[(next * accumulate_ + part) * batch_ + r], manifest_.pad_token_id);
+    run_programs();
+    const float part_loss = fwd_->get_output(0).toTensor().const_data_ptr<float>()[0];
+    if (!std::isfinite(part_loss))
+      throw std::runtime_error("loss is " + std::to_string(part_loss) + " at step " + std::to_string(step_ + 1) +
+                               "; stopping (" + args_.state_out + " keeps the last checkpoint)");
+    loss += part_loss / static_cast<float>(accumulate_);
+    gather_gradients(part);
+  }
+  apply_update();
+  file_pages_->release();
+  return loss;
+}
+
+// The bottom (if any) on the batch's tokens, then train.pte's forward and backward.
+void Trainer::run_programs() {
+  if (bottom_) {  // frozen bottom: tokens -> hidden states, forward only
+    Method& bm = bottom_->forward();
+    set_input(bm, 0, EValue(*ids_), "bottom.pte");
+    set_input(bm, 1, EValue(*mask_), "bottom.pte");
+    if (bottom_inputs_ > 2) set_input(bm, 2, EValue(*token_types_), "bottom.pte");
+    bottom_->execute();
+    file_pages_->release();  // the embedding rows (and, on the first step, the weights XNNPACK packed)
+  }
+  for (size_t i = 0; i < roles_.size(); ++i) {
+    switch (roles_[i]) {
+      case Role::Hidden: set_input(*fwd_, i, bottom_->forward().get_output(0), "train.pte"); break;
+      case Role::InputIds: set_input(*fwd_, i, EValue(*ids_), "train.pte"); break;
+      case Role::AttentionMask: set_input(*fwd_, i, EValue(*mask_), "train.pte"); break;
+      case Role::TokenTypeIds: set_input(*fwd_, i, EValue(*token_types_), "train.pte"); break;
+      case Role::Labels: set_input(*fwd_, i, EValue(*labels_), "train.pte"); break;
+    }
+  }
+  train_->execute();
+}
+
+// Micro-batch `part`'s gradients: used in place for one micro-batch, else summed (and averaged after the last).
+void Trainer::gather_gradients(int64_t part) {
+  for (Param& p : params_) {
+    if (fwd_->get_output(p.param_output).toTensor().const_data_ptr<float>() != p.data)
+      throw std::runtime_error("'" + p.name + "' moved during execution: its output stopped aliasing the weight");
+    float* g = fwd_->get_output(p.grad_output).toTensor().mutable_data_ptr<float>();
+    if (accumulate_ == 1) {
+      p.grad = g;
+      continue;
+    }
+    if (part == 0) std::memcpy(p.grad_sum.data(), g, p.numel * sizeof(float));
+    else
+      for (int64_t i = 0; i < p.numel; ++i) p.grad_sum[i] += g[i];
+    if (part == accumulate_ - 1) {
+      for (int64_t i = 0; i < p.numel; ++i) p.grad_sum[i] /= static_cast<float>(accumulate_);
+      p.grad = p.grad_sum.data();
+    }
+  }
+}
+
+// Clipping, the schedule's learning rate, and the optimizer's update of every parameter.
+void Trainer::apply_update() {
+  const OptimizerSettings& o = manifest_.optimizer;
+  if (o.max_grad_norm > 0) {
+    std::vector<std::pair<const float*, int64_t>> grads;
+    for (const Param& p : params_) grads.emplace_back(p.grad, p.numel);
+    const float factor = optim::clip_factor(grads, o.max_grad_norm);
+    for (Param& p : params_)
+      for (int64_t i = 0; i < p.numel; ++i) p.grad[i] *= factor;
+  }
+  const double lr = optim::lr_at(o, step_, total_);
+  for (Param& p : params_) {
+    std::vector<float*> slots;
+    for (auto& s : p.slots) slots.push_back(s.data());
+    optim::update(o, lr, step_ + 1, p.data, p.grad, slots, !slots_started_, p.numel);
+  }
+  slots_started_ = !slot_names_.empty();
+}
+
+void Trainer::checkpoint() const {
+  std::vector<safetensors::TensorView> views;
+  for (const Param& p : params_) views.push_back({p.name, "F32", p.shape, p.data});
+  if (slots_started_)
+    for (size_t s = 0; s < slot_names_.size(); ++s)
+      for (const Param& p : params_) views.push_back({slot_names_[s] + ":" + p.name, "F32", p.shape, p.slots[s].data()});
+  const Progress progress{step_, step_ / per_epoch_, step_ % per_epoch_, seed_, step_ > 0 ? examples_sha_ : ""};
+  write_state(args_.state_out, manifest_, views, progress);
+}
+
+}  // namespace far
