@@ -122,7 +122,7 @@ def test_the_default_zeroth_order_depth_leaves_the_top_third():
 
 def test_a_causal_lms_far_default_is_decided_in_one_place():
     def far_of(**given) -> FARConfig | None:
-        return RunSettings(model="smollm2-135m", optimizer="mezo", **given).causal_lm_far(30)
+        return RunSettings(model="smollm2-135m", optimizer="mezo", **given).lean_layout(30, torch.bfloat16).far
 
     default = far_of()
     assert (default.freeze_layers, default.retention) == (20, ZO_RETENTION)

@@ -41,7 +41,7 @@ from far.data.prompts import (
     read_labelled_tsv,
 )
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_far import Layout, lean_layout
+from far.llm.lean_far import Layout
 from far.llm.lean_saving import save_trained
 from far.llm.prompt_runner import PRIMING_MICRO_BATCH, PromptRunner, PromptTraining
 from far.llm.tokenizer import load_gguf_tokenizer
@@ -118,9 +118,7 @@ def _check(settings: RunSettings, task_name: str) -> PromptTemplate:
 def _layout(settings: RunSettings, n_layers: int) -> Layout:
     """What trains: FAR with MeZO + FAR's depth by default, or without FAR plain freezing of the bottom layers
     (--freeze-layers K without FAR's surgery)."""
-    dtype, given = DTYPES[settings.trainable_dtype], settings.retention is not None
-    ffn, frozen = settings.method_spec.lean_ffn, settings.freeze_layers
-    return lean_layout(settings.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
+    return settings.lean_layout(n_layers, DTYPES[settings.trainable_dtype])
 
 
 def _prompt_sets(

@@ -40,7 +40,7 @@ import torch
 from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.evaluation.perplexity import perplexity
 from far.llm.gguf_file import load_lean_model, read_config, read_header
-from far.llm.lean_far import Layout, lean_layout
+from far.llm.lean_far import Layout
 from far.llm.lean_saving import save_trained
 from far.llm.text_budget import PREFIX_CACHE_MIB, TextMemoryPlan, TrainedShare, plan_text_memory
 from far.llm.text_runner import SCORES, TextRunner, TextTraining, cpu_seconds
@@ -118,8 +118,7 @@ def _check(settings: RunSettings) -> None:
 def _layout(settings: RunSettings, n_layers: int) -> Layout:
     """What trains, decided before loading: FAR with depth by default, as MeZO + FAR on prompts."""
     dtype = DTYPES[settings.trainable_dtype] if settings.optimizer != "adamw" else torch.float32
-    ffn, frozen, given = settings.method_spec.lean_ffn, settings.freeze_layers, settings.retention is not None
-    return lean_layout(settings.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
+    return settings.lean_layout(n_layers, dtype)
 
 
 def _gguf_path(settings: RunSettings) -> Path:

@@ -18,7 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+import torch
+
 from far.config import FARConfig
+from far.llm.lean_far import Layout, lean_layout
 from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
 from far.recipes.configuration import Configuration
@@ -84,7 +87,7 @@ class RunSettings:
 
     model: str = DEFAULT_MODEL
     method: str = "far"
-    retention: float | str | None = None  # None: DEFAULT_RETENTION (a causal LM: `far.llm.lean_far.lean_layout`)
+    retention: float | str | None = None  # None: DEFAULT_RETENTION (a causal LM: `lean_layout`)
     attention_retention: float | None = None
     optimizer: str = "adamw"
     lr: float | None = None
@@ -233,6 +236,15 @@ class RunSettings:
         if chosen["epochs"] is None:  # the run's length is max_steps
             chosen["epochs"] = 1.0
         return replace(self.options, **chosen)
+
+    def lean_layout(self, n_layers: int, dtype: torch.dtype) -> Layout:
+        """What a causal LM's lean run over `n_layers` layers trains, its trainable weights stored in `dtype`.
+
+        The default (MeZO + FAR's depth and retention) is decided in `far.llm.lean_far.lean_layout` alone.
+        """
+        given = self.retention is not None
+        ffn, frozen = self.method_spec.lean_ffn, self.freeze_layers
+        return lean_layout(self.far, n_layers, dtype, ffn=ffn, frozen_layers=frozen, retention_given=given)
 
     def output_path(self, task: str) -> Path:
         """Where the run of `task` writes its outputs: `output_dir`, or `runs/<task>-<model>-<method>`."""
