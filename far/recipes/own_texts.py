@@ -42,6 +42,7 @@ from torch import Tensor
 
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
 from far.evaluation.perplexity import perplexity
+from far.hardware import peak_rss_bytes
 from far.llm.bottom_on_disk import keep_bottom_on_disk
 from far.llm.gguf_file import load_lean_model, read_config, read_header
 from far.llm.lean_checkpoint import read_lean_checkpoint, restore_trained, save_lean_checkpoint
@@ -61,7 +62,7 @@ from far.models import find_gguf
 from far.recipes.settings import RunSettings
 from far.seeds import derive_seed
 from far.storage.atomic import write_json
-from far.training.log import RunLog, peak_rss_bytes, progress_bar
+from far.training.log import RunLog, progress_bar
 from far.training.memory import PhaseMemory, release_freed_memory
 
 # Chunks of 256 tokens; MeZO needs many cheap steps, AdamW few. The rates are those experiments/own_texts_optimizers.py
