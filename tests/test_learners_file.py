@@ -12,8 +12,8 @@ from conftest import kill_writer_mid_write, tiny_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 import far
+from far.saving.digests import content_sha256
 from far.saving.fingerprint import base_fingerprint
-from far.saving.learners_file import _content_hash
 
 LABELS = torch.tensor([0, 1, 2])
 
@@ -202,7 +202,7 @@ def test_missing_or_unknown_metadata_is_refused(tmp_path):
 
     def drop_fingerprint(meta: dict) -> dict:
         del meta["base_fingerprint"]
-        return {**meta, "content_sha256": _content_hash(meta, load_file(path))}
+        return {**meta, "content_sha256": content_sha256(meta, load_file(path).items())}
 
     rewrite(path, drop_fingerprint)
     refused(tiny_model(), path, r"lacks the metadata \['base_fingerprint'\]")

@@ -14,9 +14,8 @@ from safetensors.torch import load_file, save_file
 
 import far
 from far.saving import active_learners, learners_file
-from far.saving.digests import DigestCache, sha256_rows
+from far.saving.digests import DigestCache, content_sha256, sha256_rows
 from far.saving.fingerprint import base_fingerprint
-from far.saving.learners_file import _content_hash
 from far.surgery.reconfigure import resplit
 from far.surgery.state import node_groups
 
@@ -60,7 +59,7 @@ def as_version_1(path, model: torch.nn.Module) -> None:
     others = [k for k in tensors if not k.endswith(("learner_indices", "learner_weight", "learner_bias"))]
     meta["format_version"] = "1"
     meta["base_fingerprint"] = base_fingerprint(model, node_groups(model), chosen, others, version=1)
-    meta["content_sha256"] = _content_hash(meta, tensors)
+    meta["content_sha256"] = content_sha256(meta, tensors.items())
     save_file(tensors, path, metadata=meta)
 
 
@@ -226,7 +225,7 @@ def test_a_file_damaged_in_place_after_it_was_verified_is_refused(tmp_path, monk
     far.load_learners(model, a)
     far.load_learners(model, b)
     hashed = []
-    monkeypatch.setattr(learners_file, "_content_hash", lambda *args: hashed.append(1) or _content_hash(*args))
+    monkeypatch.setattr(learners_file, "content_sha256", lambda *args: hashed.append(1) or content_sha256(*args))
     far.load_learners(model, a)
     far.load_learners(model, b)
     assert hashed == []  # both verified before and unchanged: not hashed again

@@ -30,11 +30,10 @@ before the model is touched.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.gguf_source import file_identity
 from far.llm.lean_far import INPUTS, OUTPUT, ffn_names
 from far.llm.lean_model import LeanCausalLM
+from far.saving.digests import content_sha256
 
 FORMAT, FORMAT_VERSION = "far.lean-learners", "1"
 ENCODER_FORMAT = "far.learners"  # far.save_learners' files, for encoders
@@ -103,18 +103,6 @@ class ActiveLeanLearners:
 def value_key(name: str) -> str:
     """A `CompactWeight`'s name in a learners file: a projection's block `parts.0` -> `weight` (norms keep theirs)."""
     return name.removesuffix(".parts.0") + ".weight" if name.endswith(".parts.0") else name
-
-
-def content_sha256(metadata: Mapping[str, str], tensors: Iterable[tuple[str, Tensor]]) -> str:
-    """sha256 of the metadata (without this hash) and every tensor's name, dtype, shape and bytes, in name order."""
-    fields = {k: v for k, v in metadata.items() if k != _CONTENT_KEY}
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for name, tensor in sorted(tensors, key=lambda item: item[0]):
-        # The header fixes the byte length of what follows, so the concatenation is unambiguous.
-        header = json.dumps([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)])
-        digest.update(header.encode() + b"\n")
-        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    return digest.hexdigest()
 
 
 def encode(value: Tensor, stock: Tensor) -> tuple[str, dict[str, Tensor]]:

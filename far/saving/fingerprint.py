@@ -29,28 +29,12 @@ from torch import Tensor, nn
 
 from far.architectures import FFN, expand_nodes, projection_rows
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
-from far.saving.digests import DigestCache, as_rows
+from far.saving.digests import DigestCache, as_rows, hash_tensors
 
 FINGERPRINT_VERSION = 2
 _V2_PREFIX = b"far.base_fingerprint/2\n"
 
 _Value = Callable[[Tensor], Tensor]  # a model tensor -> the value to hash for it
-
-
-def _update(digest: hashlib._Hash, name: str, tensor: Tensor) -> None:
-    # The header fixes the byte length of what follows, so the concatenation is unambiguous.
-    header = json.dumps([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)])
-    digest.update(header.encode() + b"\n")
-    data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)  # any dtype, bf16 too
-    digest.update(data.numpy().data)
-
-
-def hash_tensors(tensors: Iterable[tuple[str, Tensor]], prefix: bytes = b"") -> str:
-    """sha256 (hex) over `prefix`, then every (name, dtype, shape, bytes) in name order."""
-    digest = hashlib.sha256(prefix)
-    for name, tensor in sorted(tensors, key=lambda item: item[0]):
-        _update(digest, name, tensor)
-    return digest.hexdigest()
 
 
 def complement(learners: Tensor, n_nodes: int) -> Tensor:

@@ -37,8 +37,8 @@ from far.architectures import FFNSpec, NodeGroup, model_type, projection_rows
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners, active_learners, remember, revert
-from far.saving.digests import DigestCache, as_rows
-from far.saving.fingerprint import base_fingerprint, base_reader, hash_tensors, node_digests
+from far.saving.digests import DigestCache, as_rows, content_sha256
+from far.saving.fingerprint import base_fingerprint, base_reader, node_digests
 from far.saving.labels import head_fields, set_head_fields
 from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import reconfigure_with_learners, resplit, restore
@@ -67,11 +67,6 @@ def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
         bias = None if module.learner_bias is None else module.learner_bias[perm]
         return rows, bias
     return rows.t().contiguous(), None  # the file keeps nn.Linear's (out, k)
-
-
-def _content_hash(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
-    fields = {k: v for k, v in metadata.items() if k != _CONTENT_KEY}
-    return hash_tensors(tensors.items(), prefix=json.dumps(fields, sort_keys=True).encode())
 
 
 @torch.no_grad()
@@ -141,7 +136,7 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     if hasattr(hf_config, "to_diff_dict"):  # the head's size, labels and problem type travel with the file
         recorded = {**hf_config.to_diff_dict(), **head_fields(model)}
         metadata[_MODEL_CONFIG_KEY] = json.dumps(recorded, sort_keys=True, default=str)
-    metadata[_CONTENT_KEY] = _content_hash(metadata, tensors)
+    metadata[_CONTENT_KEY] = content_sha256(metadata, tensors.items())
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
     return Path(path)
@@ -188,7 +183,7 @@ def _read(path: Path, verified: dict[tuple, str] | None = None) -> tuple[dict[st
     recorded = metadata.get(_CONTENT_KEY)
     if unchanged and verified is not None and recorded is not None and verified.get(identity) == recorded:
         return metadata, tensors  # these very bytes matched their sha256 before
-    if recorded != _content_hash(metadata, tensors):
+    if recorded != content_sha256(metadata, tensors.items()):
         raise LearnersFileError(
             f"{str(path)!r} is corrupted: its contents do not match the sha256 recorded when it was written"
         )
