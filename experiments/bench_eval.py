@@ -28,7 +28,7 @@ from far.models import load_model_and_tokenizer
 
 
 class InSplitOrder(GlueEvaluator):
-    """The evaluator as it was: batches in the split's order."""
+    """The evaluator without the length sort: batches in the split's order."""
 
     def __call__(self, model):
         outs = model_outputs(model, self.dataset, self._collate_inputs, self.batch_size, self.bf16)

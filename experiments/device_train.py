@@ -5,7 +5,7 @@
     python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
     python experiments/device_train.py --part metric --task sst2
 
-The configuration is the issue's: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
+The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
 and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
 2-5 and the head), AdamW (lr 1e-4, clipping at 1.0, far's linear schedule), one thread everywhere.
 Build the runner first: `bash runtime/executorch/build.sh`. Each part writes

@@ -35,6 +35,7 @@ from harness import lscpu_flags
 from far.config import FARConfig
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
 from far.evaluation.perplexity import perplexity
+from far.hardware import peak_rss_bytes
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import ZO_RETENTION, prime_and_split, set_trainable, zeroth_order_depth
 from far.llm.prefix import PrefixCache
@@ -42,7 +43,6 @@ from far.llm.text_steps import MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH, TextStep
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.models import find_gguf
 from far.seeds import derive_seed
-from far.training.log import peak_rss_bytes
 
 OUT = Path(__file__).parent / "results" / "own_texts_optimizers"
 # arm -> (optimizer, FAR with depth, trained dtype, learning-rate grid). ZO arms keep `far train`'s bf16 storage.

@@ -1,7 +1,7 @@
 """Gradient priming against weight-change priming on one task: what each costs and what each would choose.
 
 Both score MiniLM's FFN nodes from the same batches of a GLUE task's training split (the run's own order, seed
-0): weight-change priming (`far.Primer`) takes today's priming steps (a tenth of a 3-epoch run, AdamW at the
+0): weight-change priming (`far.Primer`) takes far's default priming steps (a tenth of a 3-epoch run, AdamW at the
 task's learning rate with linear warm-up, embeddings frozen from the first step); gradient priming
 (`far.training.gradient_priming.gradient_scores`) sums each node's gradient L1 over the first N batches with no
 update. For each, it reports the seconds spent (one thread), the depth `freeze_layers="auto"` would pick, the
@@ -55,7 +55,7 @@ def first_batches(data, collate, n: int, seed: int) -> list[dict]:
 
 
 def change_scores(model, batches, lr: float, warmup: int, total: int) -> dict:
-    """Today's priming: AdamW over every trainable tensor but the embeddings, a Primer watching."""
+    """far's default priming: AdamW over every trainable tensor but the embeddings, a Primer watching."""
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             module.weight.requires_grad_(False)

@@ -139,8 +139,8 @@ def method_args(name: str) -> list[str]:
 QUICK_ARGS = ["--max-train-samples", "64", "--max-eval-samples", "64", "--max-steps", "4"]
 
 
-# A record taken from another grid's folder names that folder under `from_grid`; `earlier_session` is the same mark
-# as the committed summaries under experiments/results/replicate_far spell it, and is read too.
+# A record taken from another grid's folder names that folder under `from_grid`; the committed summaries under
+# experiments/results/replicate_far spell the same mark as the second key, which is read too.
 OTHER_GRID_KEYS = ("from_grid", "earlier_session")
 
 

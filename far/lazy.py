@@ -5,8 +5,9 @@ transformers' model code (more resident memory between them than the model's wei
 docs/design.md, "Resident memory"); a package `__init__` that imported every submodule eagerly would pull them in with
 the first `import far`.
 
-    >>> _LAZY = {"finetune": "far.training.finetune"}
-    >>> __getattr__, __dir__ = lazy_names(__name__, _LAZY)
+    >>> lazy_face(__name__, {"far.training.finetune": ("finetune",), "far.training.mezo": ("MeZO",)})
+
+`lazy_face` sets the package's `__all__`, `__getattr__` and `__dir__`: a face states its table and nothing else.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 class _LazyPackage(types.ModuleType):
@@ -34,14 +35,22 @@ class _LazyPackage(types.ModuleType):
         super().__setattr__(name, value)
 
 
-def lazy_names(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """`(__getattr__, __dir__)` for a package that imports `table[name]` (a module) when `name` is first used."""
+def lazy_face(package: str, table: Mapping[str, Iterable[str]]) -> None:
+    """Make `package` import each name of `table[module]` from `module` when the name is first used.
+
+    Args:
+        package: the package's `__name__` (its `__init__` calls this).
+        table: a module (a submodule, or another far package) -> the public names the package takes from it.
+
+    Sets the package's `__all__` (every name, sorted), and its `__getattr__` and `__dir__` (PEP 562).
+    """
+    source_of = {name: source for source, names in table.items() for name in names}
     module = sys.modules[package]
     module.__class__ = _LazyPackage
-    module._lazy_table = dict(table)
+    module._lazy_table = source_of
 
     def __getattr__(name: str) -> object:
-        source = table.get(name)
+        source = source_of.get(name)
         if source is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(source), name)
@@ -49,6 +58,8 @@ def lazy_names(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], 
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(vars(module)) | set(table))
+        return sorted(set(vars(module)) | set(source_of))
 
-    return __getattr__, __dir__
+    module.__all__ = sorted(source_of)
+    module.__getattr__ = __getattr__
+    module.__dir__ = __dir__

@@ -23,6 +23,11 @@ from transformers import (
     BertForSequenceClassification,
 )
 
+# The models here are tiny: one thread computes them fastest and leaves the other cores to the machine's other work.
+# The `far` processes the tests start read it too, before their torch loads (far.hardware.fit_threads).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Tiny, but every dimension distinct so that a transposed or mis-sliced weight cannot go unseen.
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40, vocab_size=97)
 

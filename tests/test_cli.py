@@ -349,6 +349,7 @@ def test_model_loading_aliases_heads_and_seeds(tiny_model_dir, monkeypatch):
         load_model_and_tokenizer(str(tiny_model_dir), "translation")
 
 
+@pytest.mark.slow  # a fresh process importing transformers' model code: 5-7 CPU s
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao (the device extra's) not installed")
 def test_the_command_hides_the_cpu_warnings_torchao_brings_in_with_the_model_code():
     code = (

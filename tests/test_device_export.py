@@ -2,7 +2,9 @@
 
 The central test is a parity test: three SGD steps with momentum in ExecuTorch land where the same
 three steps in torch eager land (learners within 1e-5, frozen tensors bit for bit), and the
-learners file the state becomes gives the device program's logits. Skipped without executorch.
+learners file the state becomes gives the device program's logits. Skipped without executorch. Exporting
+takes 7-13 CPU s (ExecuTorch's graph passes), so every test that reads the export is in the slow tier; the
+refusals made before exporting stay in the quick one.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def eager_steps(model: torch.nn.Module, examples: dict, epochs: int) -> tuple[to
     return model, losses
 
 
+@pytest.mark.slow
 def test_the_folder_holds_both_programs_and_the_step_0_state(exported, far_model, tmp_path):
     manifest = read_manifest(exported)
     assert {p.name for p in exported.iterdir()} >= {"manifest.json", "train.pte", "bottom.pte", "tokenizer.json"}
@@ -112,6 +115,7 @@ def test_the_folder_holds_both_programs_and_the_step_0_state(exported, far_model
         assert torch.equal(value, saved[name]), name
 
 
+@pytest.mark.slow
 def test_three_sgd_steps_in_executorch_match_torch_eager(exported, far_model, tokenizer, tmp_path):
     manifest = read_manifest(exported)
     result = device.train(exported, exported / "examples.safetensors", epochs=1, state_path=tmp_path / "s.safetensors")
@@ -135,6 +139,7 @@ def test_three_sgd_steps_in_executorch_match_torch_eager(exported, far_model, to
         assert torch.equal(got[name], value), name
 
 
+@pytest.mark.slow
 def test_the_learners_file_gives_the_device_programs_logits(exported, tokenizer, tmp_path):
     manifest = read_manifest(exported)
     result = device.train(exported, exported / "examples.safetensors", epochs=1, state_path=tmp_path / "s.safetensors")
@@ -152,6 +157,7 @@ def test_the_learners_file_gives_the_device_programs_logits(exported, tokenizer,
     assert model.config.id2label == {0: "bad", 1: "ok", 2: "good"}
 
 
+@pytest.mark.slow
 def test_a_state_file_of_another_base_is_refused_and_nothing_changes(exported, tokenizer, tmp_path):
     manifest = read_manifest(exported)
     state = read_state(exported / "state.safetensors", manifest)
@@ -166,6 +172,7 @@ def test_a_state_file_of_another_base_is_refused_and_nothing_changes(exported, t
     assert foreign.read_bytes() == before and not (tmp_path / "user.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_a_stock_model_of_another_base_is_refused(exported, tokenizer, tmp_path):
     other = stock(tokenizer)
     with torch.no_grad():
@@ -175,6 +182,7 @@ def test_a_stock_model_of_another_base_is_refused(exported, tokenizer, tmp_path)
     assert not (tmp_path / "user.safetensors").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "flipped"])
 def test_a_damaged_state_file_is_refused_and_nothing_changes(exported, tmp_path, damage):
     data = (exported / "state.safetensors").read_bytes()
@@ -202,6 +210,7 @@ far.device.train(sys.argv[1], sys.argv[2], epochs=2, state_path=sys.argv[3], che
 """
 
 
+@pytest.mark.slow
 def test_a_run_stopped_after_a_checkpoint_resumes_to_the_same_state(exported, tmp_path):
     examples = exported / "examples.safetensors"
     whole = device.train(exported, examples, epochs=2, state_path=tmp_path / "whole.safetensors")
@@ -266,6 +275,7 @@ def test_what_cannot_be_exported_is_refused_before_anything_is_written(tokenizer
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_examples_longer_than_the_program_are_refused_or_cut(exported, tokenizer, tmp_path):
     long = ["a very long review " * 10, "short"]
     with pytest.raises(ValueError, match=r"1 example\(s\) exceed the program's max_length of 16 tokens: 0 \("):
@@ -277,6 +287,7 @@ def test_examples_longer_than_the_program_are_refused_or_cut(exported, tokenizer
     assert tensors["attention_mask"][0].all() and not tensors["attention_mask"][1].all()
 
 
+@pytest.mark.slow
 def test_examples_from_a_csv_file(exported, tokenizer, tmp_path):
     csv = write_rows(tmp_path / "train.csv", [{"text": t, "label": y} for t, y in zip(TEXTS, LABELS, strict=True)])
     path = device.write_examples(csv, tokenizer, exported, tmp_path / "x.safetensors")

@@ -50,6 +50,7 @@ def test_length_sorted_batches_predict_in_the_splits_order_as_one_example_at_a_t
     assert model.training  # put back in the mode it was found in
 
 
+@pytest.mark.slow  # a fresh process importing every training command: 3-5 CPU s
 def test_a_glue_or_squad_run_scores_without_importing_evaluate():
     # `evaluate` pulls in transformers.pipelines: 0.4 CPU-s and 30 MiB of a short run's whole process, for
     # wrappers a run does not call. The evaluators, and every module a training command imports, score with

@@ -12,8 +12,8 @@ from conftest import kill_writer_mid_write, tiny_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 import far
+from far.saving.digests import content_sha256
 from far.saving.fingerprint import base_fingerprint
-from far.saving.safetensors_file import content_sha256
 
 LABELS = torch.tensor([0, 1, 2])
 

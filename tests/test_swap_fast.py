@@ -14,9 +14,8 @@ from safetensors.torch import load_file, save_file
 
 import far
 from far.saving import active_learners, safetensors_file
-from far.saving.digests import DigestCache, sha256_rows
+from far.saving.digests import DigestCache, content_sha256, sha256_rows
 from far.saving.fingerprint import base_fingerprint
-from far.saving.safetensors_file import content_sha256
 from far.surgery.reconfigure import resplit
 from far.surgery.state import node_groups
 

@@ -97,7 +97,7 @@ def test_resuming_from_any_checkpoint_gives_the_uninterrupted_run(whole, tmp_pat
 
 
 def test_resume_from_checkpoint_true_takes_the_last_checkpoint(whole, tmp_path):
-    far_run(tmp_path)
+    shutil.copytree(whole.args.output_dir, tmp_path, dirs_exist_ok=True)  # the same seeded run's checkpoints
     for step in range(PRIMING + 3, STEPS + 1):  # as if killed after the checkpoint of step 5
         shutil.rmtree(tmp_path / f"checkpoint-{step}")
     resumed = far_run(tmp_path, resume=True)

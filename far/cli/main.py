@@ -4,7 +4,9 @@ Each subcommand is a module of `far.cli` with `register(subparsers)` (adding its
 `set_defaults(func=run)`) and `run(args) -> int`, listed in `COMMANDS`; a training command
 registers through `far.cli.common.register_training_command`. Expected user errors (`UsageError`, ValueError,
 OSError such as a missing file) are printed as `far <cmd>: error: <message>` with exit code 2 and no traceback.
-`far --version` imports no command module (each pulls in torch), so it answers at once.
+`far --version` imports no command module (each pulls in torch), so it answers at once. Before a command module
+loads torch, `far.hardware.fit_threads` sets its thread count from the cores that are free and lets idle threads
+sleep (docs/cli.md, "Threads"); FAR_THREADS or OMP_NUM_THREADS overrides the count.
 
     $ far glue --task cola --method far --retention 0.4
 """
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 import far
+from far.hardware import fit_threads
 
 # modules of far.cli, in help order
 COMMANDS = ("demo", "train", "predict", "generate", "glue", "squad", "eval", "export")
@@ -92,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the `far` command with `argv` (default: sys.argv[1:]); returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _quiet_foreign_warnings()
+    try:  # before any command module imports torch, which reads the thread settings once, when it loads
+        threads = None if asks_version_only(argv) else fit_threads()
+    except ValueError as e:
+        print(f"far: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser(command_in(argv), commands=not asks_version_only(argv))
     try:
         args = parser.parse_args(argv)
@@ -100,6 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Loaded by name once a command is chosen: its module has imported it already, and `far --version` never does.
     usage_error = importlib.import_module("far.cli.common").UsageError
     _log_to_stderr()
+    if threads is not None:
+        logging.getLogger("far").info(
+            "threads: %d, %s wait (%s; FAR_THREADS=N sets the count)",
+            threads.threads,
+            threads.wait_policy.lower(),
+            threads.reason,
+        )
     try:
         return int(args.func(args) or 0)
     except (usage_error, ValueError, OSError) as e:

@@ -21,9 +21,9 @@ import argparse
 import importlib
 
 from far.cli.common import UsageError, print_metrics, register_training_command, report, settings_from
+from far.hardware import peak_rss_bytes
 from far.models import is_causal_lm
 from far.recipes.settings import FILE_DEFAULTS
-from far.training.log import peak_rss_bytes
 
 DEFAULT_LABEL_COLUMN = "label"  # far.data.files' default, named here without importing the table readers
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from far.data.mapping import map_batches
 from far.data.table import DataFileError, Table, read_table
 
 logger = logging.getLogger(__name__)
@@ -290,4 +291,4 @@ def tokenize_texts(dataset, tokenizer, text_columns: Sequence[str], max_length: 
             encoded["labels"] = batch["label"]
         return encoded
 
-    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="Tokenising")
+    return map_batches(dataset, encode, remove_columns=dataset.column_names, desc="Tokenising")

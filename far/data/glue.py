@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from far.data.locate import find_local
+from far.data.mapping import map_batches
 
 # Imported where used: resident memory that a process reading no GLUE dataset never needs
 # (docs/design.md, "Resident memory").
@@ -257,4 +258,4 @@ def tokenize_glue(
         encoded["labels"] = batch["label"]
         return encoded
 
-    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name}")
+    return map_batches(dataset, encode, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name}")

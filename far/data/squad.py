@@ -20,6 +20,7 @@ from pathlib import Path
 import datasets
 
 from far.data.locate import find_local
+from far.data.mapping import map_batches
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +236,9 @@ def prepare_eval_features(
 
 def _features(dataset: datasets.Dataset, prepare, tokenizer, max_length: int, doc_stride: int, desc: str):
     _check_tokenizer(tokenizer, max_length, doc_stride)
-    return dataset.map(
+    return map_batches(
+        dataset,
         prepare,
-        batched=True,
         remove_columns=dataset.column_names,
         fn_kwargs=dict(tokenizer=tokenizer, max_length=max_length, doc_stride=doc_stride),
         desc=desc,

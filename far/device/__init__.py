@@ -24,19 +24,15 @@ Exporting and training need executorch (`pip install 'far[device]'`); nothing he
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
-_LAZY = {
-    "DeviceFileError": "far.device.manifest",
-    "ExportResult": "far.device.export",
-    "export_executorch": "far.device.export",
-    "read_manifest": "far.device.manifest",
-    "write_examples": "far.device.examples",
-    "TrainResult": "far.device.train",
-    "train": "far.device.train",
-    "to_learners": "far.device.learners",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.device.manifest": ("DeviceFileError", "read_manifest"),
+        "far.device.export": ("ExportResult", "export_executorch"),
+        "far.device.examples": ("write_examples",),
+        "far.device.train": ("TrainResult", "train"),
+        "far.device.learners": ("to_learners",),
+    },
+)

@@ -18,19 +18,18 @@ flipped byte anywhere is caught before the file is used.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
 from far.device.manifest import DeviceFileError, program_sha256
 from far.device.optim import SLOTS
+from far.saving.digests import hash_tensors
 from far.storage.atomic import atomic_file
 
 FORMAT, FORMAT_VERSION = "far.device.state", "1"
@@ -67,15 +66,12 @@ class DeviceState:
 
 def content_sha256(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
     """The state file's content hash (the module docstring gives the definition)."""
-    digest = hashlib.sha256(_PREFIX)
-    for key in sorted(k for k in metadata if k != _CONTENT):
-        digest.update(f"meta\0{key}\0{metadata[key]}\n".encode())
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().to("cpu").contiguous()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        digest.update(f"tensor\0{name}\0{dtype}\0{','.join(str(d) for d in tensor.shape)}\n".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    meta = b"".join(f"meta\0{key}\0{metadata[key]}\n".encode() for key in sorted(k for k in metadata if k != _CONTENT))
+    return hash_tensors(tensors.items(), _PREFIX + meta, _state_header)
+
+
+def _state_header(name: str, dtype: str, shape: list[int]) -> bytes:
+    return f"tensor\0{name}\0{dtype}\0{','.join(str(d) for d in shape)}\n".encode()
 
 
 def trainable_sha256(tensors: Mapping[str, Tensor]) -> str:

@@ -12,20 +12,16 @@ unchanged, and `save_pretrained` writes a folder transformers loads.
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # On first use (PEP 562): `far.models` names this package for its lean runtime, and a process that never
 # loads a lean model (the causal-LM runtime's, say) must not import transformers for it.
-_LAZY = {
-    "LeanBertModel": "far.encoder.bert",
-    "LeanBertForQuestionAnswering": "far.encoder.heads",
-    "LeanBertForSequenceClassification": "far.encoder.heads",
-    "from_pretrained": "far.encoder.loading",
-    "save_pretrained": "far.encoder.loading",
-    "TASK_KINDS": "far.encoder.tasks",
-    "task_overrides": "far.encoder.tasks",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.encoder.bert": ("LeanBertModel",),
+        "far.encoder.heads": ("LeanBertForQuestionAnswering", "LeanBertForSequenceClassification"),
+        "far.encoder.loading": ("from_pretrained", "save_pretrained"),
+        "far.encoder.tasks": ("TASK_KINDS", "task_overrides"),
+    },
+)

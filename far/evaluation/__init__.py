@@ -10,20 +10,15 @@ An evaluator is the `eval_fn(model) -> dict[str, float]` that `far.finetune` tak
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # On first use (PEP 562): the GLUE and SQuAD evaluators import `datasets`; scores and labels need neither it nor
 # `evaluate`.
-_LAZY = {
-    "Evaluator": "far.evaluation.evaluators",
-    "GlueEvaluator": "far.evaluation.evaluators",
-    "LabelEvaluator": "far.evaluation.labels",
-    "SquadEvaluator": "far.evaluation.evaluators",
-    "TextMetric": "far.evaluation.labels",
-    "QAPredictions": "far.evaluation.squad_postprocess",
-    "postprocess_qa_predictions": "far.evaluation.squad_postprocess",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.evaluation.evaluators": ("Evaluator", "GlueEvaluator", "SquadEvaluator"),
+        "far.evaluation.labels": ("LabelEvaluator", "TextMetric"),
+        "far.evaluation.squad_postprocess": ("QAPredictions", "postprocess_qa_predictions"),
+    },
+)

@@ -12,16 +12,13 @@ the causal-LM run of a GLUE task is `far.recipes.causal_lm`, of a user's texts `
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # Names are imported on first use (PEP 562), so that a process that needs one part of far does not
 # pay for the others: the lean LLM path must not import transformers' model code or datasets.
-_LAZY = {
-    "default_cache_dir": "far.llm.gguf",
-    "ensure_gguf_cache": "far.llm.gguf",
-    "gguf_cache_path": "far.llm.gguf",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.llm.gguf": ("default_cache_dir", "ensure_gguf_cache", "gguf_cache_path"),
+    },
+)

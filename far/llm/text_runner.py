@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from far.hardware import peak_rss_bytes
 from far.llm.bottom_on_disk import keep_bottom_on_disk
 from far.llm.lean_checkpoint import read_lean_checkpoint, restore_trained, save_lean_checkpoint
 from far.llm.lean_far import Layout, apply_layout
@@ -34,7 +35,6 @@ from far.llm.text_steps import BATCHED_DIRECTIONS, PRIMING_MICRO_BATCH, TextStep
 from far.seeds import derive_seed
 from far.storage.step_folders import CHECKPOINTS
 from far.training.engine import Start
-from far.training.log import peak_rss_bytes
 from far.training.memory import PhaseMemory, release_freed_memory
 
 # perplexity(model, chunks (N, T), batch size, bottom cache) -> {"perplexity", "token_accuracy", "loss", ...}

@@ -10,21 +10,16 @@ missing file is an error that names the command that writes it.
     >>> fig = plotting.plot_methods(summary["cola"], "cola", setting)
 """
 
+from far.plotting.comparisons import plot_methods, plot_pareto, plot_retention_sweep, plot_step_benchmark
 from far.plotting.execution import run_notebook
+from far.plotting.fewshot import plot_fewshot, plot_fewshot_time, plot_own_texts
 from far.plotting.figures import (
     delta_share,
     plot_concentration,
     plot_eval_history,
-    plot_fewshot,
-    plot_fewshot_time,
     plot_loss_curves,
     plot_memory,
-    plot_methods,
     plot_node_deltas,
-    plot_own_texts,
-    plot_pareto,
-    plot_retention_sweep,
-    plot_step_benchmark,
     running_mean,
 )
 from far.plotting.results import (

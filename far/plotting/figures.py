@@ -1,5 +1,6 @@
-"""The notebooks' figures: priming's node deltas, the method comparison, retention sweeps, loss curves, memory,
-few-shot accuracy.
+"""The notebooks' figures of one run's insides: priming's node deltas, loss curves, evaluations, memory.
+
+The comparisons across methods are in `far.plotting.comparisons`, the causal LMs' in `far.plotting.fewshot`.
 
 matplotlib is a dev extra: it is imported when a figure is drawn, not with this module. Every
 function returns the `matplotlib.figure.Figure`; axes carry units, titles the setting.
@@ -13,9 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from far.plotting.results import MODEL_NAMES, metric_name, metric_scale
-
-METHOD_ORDER = ("full", "far", "random", "freeze-ffn")
 METRIC_LABELS = {
     "matthews_correlation": "Matthews correlation",
     "accuracy": "accuracy",
@@ -41,7 +39,8 @@ CASE_LABELS = {
 MIB = 2**20
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot, imported on first use (a dev extra)."""
     try:
         import matplotlib.pyplot as plt
     except ImportError as e:  # a dev extra, not a dependency of far
@@ -73,7 +72,7 @@ def delta_share(scores: Mapping[str, Any], retention: float) -> dict[str, float]
 
 def plot_node_deltas(scores: Mapping[str, Any], title: str):
     """Priming's node deltas: a histogram per layer (log scale) and a layer x node heatmap."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import LogNorm
 
     arrays = _as_arrays(scores)
@@ -105,7 +104,7 @@ def plot_node_deltas(scores: Mapping[str, Any], title: str):
 
 def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
     """Share of each layer's total L1 change carried by its top nodes, against the fraction of nodes kept."""
-    plt = _pyplot()
+    plt = pyplot()
     arrays = _as_arrays(scores)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, (name, a) in enumerate(arrays.items()):
@@ -116,182 +115,6 @@ def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
     ax.set(xlabel="fraction of the layer's FFN nodes kept (top by delta)", ylabel="share of the layer's total Σ|ΔW|")
     ax.set(xlim=(0, 1), ylim=(0, 1.01), title=title)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def _metric_axis(task: str) -> tuple[float, str]:
-    """(scale, axis label) of a task's headline metric in points."""
-    name = metric_name(task)
-    scale = metric_scale(task)
-    return scale, f"{METRIC_LABELS.get(name, name)}{' × 100' if scale == 100 else ''} (dev, points)"
-
-
-def _num(value: float | None) -> float:
-    return float("nan") if value is None else float(value)  # replicate_far writes NaN metrics as null
-
-
-def _ordered(methods: Sequence[str]) -> list[str]:
-    return [m for m in METHOD_ORDER if m in methods] + [m for m in methods if m not in METHOD_ORDER]
-
-
-def plot_methods(task_summary: Mapping[str, Mapping], task: str, setting: str):
-    """The Table 3 comparison for one task: metric and training time per method, mean ± std over seeds, seeds as dots.
-
-    Args:
-        task_summary: `replication.json["summary"][task]`: method -> {"metric", "train_seconds", ...}.
-        task: The task (names the metric).
-        setting: The runs' setting for the title (see `run_setting`).
-    """
-    plt = _pyplot()
-    if not task_summary:
-        raise ValueError(f"no methods for {task}; is replication.json's summary[{task!r}] empty?")
-    methods = _ordered(list(task_summary))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    panels = (("metric", *_metric_axis(task)), ("train_seconds", 1, "training wall time (s, priming + training)"))
-    x = np.arange(len(methods))
-    for ax, (key, scale, label) in zip(axes, panels, strict=True):
-        stats = [task_summary[m][key] for m in methods]
-        means = [scale * _num(s["mean"]) for s in stats]
-        stds = [scale * _num(s["std"]) for s in stats]
-        ax.bar(x, means, yerr=stds, capsize=5, color=[f"C{i}" for i in x], alpha=0.8)
-        for i, s in enumerate(stats):
-            values = [scale * v for v in s.get("values", []) if v is not None]
-            ax.plot([i] * len(values), values, "k.", markersize=6, zorder=3)
-        ticks = [f"{m}\n(n={task_summary[m][key]['n']})" for m in methods]
-        ax.set_xticks(x, ticks, rotation=0 if len(methods) <= 4 else 30, ha="center" if len(methods) <= 4 else "right")
-        ax.set(ylabel=label, xlabel="method (n = seeds; error bars: std over seeds)")
-        ax.axhline(0, color="black", linewidth=0.6)
-    axes[0].set_title("task metric")
-    axes[1].set_title("training time")
-    fig.suptitle(setting)
-    fig.tight_layout()
-    return fig
-
-
-def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str, clock: str = "wall"):
-    """Metric against end-to-end time and against whole-process peak memory, one point per method.
-
-    What a practitioner weighs: a method up and to the left of another beats it on both axes. Error bars
-    are the std over seeds where there are several.
-
-    Args:
-        task_summary: `<replication>.json["summary"][task]`: method -> {"metric", "train_seconds",
-            "process_cpu_seconds", "peak_rss_bytes", ...}.
-        task: The task (names the metric).
-        setting: The runs' setting for the title.
-        clock: "wall" (priming + training, as `plot_methods`) or "cpu" (the whole process's CPU seconds:
-            what a one-thread run takes on an unshared core, whatever else the machine ran meanwhile).
-    """
-    if clock not in ("wall", "cpu"):
-        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
-    plt = _pyplot()
-    methods = _ordered([m for m in task_summary if task_summary[m].get("metric")])
-    if not methods:
-        raise ValueError(f"no methods for {task}; is the summary's [{task!r}] empty?")
-    scale, metric_label = _metric_axis(task)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, method in enumerate(methods):
-        row = task_summary[method]
-        y, y_err = scale * _num(row["metric"]["mean"]), scale * _num(row["metric"]["std"])
-        seconds = row["train_seconds"] if clock == "wall" else row.get("process_cpu_seconds") or {}
-        rss = row.get("peak_rss_bytes")
-        points = (
-            (axes[0], _num(seconds.get("mean")), _num(seconds.get("std"))),
-            (axes[1], _num(rss) / 2**20 if rss else None, 0),
-        )
-        for ax, x, x_err in points:
-            if x is None or not np.isfinite(x):
-                continue
-            ax.errorbar(x, y, xerr=x_err, yerr=y_err, fmt="o", color=f"C{i % 10}", capsize=3, label=method)
-            ax.annotate(method, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    xlabel = (
-        "end-to-end training time (s, priming included)"
-        if clock == "wall"
-        else "whole-process CPU time (s, one thread: priming, training, evaluation)"
-    )
-    axes[0].set(xlabel=xlabel, ylabel=metric_label, title="metric vs time")
-    axes[1].set(xlabel="whole-process peak RSS (MiB)", ylabel=metric_label, title="metric vs peak memory")
-    axes[1].legend(loc="lower right", fontsize=7)
-    fig.suptitle(setting)
-    fig.tight_layout()
-    return fig
-
-
-def _retention(name: str, prefix: str) -> float | None:
-    try:
-        return float(name.removeprefix(prefix)) if name.startswith(prefix) else None
-    except ValueError:
-        return None
-
-
-def plot_retention_sweep(task_summary: Mapping[str, Mapping], task: str, bench_cell: Mapping | None, setting: str):
-    """Metric (a replicate_far sweep, methods far-r<R>) and step time (bench_step, configs far-<R>) vs retention."""
-    plt = _pyplot()
-    sweep = sorted((r, row) for m, row in task_summary.items() if (r := _retention(m, "far-r")) is not None)
-    if not sweep:
-        raise ValueError(f"no far-r<R> methods in the {task} sweep; methods are {sorted(task_summary)}")
-    fig, axes = plt.subplots(1, 2 if bench_cell else 1, figsize=(12 if bench_cell else 6.5, 4), squeeze=False)
-    ax = axes[0, 0]
-    scale, label = _metric_axis(task)
-    retentions = [r for r, _ in sweep]
-    means, stds = ([scale * _num(row["metric"][k]) for _, row in sweep] for k in ("mean", "std"))
-    ax.errorbar(retentions, means, yerr=stds, marker="o", capsize=4, label="FAR")
-    if "full" in task_summary:
-        full = scale * _num(task_summary["full"]["metric"]["mean"])
-        ax.axhline(full, color="black", linestyle="--", label="full fine-tuning")
-    ax.set(xlabel="retention (fraction of FFN nodes trained)", ylabel=label, title=f"{task}: dev metric vs retention")
-    ax.legend()
-    if bench_cell:
-        ax = axes[0, 1]
-        configs = bench_cell["configs"]
-        points = sorted((r, row) for name, row in configs.items() if (r := _retention(name, "far-")) is not None)
-        full = configs["full"]["median_step_s"] * 1000
-        ax.plot([r for r, _ in points], [1000 * row["median_step_s"] for _, row in points], "o-", label="FAR, measured")
-        ax.plot(
-            [r for r, _ in points], [full * row["flop_bound_ratio"] for _, row in points], "s:",
-            label="FAR, FLOP bound (full × FLOP ratio)",
-        )  # fmt: skip
-        ax.axhline(full, color="black", linestyle="--", label="full fine-tuning")
-        ax.set(xlabel="retention (fraction of FFN nodes trained)", ylabel="AdamW step time (ms, median)")
-        ax.set_title(
-            f"step time: {MODEL_NAMES.get(bench_cell['model'], bench_cell['model'])}, batch {bench_cell['batch']} × "
-            f"{bench_cell['length']} tokens, {bench_cell['precision']}"
-        )
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    fig.suptitle(setting)
-    fig.tight_layout()
-    return fig
-
-
-def plot_step_benchmark(bench: Mapping):
-    """bench_step.json: per (model, shape, precision) cell, each configuration's step time relative to full,
-    measured and FLOP-bound."""
-    plt = _pyplot()
-    cells = bench.get("results", [])
-    if not cells:
-        raise ValueError("bench_step.json has no results; re-run experiments/bench_step.py")
-    cols = min(2, len(cells))
-    rows = -(-len(cells) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.8 * rows), squeeze=False)
-    for ax, cell in zip(axes.flat, cells, strict=False):
-        names = list(cell["configs"])
-        x = np.arange(len(names))
-        ax.bar(x - 0.2, [cell["configs"][n]["ratio_to_full"] for n in names], 0.4, label="measured")
-        ax.bar(x + 0.2, [cell["configs"][n]["flop_bound_ratio"] for n in names], 0.4, label="FLOP bound")
-        ax.axhline(1, color="black", linewidth=0.8)
-        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel="step time / full fine-tuning's (ratio)", xlabel="configuration")
-        ax.set_title(
-            f"{MODEL_NAMES.get(cell['model'], cell['model'])}, batch {cell['batch']} × {cell['length']} tokens, "
-            f"{cell['precision']}",
-            fontsize=10,
-        )
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(cells) :]:
-        ax.remove()
-    fig.suptitle("AdamW training step, median over timed steps (configurations interleaved in one process)")
     fig.tight_layout()
     return fig
 
@@ -310,7 +133,7 @@ def running_mean(values: Sequence[float | None], window: int) -> np.ndarray:
 
 def plot_loss_curves(logs: Mapping[str, Sequence[Mapping]], title: str, window: int = 10):
     """Training loss of several `far.finetune` runs (their log.jsonl records) against step and wall time."""
-    plt = _pyplot()
+    plt = pyplot()
     if not logs:
         raise ValueError("no runs to plot: pass {label: read_run_log(path)}")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -346,7 +169,7 @@ def plot_eval_history(
         title: The setting.
         baselines: {label: value} for reference (e.g. zero-shot accuracy): lines, or bars.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if not histories:
         raise ValueError("no runs to plot: pass {label: result.history}")
     runs = {label: [p for p in points if p.get(metric) is not None] for label, points in histories.items()}
@@ -384,7 +207,7 @@ def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, ba
         title: The setting (model, batch, length, steps, precision).
         baseline: The case the ratios are to.
     """
-    plt = _pyplot()
+    plt = pyplot()
     records = dict(cases) if isinstance(cases, Mapping) else {c["case"]: c for c in cases}
     if not records:
         raise ValueError("no memory cases to plot")
@@ -411,114 +234,5 @@ def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, ba
         "; dashed: after loading the model" if any(r.get("loaded_rss_bytes") for r in records.values()) else ""
     )
     ax.set_title(f"{title}\n(×: ratio to {baseline}{loaded_note})", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_fewshot(summaries: Sequence[Mapping], title: str):
-    """Few-shot dev accuracy (experiments/llm_fewshot.py): per model and k, each arm's mean ± std over seeds.
-
-    Args:
-        summaries: llm_fewshot.py summaries, one per model: {"model", "zero_shot_dev_accuracy",
-            "rows": [{"k", "arm", "lr", "dev_accuracy": [per seed], "dev_mean", "dev_std"}]}.
-        title: The setting (steps, batch, protocol).
-    """
-    plt = _pyplot()
-    groups = [(s, k) for s in summaries for k in sorted({r["k"] for r in s["rows"]})]
-    if not groups:
-        raise ValueError("no few-shot rows to plot: run experiments/llm_fewshot.py --phase summary")
-    arms = list(dict.fromkeys(r["arm"] for s in summaries for r in s["rows"]))
-    width = 0.8 / len(arms)
-    fig, ax = plt.subplots(figsize=(max(6.5, 2.2 * len(groups)), 4.4))
-    for g, (summary, k) in enumerate(groups):
-        zero = 100 * summary["zero_shot_dev_accuracy"]
-        ax.hlines(zero, g - 0.45, g + 0.45, color="black", linestyle="--", linewidth=1.2)
-        ax.annotate(f"zero-shot {zero:.1f}", (g - 0.45, zero), va="bottom", fontsize=7)
-        for a, arm in enumerate(arms):
-            row = next((r for r in summary["rows"] if r["k"] == k and r["arm"] == arm), None)
-            if row is None:
-                continue
-            x = g - 0.4 + width * (a + 0.5)
-            mean, std = 100 * row["dev_mean"], 100 * row["dev_std"]
-            ax.bar(x, mean, width, yerr=std, capsize=4, color=f"C{a}", alpha=0.85, label=None if g else arm)
-            ax.scatter([x] * len(row["dev_accuracy"]), [100 * v for v in row["dev_accuracy"]], color="black", s=8)
-            ax.annotate(f"{mean:.1f}\nlr {row['lr']:.0e}", (x, mean + std), ha="center", va="bottom", fontsize=7)
-    labels = [f"{MODEL_NAMES.get(s['model'], s['model'])}\nk = {k} per class" for s, k in groups]
-    ax.set_xticks(np.arange(len(groups)), labels)
-    handles, names = ax.get_legend_handles_labels()
-    ax.legend(handles, [CASE_LABELS.get(n, n).replace("\n", " ") for n in names], fontsize=8, loc="upper right")
-    ax.set(xlabel="model, training examples per class", ylabel="SST-2 dev accuracy (%)", ylim=(40, 90))
-    ax.set_title(f"{title}\n(bars: mean ± std over seeds, dots: seeds; dashed: the pretrained model)", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_fewshot_time(curves: Sequence[Sequence[Mapping]], title: str, target: float | None = None):
-    """Few-shot dev accuracy against training seconds (experiments/llm_fewshot_time.py): a line per arm, the
-    mean over its seeds (evaluation by evaluation), the seeds' range shaded.
-
-    Args:
-        curves: Curves of one model and k, each a list of evaluations ({"arm", "seed", "seconds", "accuracy"}).
-        title: The setting (model, k, clock).
-        target: An accuracy to mark (plain MeZO's final mean), as a fraction.
-    """
-    plt = _pyplot()
-    if not curves:
-        raise ValueError("no curves to plot: run experiments/llm_fewshot_time.py --phase curves")
-    by_arm: dict[str, list[Sequence[Mapping]]] = {}
-    for curve in curves:
-        by_arm.setdefault(curve[0]["arm"], []).append(curve)
-    fig, ax = plt.subplots(figsize=(7, 4.4))
-    for i, (arm, runs) in enumerate(by_arm.items()):
-        n = min(len(c) for c in runs)
-        seconds = np.array([[c[j]["seconds"] for j in range(n)] for c in runs]).mean(axis=0)
-        accuracy = 100 * np.array([[c[j]["accuracy"] for j in range(n)] for c in runs])
-        label = f"{CASE_LABELS.get(arm, arm)} ({len(runs)} seed{'s' * (len(runs) > 1)})".replace("\n", " ")
-        ax.plot(seconds, accuracy.mean(axis=0), color=f"C{i}", label=label, linewidth=1.6)
-        if len(runs) > 1:
-            ax.fill_between(seconds, accuracy.min(axis=0), accuracy.max(axis=0), color=f"C{i}", alpha=0.15)
-    if target is not None:
-        ax.axhline(100 * target, color="black", linestyle="--", linewidth=1)
-        ax.annotate("plain MeZO's final mean", (0, 100 * target), va="bottom", fontsize=7)
-    ax.set(xlabel="training seconds (one CPU thread; selection and priming included)", ylabel="SST-2 dev accuracy (%)")
-    ax.set_title(f"{title}\n(lines: mean over seeds; shaded: the seeds' range)", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def plot_own_texts(rows: Sequence[Mapping], title: str, rss_bars: Mapping[str, float] | None = None):
-    """`far train` on a user's texts (experiments/own_texts_runs.py): held-out perplexity, as a share of the stock
-    model's, against CPU seconds (left) and at the end against the whole process's peak RSS (right).
-
-    Args:
-        rows: The summary's rows: {"arm", "model", "curve": [{"cpu_seconds", "perplexity"}], "perplexity_before",
-            "perplexity", "peak_rss_mib"}.
-        title: The setting (corpus, batch, thread).
-        rss_bars: Peak-RSS targets to mark, by model name.
-    """
-    plt = _pyplot()
-    if not rows:
-        raise ValueError("no runs to plot: run experiments/own_texts_runs.py")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
-    for i, row in enumerate(rows):
-        label = f"{row['arm']} ({MODEL_NAMES.get(row['model'], row['model'])})"
-        before = row["perplexity_before"]
-        seconds = [p["cpu_seconds"] for p in row["curve"]]
-        left.plot(seconds, [100 * p["perplexity"] / before for p in row["curve"]], "o-", color=f"C{i}", label=label)
-        share = 100 * row["perplexity"] / before
-        right.scatter(row["peak_rss_mib"], share, color=f"C{i}", s=40)
-        # Arms that end alike would print over each other: each label steps down from its point.
-        offset = (4, -4 - 9 * (i % 4))
-        label = f"{row['arm']}, {row['peak_rss_mib']:.0f} MiB"
-        right.annotate(label, (row["peak_rss_mib"], share), xytext=offset, textcoords="offset points", fontsize=7)
-    for j, (model, bar) in enumerate((rss_bars or {}).items()):
-        right.axvline(bar, color="black", linestyle=("--", ":")[j % 2], linewidth=1)
-        right.annotate(f"{MODEL_NAMES.get(model, model)} target", (bar, 100), rotation=90, fontsize=7, va="top")
-    left.axhline(80, color="grey", linestyle=":", linewidth=1)
-    left.set(xlabel="CPU seconds of training (one thread; evaluation apart)", ylabel="held-out perplexity (% of stock)")
-    right.set(xlabel="whole-process peak RSS (MiB)", ylabel="final held-out perplexity (% of stock)")
-    left.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

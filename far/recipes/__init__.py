@@ -11,22 +11,17 @@ A run is built from `RunSettings` (what the `far` command's flags fill in) by `g
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # On first use (PEP 562), so that `far predict` does not import the training runs, nor they `datasets`
 # before they need it.
-_LAZY = {
-    "Predictor": "far.recipes.predict",
-    "predict": "far.recipes.predict",
-    "TrainingRun": "far.recipes.report",
-    "train_and_report": "far.recipes.report",
-    "SquadSettings": "far.recipes.runs",
-    "glue_run": "far.recipes.runs",
-    "squad_run": "far.recipes.runs",
-    "text_files_run": "far.recipes.files_run",
-    "RunSettings": "far.recipes.settings",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.recipes.predict": ("Predictor", "predict"),
+        "far.recipes.report": ("TrainingRun", "train_and_report"),
+        "far.recipes.runs": ("SquadSettings", "glue_run", "squad_run"),
+        "far.recipes.files_run": ("text_files_run",),
+        "far.recipes.settings": ("RunSettings",),
+    },
+)

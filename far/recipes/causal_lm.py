@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import statistics
 import time
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from far.data.prompts import (
     prompt_loss_fn,
     read_labelled_tsv,
 )
+from far.hardware import peak_rss_bytes
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_far import Layout
 from far.llm.lean_saving import save_trained
@@ -224,7 +224,7 @@ def lean_prompted_run(
         "eval_seconds": eval_seconds,
         "total_seconds": time.perf_counter() - started,
         "median_step_seconds": statistics.median(runner.step_seconds) if runner.step_seconds else None,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
         "trainable_parameters": model.num_parameters(trainable_only=True),
         "frozen_layers": model.lowest_trainable_layer(),
         "configuration": configuration_record(settings, model.lowest_trainable_layer(), far_config),

@@ -39,6 +39,7 @@ import torch
 
 from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.evaluation.perplexity import perplexity
+from far.hardware import peak_rss_bytes
 from far.llm.gguf_file import load_lean_model, read_config, read_header
 from far.llm.lean_far import Layout
 from far.llm.lean_saving import save_trained
@@ -52,7 +53,6 @@ from far.recipes.settings import RunSettings
 from far.saving.safetensors_file import DTYPES, LEARNERS_FILE
 from far.storage.atomic import write_json
 from far.training.engine import Cadence, train
-from far.training.log import peak_rss_bytes
 from far.training.memory import PhaseMemory, release_freed_memory
 from far.training.options import LEARNING_RATES
 

@@ -11,21 +11,15 @@
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # On first use (PEP 562): `pretrained` imports transformers' model code (~140 MB resident), which a
 # checkpoint or a learners file does not need; training under a memory budget must not pay for it.
-_LAZY = {
-    "active_learners": "far.saving.active",
-    "unload_learners": "far.saving.active",
-    "LearnersFileError": "far.saving.learners_file",
-    "learners_model_config": "far.saving.learners_file",
-    "load_learners": "far.saving.learners_file",
-    "save_learners": "far.saving.learners_file",
-    "from_pretrained": "far.saving.pretrained",
-    "save_pretrained": "far.saving.pretrained",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.saving.active": ("active_learners", "unload_learners"),
+        "far.saving.learners_file": ("LearnersFileError", "learners_model_config", "load_learners", "save_learners"),
+        "far.saving.pretrained": ("from_pretrained", "save_pretrained"),
+    },
+)

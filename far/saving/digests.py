@@ -1,4 +1,9 @@
-"""sha256 digests of tensors, whole or one per row, kept until the tensor is written.
+"""sha256 digests of tensors: a file's named tensors as one digest, or each tensor whole or one per row, kept until
+the tensor is written.
+
+`hash_tensors` is the one content digest of named tensors: a prefix (a file's metadata), then for each tensor, in
+name order, a header that fixes the byte length of what follows (so the concatenation is unambiguous) and its
+bytes in C order. Learners files (`content_sha256`) and the device's state file (its own header) both use it.
 
 Checking a learners file against its base hashes the base's frozen values, ~70 MB for a MiniLM
 whose embeddings are frozen; swapping users would hash them again on every load although they
@@ -20,13 +25,17 @@ projection's nodes be combined from 32-byte digests without reading the weights 
 from __future__ import annotations
 
 import hashlib
+import json
 import weakref
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
 
 DIGEST_BYTES = 32  # sha256
+# The metadata key of a learners file's content hash (encoders' and the lean causal LM's files alike).
+CONTENT_KEY = "content_sha256"
 
 
 def tensor_bytes(tensor: Tensor) -> np.ndarray:
@@ -34,6 +43,31 @@ def tensor_bytes(tensor: Tensor) -> np.ndarray:
     data = tensor.detach().to("cpu").contiguous()
     flat = data if data.dim() == 2 else data.reshape(-1)  # 2-D: (n, f), empty or not
     return flat.view(torch.uint8).numpy()  # any dtype, bf16 too
+
+
+def json_header(name: str, dtype: str, shape: list[int]) -> bytes:
+    """`["name", "dtype", [d0, d1, ...]]` and a newline: a learners file's and a base fingerprint's tensor header."""
+    return json.dumps([name, dtype, shape]).encode() + b"\n"
+
+
+def hash_tensors(
+    tensors: Iterable[tuple[str, Tensor]],
+    prefix: bytes = b"",
+    header: Callable[[str, str, list[int]], bytes] = json_header,
+) -> str:
+    """sha256 (hex) over `prefix`, then every tensor in name order: `header(name, dtype, shape)` and its bytes."""
+    digest = hashlib.sha256(prefix)
+    for name, tensor in sorted(tensors, key=lambda item: item[0]):
+        digest.update(header(name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)))
+        digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())  # bf16 too
+    return digest.hexdigest()
+
+
+def content_sha256(metadata: Mapping[str, str], tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> str:
+    """A learners file's `content_sha256`: its metadata (less this hash) as sorted JSON, then its tensors."""
+    fields = {k: v for k, v in metadata.items() if k != CONTENT_KEY}
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    return hash_tensors(items, prefix=json.dumps(fields, sort_keys=True).encode())
 
 
 def sha256_rows(rows: Tensor) -> np.ndarray:

@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from far.architectures import FFN, expand_nodes, projection_rows
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
-from far.saving.digests import DigestCache, as_rows
-from far.saving.safetensors_file import hash_tensors
+from far.saving.digests import DigestCache, as_rows, hash_tensors
 
 FINGERPRINT_VERSION = 2
 _V2_PREFIX = b"far.base_fingerprint/2\n"

@@ -12,43 +12,23 @@ uses a tensor.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from far.saving.digests import CONTENT_KEY, content_sha256, hash_tensors  # noqa: F401 - read here, named here too
+
 # A run folder's learners file (far.save_learners' for an encoder, far.llm.lean_saving's for a GGUF causal LM).
 LEARNERS_FILE = "learners.safetensors"
 # The dtypes that learners files and trainable weights are stored in, by the name metadata and flags give them.
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-CONTENT_KEY = "content_sha256"
 MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a few hundred bytes each)
 SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
-
-
-def hash_tensors(tensors: Iterable[tuple[str, Tensor]], prefix: bytes = b"") -> str:
-    """sha256 (hex) over `prefix`, then every tensor's name, dtype, shape and bytes, in name order."""
-    digest = hashlib.sha256(prefix)
-    for name, tensor in sorted(tensors, key=lambda item: item[0]):
-        # The header fixes the byte length of what follows, so the concatenation is unambiguous.
-        header = json.dumps([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)])
-        digest.update(header.encode() + b"\n")
-        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)  # any dtype, bf16 too
-        digest.update(data.numpy().data)
-    return digest.hexdigest()
-
-
-def content_sha256(metadata: Mapping[str, str], tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> str:
-    """sha256 of the metadata (without this hash) and every tensor's name, dtype, shape and bytes, in name order."""
-    fields = {k: v for k, v in metadata.items() if k != CONTENT_KEY}
-    items = tensors.items() if isinstance(tensors, Mapping) else tensors
-    return hash_tensors(items, prefix=json.dumps(fields, sort_keys=True).encode())
 
 
 def file_identity(path: Path) -> tuple[int, ...]:

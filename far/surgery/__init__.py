@@ -12,22 +12,14 @@
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # Names are imported on first use (PEP 562): importing the read-only record (far.surgery.state)
 # must not import the verbs, which sit a layer above it.
-_LAZY = {
-    "FARState": "far.surgery.state",
-    "get_config": "far.surgery.state",
-    "is_reconfigured": "far.surgery.state",
-    "learners": "far.surgery.state",
-    "learners_from_state_dict": "far.surgery.state",
-    "freeze_ffns": "far.surgery.reconfigure",
-    "reconfigure": "far.surgery.reconfigure",
-    "reconfigure_with_learners": "far.surgery.reconfigure",
-    "restore": "far.surgery.reconfigure",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.surgery.state": ("FARState", "get_config", "is_reconfigured", "learners", "learners_from_state_dict"),
+        "far.surgery.reconfigure": ("freeze_ffns", "reconfigure", "reconfigure_with_learners", "restore"),
+    },
+)

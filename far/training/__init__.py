@@ -9,28 +9,20 @@
 
 from __future__ import annotations
 
-from far.lazy import lazy_names
+from far.lazy import lazy_face
 
 # Names are imported on first use (PEP 562), so that a process that needs one part of far does not
 # pay for the others: the lean LLM path must not import transformers' model code or datasets.
-_LAZY = {
-    "FARCallback": "far.training.callback",
-    "FARTrainer": "far.training.trainer",
-    "FARTrainerMixin": "far.training.trainer",
-    "retarget_optimizer": "far.training.callback",
-    "finetune": "far.training.finetune",
-    "ffn_parameter_names": "far.training.gradient_priming",
-    "gradient_scores": "far.training.gradient_priming",
-    "prime_and_reconfigure": "far.training.gradient_priming",
-    "page_out_after_forward": "far.training.memory",
-    "release_freed_memory": "far.training.memory",
-    "to_private_memory": "far.training.memory",
-    "MeZO": "far.training.mezo",
-    "FinetuneResult": "far.training.result",
-    "WarmupLinear": "far.training.schedule",
-    "warmup_linear": "far.training.schedule",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+lazy_face(
+    __name__,
+    {
+        "far.training.callback": ("FARCallback", "retarget_optimizer"),
+        "far.training.trainer": ("FARTrainer", "FARTrainerMixin"),
+        "far.training.finetune": ("finetune",),
+        "far.training.gradient_priming": ("ffn_parameter_names", "gradient_scores", "prime_and_reconfigure"),
+        "far.training.memory": ("page_out_after_forward", "release_freed_memory", "to_private_memory"),
+        "far.training.mezo": ("MeZO",),
+        "far.training.result": ("FinetuneResult",),
+        "far.training.schedule": ("WarmupLinear", "warmup_linear"),
+    },
+)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from far.config import FARConfig
+from far.hardware import peak_rss_bytes
 from far.training.options import TrainOptions
 
 MIB = 2**20
@@ -389,12 +390,5 @@ def resident_mib() -> float:
 
 
 def peak_rss_mib() -> int:
-    """This process's peak resident set so far (VmHWM), in MiB; 0 where /proc is not there."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return 0
+    """This process's peak resident set so far, in MiB."""
+    return peak_rss_bytes() // MIB

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-import resource
-import sys
 from pathlib import Path
 from types import TracebackType
 
 from tqdm.auto import tqdm
 
 from far.storage.atomic import atomic_file
-
-
-def peak_rss_bytes() -> int:
-    """The peak resident set size of this process so far (its whole life, not one call), in bytes."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
 
 class RunLog:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from far.architectures import FFNSpec, find_ffns
 from far.config import AUTO
 from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
+from far.hardware import peak_rss_bytes
 from far.priming import Primer, trainable_embeddings
 from far.seeds import derive_seed
 from far.selection import layer_changes
@@ -33,7 +34,6 @@ from far.training.checkpoint import (
 from far.training.engine import Cadence, Start, train
 from far.training.frozen_bottom import FrozenBottom
 from far.training.gradient_priming import gradient_scores
-from far.training.log import peak_rss_bytes
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
 from far.training.plan import TrainingPlan

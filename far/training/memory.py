@@ -35,6 +35,8 @@ from collections.abc import Iterable
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from far.hardware import peak_rss_bytes
+
 MADV_RANDOM = 1  # no readahead on faults here: a paged-out row comes back alone, not with its neighbours
 MADV_DONTNEED = 4  # unmap from this process; for a clean page of a file mapping, a later read reloads it
 MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim these pages now; their contents stay valid (reloaded on access)
@@ -193,5 +195,5 @@ class PhaseMemory:
     def mark(self, phase: str) -> None:
         with open("/proc/self/statm") as f:
             current = int(f.read().split()[1]) * resource.getpagesize()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss_bytes()
         self.phases.append({"phase": phase, "rss_mib": round(current / 2**20, 1), "peak_mib": round(peak / 2**20, 1)})
