@@ -386,6 +386,7 @@ def test_minilm_exports_and_trains_a_step(minilm_path, tmp_path):
     assert trained.losses[0] == pytest.approx(eager, abs=1e-4)
 
 
+@pytest.mark.slow  # the export it reads takes 7-13 CPU s (the device tests' tier)
 @FUZZ_COUNTS
 def test_mutated_device_files_are_refused_with_device_file_error(exported, tmp_path, count):
     manifest = read_manifest(exported)
