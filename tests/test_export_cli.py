@@ -14,6 +14,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Bert
 
 import far
 from far.cli import export
+from far.cli.export import _micro_batch
+from far.cli.main import build_parser
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "far", "world"]
 
@@ -93,3 +95,17 @@ def test_console_entry_point_reports_user_errors(tmp_path, capsys):
         code = exit_.code
     assert code == 2
     assert "far export: error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "given,micro,level",
+    [
+        ([], 8, "matmul"),
+        (["--batch-size", "12"], 12, "matmul"),
+        (["--micro-batch-size", "4", "--xnnpack", "all"], 4, "all"),
+    ],
+)
+def test_the_device_export_defaults_to_micro_batches_and_a_lowering_that_finishes(given, micro, level):
+    """Defaults that finish: XNNPACK on the matrix products (a minute or two, not ten) and passes of 8 examples."""
+    args = build_parser().parse_args(["export", "--checkpoint", "ckpt", "--executorch", "out", *given])
+    assert (_micro_batch(args), args.xnnpack) == (micro, level)

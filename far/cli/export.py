@@ -88,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--micro-batch-size",
         type=int,
-        help="the programs' fixed batch, dividing --batch-size: the same steps in less memory (default: --batch-size)",
+        help="the programs' fixed batch, dividing --batch-size: the same steps in less memory (default: "
+        f"{DEFAULT_MICRO_BATCH} where it divides --batch-size, else --batch-size)",
     )
     group.add_argument("--max-length", type=int, default=64, help="the programs' tokens per example (default 64)")
     group.add_argument(
@@ -113,11 +114,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--xnnpack",
         choices=XNNPACK_LEVELS,
-        default="all",
-        help="delegate the training program's operators to XNNPACK: all (default; the fastest step, minutes to "
-        "export), matmul (the matrix products: about half the plain step, a minute), none (seconds)",
+        default="matmul",
+        help="delegate the training program's operators to XNNPACK: matmul (default: the matrix products, about "
+        "half the plain step; a minute or two to export MiniLM), all (the fastest step; ten minutes or more to "
+        "export), none (seconds to export; the slowest step)",
     )
     parser.set_defaults(func=run)
+
+
+# The programs' batch by default: a batch of 32 x 64 tokens in one pass plans about 770 MB of activations in
+# far_train, more than the Python run that made the model; four passes of 8 take the same step in a third of it
+# (docs/device.md, "Memory").
+DEFAULT_MICRO_BATCH = 8
+# What each XNNPACK level costs to export and buys in steps (docs/device.md, "Speed and size").
+_LOWERING = {
+    "none": "seconds to export, the slowest step",
+    "matmul": "a minute or two to export MiniLM, about half the plain step (--xnnpack all: the fastest step, ten "
+    "minutes or more to export; none: seconds, the slowest step)",
+    "all": "ten minutes or more to export MiniLM, the fastest step (--xnnpack matmul: a minute or two)",
+}
+
+
+def _micro_batch(args: argparse.Namespace) -> int:
+    if args.micro_batch_size is not None:
+        return args.micro_batch_size
+    return DEFAULT_MICRO_BATCH if args.batch_size % DEFAULT_MICRO_BATCH == 0 else args.batch_size
 
 
 def _size(n_bytes: int) -> str:
@@ -188,12 +209,18 @@ def _export_executorch(args: argparse.Namespace) -> int:
         else:
             predictor = recipes.Predictor.load(args.checkpoint, learners=args.learners)
             model, tokenizer = predictor.model, predictor.tokenizer
+    micro = _micro_batch(args)
+    print(
+        f"exporting programs for batches of {args.batch_size} in {args.batch_size // max(micro, 1)} passes of {micro}, "
+        f"XNNPACK {args.xnnpack}: {_LOWERING[args.xnnpack]}",
+        flush=True,
+    )
     result = device.export_executorch(
         model,
         tokenizer,
         args.executorch,
         batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
+        micro_batch_size=micro,
         max_length=args.max_length,
         optimizer=args.optimizer,
         lr=args.lr if args.lr is not None else LEARNING_RATES["encoder"][args.optimizer],
