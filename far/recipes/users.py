@@ -130,6 +130,7 @@ def predict_users(
     suffix: str = ".jsonl",
     max_length: int = 128,
     batch_size: int = 64,
+    on_written: Callable[[Path, dict, Predictor], None] | None = None,
 ) -> UsersPredictions:
     """Each user's predictions from one process: the base loads once (again only for a head of another
     size) and every learners file is swapped in place.
@@ -144,6 +145,8 @@ def predict_users(
     Args:
         inputs: Texts (or a dataset), or a CSV/TSV/JSON/JSONL file or a text stream, read with
             each user's text columns.
+        on_written: Called as each user's predictions are written, with the output file, its entry of
+            `written` and the predictor (holding that user's file): to report progress as it goes.
 
     Returns:
         A `UsersPredictions`: `written[output file] = {"rows": n, "swap_seconds": time to put this
@@ -168,4 +171,6 @@ def predict_users(
             continue
         out = write_predictions(results, user_output(output_dir, path, suffix))
         written[out] = {"rows": len(results), "swap_seconds": seconds}
+        if on_written is not None:
+            on_written(out, written[out], predictor)
     return UsersPredictions(written, failed)
