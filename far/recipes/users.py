@@ -30,6 +30,7 @@ from far.recipes.predict import (
     write_predictions,
 )
 from far.saving import LearnersFileError, active_learners, load_learners, unload_learners
+from far.training.memory import release_freed_memory
 
 
 def learners_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -157,6 +158,9 @@ def predict_users(
     files = learners_files(learners)
     rows_for = _rows_by_columns(inputs)
     Path(output_dir).mkdir(parents=True, exist_ok=True)
+    # A swap frees a user's tensors as large as its file; returned to the system, not kept by the
+    # allocator, they leave the resident memory at the base plus one file from user to user.
+    release_freed_memory()
     predictor, written, failed = None, {}, {}
     for path in files:
         try:
