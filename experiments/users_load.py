@@ -277,7 +277,7 @@ def main() -> None:
     add_output_argument(parser, results_dir(__file__), "the folder of the JSON reports")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    header = {"command": command_line(__file__, None), "machine": machine(), "lscpu_flags": lscpu_flags()}
+    header = {"script": command_line(__file__, None), "machine": machine(), "lscpu_flags": lscpu_flags()}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
