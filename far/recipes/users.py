@@ -30,6 +30,7 @@ from far.recipes.predict import (
     write_predictions,
 )
 from far.saving import LearnersFileError, active_learners, load_learners, unload_learners
+from far.training.memory import release_freed_memory
 
 
 def learners_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -130,6 +131,7 @@ def predict_users(
     suffix: str = ".jsonl",
     max_length: int = 128,
     batch_size: int = 64,
+    on_written: Callable[[Path, dict, Predictor], None] | None = None,
 ) -> UsersPredictions:
     """Each user's predictions from one process: the base loads once (again only for a head of another
     size) and every learners file is swapped in place.
@@ -144,6 +146,8 @@ def predict_users(
     Args:
         inputs: Texts (or a dataset), or a CSV/TSV/JSON/JSONL file or a text stream, read with
             each user's text columns.
+        on_written: Called as each user's predictions are written, with the output file, its entry of
+            `written` and the predictor (holding that user's file): to report progress as it goes.
 
     Returns:
         A `UsersPredictions`: `written[output file] = {"rows": n, "swap_seconds": time to put this
@@ -154,6 +158,9 @@ def predict_users(
     files = learners_files(learners)
     rows_for = _rows_by_columns(inputs)
     Path(output_dir).mkdir(parents=True, exist_ok=True)
+    # A swap frees a user's tensors as large as its file; returned to the system, not kept by the
+    # allocator, they leave the resident memory at the base plus one file from user to user.
+    release_freed_memory()
     predictor, written, failed = None, {}, {}
     for path in files:
         try:
@@ -168,4 +175,6 @@ def predict_users(
             continue
         out = write_predictions(results, user_output(output_dir, path, suffix))
         written[out] = {"rows": len(results), "swap_seconds": seconds}
+        if on_written is not None:
+            on_written(out, written[out], predictor)
     return UsersPredictions(written, failed)

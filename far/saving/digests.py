@@ -18,6 +18,10 @@ through a NumPy view, or through a tensor built with `set_` over the same storag
 writes a model's frozen values that way must drop the cache (`far.saving.unload_learners`, or
 `DigestCache.clear`). FAR itself writes frozen values through their parameters only.
 
+An entry goes with its storage: when the storage is freed (a user's copies of base values, swapped
+out), a callback of the weak reference drops its entries, so a model that swaps many users holds
+the digests of its live tensors only, never one set per user served.
+
 Row digests (one per row of a 2-D view, in C order) let the fingerprint of any subset of a
 projection's nodes be combined from 32-byte digests without reading the weights again.
 """
@@ -152,17 +156,23 @@ class DigestCache:
         if tensor.is_inference():
             return
         key, storage = self._key(kind, tensor)
-        self._entries[key] = (weakref.ref(storage), tensor._version, value)
+        self._entries[key] = (weakref.ref(storage, _forget(weakref.ref(self), key)), tensor._version, value)
 
     def _get(self, kind: str, tensor: Tensor, compute) -> object:
         value = self._valid(kind, tensor)
         if value is None:
-            self._prune()
             value = compute(tensor)
             self._put(kind, tensor, value)
         return value
 
-    def _prune(self) -> None:
-        dead = [key for key, (ref, _, _) in self._entries.items() if ref() is None]
-        for key in dead:
-            del self._entries[key]
+
+def _forget(cache: weakref.ref, key: tuple):
+    """The callback of an entry's weak reference: drop the entry when its storage is freed (unless the
+    key holds a newer entry by then). It holds the cache weakly, so the cache is freed with its model."""
+
+    def forget(ref: weakref.ref) -> None:
+        entries = getattr(cache(), "_entries", {})
+        if entries.get(key, (None,))[0] is ref:
+            del entries[key]
+
+    return forget
