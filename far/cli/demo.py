@@ -37,6 +37,7 @@ from far.recipes.compare import cpu_timed, majority_baseline, paired_step_times,
 from far.recipes.outputs import IDENTITY_KEYS, claim_output_dir, describe, existing_run
 from far.recipes.predict import Predictor, model_card
 from far.recipes.settings import first
+from far.storage import lock
 from far.storage.atomic import write_json
 
 TASK = GLUE_TASKS["sst2"]
@@ -116,6 +117,7 @@ class Arm:
 def claim_demo_dir(out: Path, model: str, overwrite: bool) -> None:
     """Make `out` the demo's, as every training command claims its folder (`far.recipes.outputs`): a folder that
     holds a demo or a run is refused (UsageError) unless `overwrite`, which removes that run's files first."""
+    lock.hold(out)  # another process's run into this folder is refused before anything here changes
     held = existing_run(out)
     if held is not None and not overwrite:
         what = describe(held) if any(key in held for key in IDENTITY_KEYS) else "made by an earlier far"
