@@ -89,3 +89,20 @@ def test_a_resumed_run_keeps_its_log_up_to_the_checkpoint_and_writes_no_opening_
 def test_a_cadence_out_of_range_is_refused():
     with pytest.raises(ValueError, match="log_every >= 1"):
         Cadence(4, log_every=0)
+
+
+def test_the_run_says_its_steps_before_the_first_and_an_estimate_after_it_and_after_the_switch(tmp_path, caplog):
+    caplog.set_level("INFO", logger="far.training.engine")
+    train(Recorder(Start(0), switch_at=2), Cadence(5), None, progress=False)
+    said = [r.getMessage() for r in caplog.records if r.name == "far.training.engine"]
+    assert said[0] == "5 steps to take; an estimate follows the first"
+    assert said[1].startswith("step 1 took ") and said[1].endswith(
+        "for the 4 steps left (evaluation and checkpoints aside)"
+    )
+    assert said[2].startswith("step 3 took ") and "for the 2 steps left" in said[2]  # FAR's steps, after the switch
+    assert len(said) == 3
+    caplog.clear()
+    train(Recorder(Start(3, resumed=True)), Cadence(5), None, progress=False)
+    assert [r.getMessage() for r in caplog.records][
+        0
+    ] == "2 steps to take, from step 4 of 5; an estimate follows the first"

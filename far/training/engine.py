@@ -14,12 +14,16 @@ user's texts) and `far.llm.prompt_runner.PromptRunner` (the same model trained b
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from far.training.log import RunLog, progress_bar
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -119,14 +123,19 @@ def train(
     """
     start = runner.begin()
     log = RunLog(log_path, resume_step=start.first if start.resumed else None)
+    estimate = _Estimate(start.first, cadence.total_steps)
     try:
         if not start.resumed and start.opening is not None:
             log.write(start.opening)
         with progress_bar(cadence.total_steps, start.first, progress) as bar:
             for step in range(start.first, cadence.total_steps):
+                began = time.perf_counter()
                 record = runner.step(step)
                 done = step + 1
+                estimate.step_done(done, time.perf_counter() - began)
                 runner.switch(done, record)
+                if "trainable_parameters" in record:  # the switch: the steps after it cost what FAR's steps cost
+                    estimate.again()
                 if cadence.evaluates(done):
                     record["eval"] = runner.evaluate(done)
                 record.update(runner.measures())
@@ -141,6 +150,46 @@ def train(
     finally:
         log.close()
     return start
+
+
+class _Estimate:
+    """Says how many steps a run has before its first, and how long they will take once one is measured.
+
+    The first step of a process is timed as it is taken (the step's own seconds, evaluation and checkpoints
+    aside), so the estimate stands on this machine and its load as they are; after FAR's switch the steps are
+    cheaper, so the first step after it is timed again.
+    """
+
+    def __init__(self, first: int, total: int) -> None:
+        self.total, self.measure = total, True
+        left = total - first
+        if left > 0:
+            since = f", from step {first + 1} of {total}" if first else ""
+            logger.info("%d step%s to take%s; an estimate follows the first", left, "s"[: left != 1], since)
+
+    def again(self) -> None:
+        self.measure = True
+
+    def step_done(self, done: int, seconds: float) -> None:
+        left = self.total - done
+        if not self.measure or left <= 0:
+            return
+        self.measure = False
+        logger.info(
+            "step %d took %s: about %s for the %d steps left (evaluation and checkpoints aside)",
+            done,
+            _duration(seconds),
+            _duration(seconds * left),
+            left,
+        )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _postfix(record: dict) -> dict[str, str]:
