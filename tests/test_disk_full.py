@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_batch, tiny_model, write_rows
+from test_llm_lean import tiny_hf, write_gguf
+from test_lm_texts import char_tokenizer
 
 import far
 from far.cli.main import main
+from far.llm import bottom_on_disk
+from far.llm.gguf import CACHE_ENV, gguf_cache_path
+from far.llm.state_file import StateFile
+from far.llm.tokenizer import SPECIAL_FILE, TOKENIZER_FILE
 from far.storage.atomic import DiskFull, write_json
 from far.storage.step_folders import CHECKPOINTS, LATEST, manifest_problem, write_step_folder
 
@@ -36,6 +42,29 @@ def small_disk(tmp_path):
     yield make
     for mount in mounts:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path, monkeypatch) -> Path:
+    """A tiny Llama GGUF file whose tokenizer (a token per character) waits in far's cache."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(tiny_hf("llama"), path)
+    folder = Path(f"{gguf_cache_path(path)}-tokenizer")
+    folder.mkdir(parents=True)
+    char_tokenizer().tokenizer.save(str(folder / TOKENIZER_FILE))
+    (folder / SPECIAL_FILE).write_text(json.dumps({"pad_token_id": 1, "eos_token_id": 1}))
+    return path
+
+
+@pytest.fixture
+def notes(tmp_path) -> Path:
+    """A tiny, repetitive corpus."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"{i:02d}.txt").write_text("the cat sat on the mat. " * 6)
+    return folder
 
 
 def fill(disk: Path, leave: int) -> None:
@@ -127,3 +156,39 @@ def test_far_export_merge_into_a_full_disk(small_disk, tiny_model_dir, capsys):
     assert main(["export", "--checkpoint", str(tiny_model_dir), "--merge", str(out)]) == 2
     assert f"(the filesystem at {disk}) is full" in capsys.readouterr().err
     assert not out.exists() and [p.name for p in disk.iterdir() if not p.name.startswith(".merged.lock")] == []
+
+
+def test_the_frozen_bottoms_scratch_file_on_a_full_disk_names_the_disk_and_the_bytes(small_disk):
+    disk = small_disk("256k")
+    states = StateFile(disk)
+    first = torch.arange(1000, dtype=torch.float32)
+    states.put(b"first", first)
+    fill(disk, 16_384)
+    with pytest.raises(DiskFull) as caught:
+        states.put(b"second", torch.ones(64_000))  # 256,000 bytes
+    message = str(caught.value)
+    assert f"(the filesystem at {disk}) is full" in message and "needed 256,000 bytes" in message
+    assert "free some space there" in message
+    assert b"second" not in states and torch.equal(states.get(b"first"), first)  # what was kept still reads back
+    (disk / "ballast").unlink()
+    states.put(b"second", torch.ones(64_000))  # the failed write gave its disk back: room again once freed
+    assert torch.equal(states.get(b"second"), torch.ones(64_000)) and torch.equal(states.get(b"first"), first)
+    states.close()
+    assert sorted(p.name for p in disk.iterdir()) == []  # nameless: nothing left in the folder
+
+
+def test_far_train_whose_scratch_file_fills_the_disk_stops_with_exit_2(
+    small_disk, tiny_gguf, notes, monkeypatch, capsys
+):
+    disk = small_disk("1m")
+    # The room check passes on any disk: the disk fills while the bottom's states are written, as another
+    # process filling it would make it.
+    monkeypatch.setattr(bottom_on_disk, "SPARE_DISK_BYTES", -(2**40))
+    fill(disk, 8192)
+    argv = ["train", "--model", str(tiny_gguf), "--train-file", str(notes), "--max-steps", "2", "--max-length", "32"]
+    code = main([*argv, "--batch-size", "4", "--output-dir", str(disk / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"(the filesystem at {disk}) is full: the frozen bottom's scratch file needed" in err
+    assert "Traceback" not in err
+    assert not (disk / "run" / "metrics.json").exists() and not (disk / "run" / "learners.safetensors").exists()

@@ -51,7 +51,8 @@ def _bytes_under(path: Path) -> int:
         return 0
 
 
-def _mount_point(path: Path) -> Path:
+def mount_point(path: Path) -> Path:
+    """The mount point of the filesystem that holds `path` (what a full-disk message names)."""
     path = path.resolve()
     while not os.path.ismount(path) and path != path.parent:
         path = path.parent
@@ -71,7 +72,7 @@ def raise_if_disk_full(error: BaseException, target: Path, partial: Path) -> Non
     written = _bytes_under(partial)
     raise DiskFull(
         errno.ENOSPC,
-        f"the disk of {target.parent} (the filesystem at {_mount_point(target.parent)}) is full: writing "
+        f"the disk of {target.parent} (the filesystem at {mount_point(target.parent)}) is full: writing "
         f"{target.name} needed more than the {free + written:,} bytes free there. Nothing under {target} was "
         "changed (its previous version, if any, is intact); free some space there, or write to another disk",
     ) from error
