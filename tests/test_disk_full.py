@@ -10,15 +10,25 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_batch, tiny_model, write_rows
-from test_llm_lean import tiny_hf, write_gguf
+from test_llm_lean import right_padded, tiny_hf, write_gguf
+from test_llm_lean_saving import loss_fn as lean_loss
 from test_lm_texts import char_tokenizer
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import BertForSequenceClassification
 
 import far
 from far.cli.main import main
 from far.llm import bottom_on_disk
 from far.llm.gguf import CACHE_ENV, gguf_cache_path
+from far.llm.gguf_file import load_lean_model
+from far.llm.lean_checkpoint import FORMAT, read_lean_checkpoint, save_lean_checkpoint
+from far.llm.lean_far import prime_and_split
+from far.llm.lean_saving import save_trained
 from far.llm.state_file import StateFile
 from far.llm.tokenizer import SPECIAL_FILE, TOKENIZER_FILE
+from far.llm.zo import CompactMeZO
+from far.recipes import causal_lm
+from far.recipes.predict import write_predictions
 from far.storage.atomic import DiskFull, write_json
 from far.storage.step_folders import CHECKPOINTS, LATEST, manifest_problem, write_step_folder
 
@@ -55,6 +65,16 @@ def tiny_gguf(tmp_path, monkeypatch) -> Path:
     char_tokenizer().tokenizer.save(str(folder / TOKENIZER_FILE))
     (folder / SPECIAL_FILE).write_text(json.dumps({"pad_token_id": 1, "eos_token_id": 1}))
     return path
+
+
+@pytest.fixture
+def word_gguf(tiny_gguf) -> Path:
+    """The tiny GGUF file with a tokenizer that has SST-2's label words as one token each, and little else."""
+    vocabulary = {"[UNK]": 0, "</s>": 1, "\u0120great": 5, "\u0120terrible": 6, "\u0120the": 7}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.save(str(Path(f"{gguf_cache_path(tiny_gguf)}-tokenizer") / TOKENIZER_FILE))
+    return tiny_gguf
 
 
 @pytest.fixture
@@ -192,3 +212,135 @@ def test_far_train_whose_scratch_file_fills_the_disk_stops_with_exit_2(
     assert f"(the filesystem at {disk}) is full: the frozen bottom's scratch file needed" in err
     assert "Traceback" not in err
     assert not (disk / "run" / "metrics.json").exists() and not (disk / "run" / "learners.safetensors").exists()
+
+
+def lean_trained(gguf: Path, steps: int):
+    """A lean causal LM of `gguf` with FAR's learners, `steps` MeZO steps on one batch."""
+    ids, mask = right_padded()
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1])}
+    model = load_lean_model(gguf)
+    prime_and_split(model, [batch], lean_loss, far.FARConfig(0.25, seed=0), torch.float32)
+    optimizer = CompactMeZO(model, 1e-2, 1e-3, seed=0)
+    for _ in range(steps):
+        optimizer.step(lambda: lean_loss(model, batch))
+    return model
+
+
+def test_a_gguf_models_learners_file_on_a_full_disk_stays_the_previous_one(small_disk, tiny_gguf):
+    disk = small_disk("1m")
+    path = disk / "user.safetensors"
+    save_trained(lean_trained(tiny_gguf, 1), path, base=tiny_gguf)
+    fill(disk, 4096)
+    before = files(disk)
+    with pytest.raises(DiskFull) as caught:
+        save_trained(lean_trained(tiny_gguf, 2), path, base=tiny_gguf)
+    assert_names_the_disk(caught.value, disk, "user.safetensors")
+    assert files(disk) == before
+
+
+def test_a_lean_checkpoint_on_a_full_disk_leaves_the_previous_one_latest(small_disk, tiny_gguf):
+    disk = small_disk("2m")
+    model = lean_trained(tiny_gguf, 1)
+    first = save_lean_checkpoint(disk, 1, model, None, {"seconds": 1.0})
+    fill(disk, 8192)
+    before = files(disk)
+    with pytest.raises(DiskFull) as caught:
+        save_lean_checkpoint(disk, 2, model, None, {"seconds": 2.0})
+    assert_names_the_disk(caught.value, disk, "step-2")
+    assert files(disk) == before and read_lean_checkpoint(disk) == (
+        first,
+        {"seconds": 1.0, "step": 1, "format": FORMAT},
+    )
+
+
+def assert_command_names_the_disk(code: int, err: str, disk: Path) -> None:
+    assert code == 2, err
+    assert f"(the filesystem at {disk}) is full" in err and "needed more than" in err and "Traceback" not in err
+
+
+def no_partial_files(folder: Path) -> bool:
+    return not any(".tmp-" in p.name for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def user(tiny_model_dir, tmp_path) -> Path:
+    """A learners file for the tiny BERT (with its two labels)."""
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
+    model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    far.reconfigure(model, 0.4, selection="random", seed=3)
+    return far.save_learners(model, tmp_path / "users" / "alice.safetensors")
+
+
+def test_far_predict_output_on_a_full_disk_keeps_the_previous_file(small_disk, tiny_model_dir, user, tmp_path, capsys):
+    disk = small_disk("256k")
+    many = write_rows(tmp_path / "many.csv", [{"text": f"review {i}: good fun"} for i in range(1000)])
+    argv = ["predict", "--model", str(tiny_model_dir), "--learners", str(user)]
+    write_predictions([{"text": "good fun", "label": "pos", "score": 0.9}], disk / "p.csv")  # a previous run's
+    fill(disk, 8192)
+    before = files(disk)
+    code = main([*argv, "--input", str(many), "--output", str(disk / "p.csv")])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    assert files(disk) == before
+
+
+def test_far_predict_output_dir_on_a_full_disk_exits_2(small_disk, tiny_model_dir, user, tmp_path, capsys):
+    disk = small_disk("256k")
+    many = write_rows(tmp_path / "many.csv", [{"text": f"review {i}: good fun"} for i in range(1000)])
+    fill(disk, 8192)
+    argv = ["predict", "--model", str(tiny_model_dir), "--learners", str(user.parent), "--input", str(many)]
+    code = main([*argv, "--output-dir", str(disk / "out")])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    assert not (disk / "out" / "alice.jsonl").exists() and no_partial_files(disk)
+
+
+def test_far_export_learners_only_on_a_full_disk_keeps_the_previous_file(small_disk, tmp_path, capsys):
+    disk = small_disk("1m")
+    checkpoint = far.save_pretrained(trained(2), tmp_path / "ckpt")
+    far.save_learners(trained(1), disk / "user.safetensors")
+    fill(disk, 4096)
+    before = files(disk)
+    code = main(["export", "--checkpoint", str(checkpoint), "--learners-only", str(disk / "user.safetensors")])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    assert {k: v for k, v in files(disk).items() if ".lock" not in k} == before
+
+
+def test_far_export_peft_on_a_full_disk_writes_nothing(small_disk, tiny_model_dir, user, capsys):
+    pytest.importorskip("peft")
+    disk = small_disk("256k")
+    fill(disk, 8192)
+    out = disk / "alice-lora"
+    code = main(["export", "--checkpoint", str(tiny_model_dir), "--learners", str(user), "--peft", str(out)])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    assert not out.exists() and no_partial_files(disk)
+
+
+def test_far_train_whose_disk_fills_at_the_end_writes_no_metrics_or_predictions(
+    small_disk, tiny_model_dir, tmp_path, capsys
+):
+    disk = small_disk("256k")
+    rows = [{"text": "good fun", "label": "pos"}, {"text": "dull and bad", "label": "neg"}] * 8
+    train = write_rows(tmp_path / "t.csv", rows)
+    validation = write_rows(tmp_path / "v.csv", rows * 200)  # 40 kB of predictions
+    fill(disk, 24_576)  # room for the run's small files, not for its predictions
+    argv = ["train", "--train-file", str(train), "--validation-file", str(validation), "--model", str(tiny_model_dir)]
+    code = main([*argv, "--output-dir", str(disk / "run"), "--max-steps", "2", "--no-progress", "--no-save-model"])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    left = sorted(p.name for p in (disk / "run").iterdir())
+    assert "metrics.json" not in left and "predictions.tsv" not in left and no_partial_files(disk), left
+
+
+def test_far_glue_with_a_causal_lm_whose_disk_fills_at_the_end(small_disk, word_gguf, data_dir, monkeypatch, capsys):
+    disk = small_disk("256k")
+    write = causal_lm._write_predictions
+
+    def then_fill(*args) -> None:  # the disk fills as the run writes its files
+        write(*args)
+        fill(disk, 0)
+
+    monkeypatch.setattr(causal_lm, "_write_predictions", then_fill)
+    argv = ["glue", "--task", "sst2", "--model", str(word_gguf), "--optimizer", "mezo", "--max-steps", "2"]
+    argv += ["--batch-size", "4", "--priming", "1", "--max-train-samples", "16", "--max-eval-samples", "8"]
+    code = main([*argv, "--data-dir", str(data_dir), "--output-dir", str(disk / "run"), "--no-progress"])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    left = sorted(p.name for p in (disk / "run").iterdir())
+    assert "log.jsonl" not in left and "metrics.json" not in left and no_partial_files(disk), left
