@@ -14,10 +14,13 @@ from test_llm_lean import right_padded, tiny_hf, write_gguf
 from test_llm_lean_saving import loss_fn as lean_loss
 from test_lm_texts import char_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import BertForSequenceClassification
+from transformers import AutoTokenizer, BertForSequenceClassification
 
 import far
+import far.device as device
 from far.cli.main import main
+from far.device.manifest import read_manifest
+from far.device.state import read_state
 from far.llm import bottom_on_disk
 from far.llm.gguf import CACHE_ENV, gguf_cache_path
 from far.llm.gguf_file import load_lean_model
@@ -344,3 +347,46 @@ def test_far_glue_with_a_causal_lm_whose_disk_fills_at_the_end(small_disk, word_
     assert_command_names_the_disk(code, capsys.readouterr().err, disk)
     left = sorted(p.name for p in (disk / "run").iterdir())
     assert "log.jsonl" not in left and "metrics.json" not in left and no_partial_files(disk), left
+
+
+@pytest.fixture(scope="module")
+def device_export(tmp_path_factory, minilm_path) -> Path:
+    """A FAR checkpoint of a tiny BERT with MiniLM's tokenizer, and its ExecuTorch export (with 8 examples)."""
+    pytest.importorskip("executorch")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    model = tiny_model("bert", num_labels=2, vocab_size=tokenizer.vocab_size, max_position_embeddings=32)
+    model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    far.reconfigure(model, far.FARConfig(retention=0.25, selection="random", freeze_embeddings=True))
+    folder = tmp_path_factory.mktemp("device")
+    far.save_pretrained(model, folder / "ckpt")
+    tokenizer.save_pretrained(folder / "ckpt")
+    out = folder / "out"
+    device.export_executorch(
+        model, tokenizer, out, batch_size=2, max_length=8, lr=0.05, xnnpack=False, bottom_xnnpack=False
+    )
+    texts = ["good fun", "dull", "lovely", "awful", "great", "bad", "fine", "boring"]
+    device.write_examples(texts, tokenizer, out, out / "examples.safetensors", labels=["pos", "neg"] * 4)
+    return out
+
+
+@pytest.mark.slow
+def test_device_training_on_a_full_disk_keeps_the_previous_state(small_disk, device_export):
+    disk = small_disk("1m")
+    state = disk / "state.safetensors"
+    device.train(device_export, device_export / "examples.safetensors", state_path=state, max_steps=1)
+    fill(disk, 4096)
+    before = files(disk)
+    with pytest.raises(DiskFull) as caught:
+        device.train(device_export, device_export / "examples.safetensors", state_path=state, resume=True, epochs=2)
+    assert_names_the_disk(caught.value, disk, "state.safetensors")
+    assert files(disk) == before and read_state(state, read_manifest(device_export)).step == 1
+
+
+@pytest.mark.slow
+def test_far_export_executorch_into_a_full_disk_writes_nothing(small_disk, device_export, capsys):
+    disk = small_disk("1m")  # the programs take about 4 MB
+    out = disk / "device"
+    argv = ["export", "--checkpoint", str(device_export.parent / "ckpt"), "--executorch", str(out)]
+    code = main([*argv, "--batch-size", "2", "--max-length", "8", "--xnnpack", "none"])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    assert not out.exists() and no_partial_files(disk)
