@@ -20,9 +20,20 @@ import pytest
 import torch
 from conftest import tiny_model
 from test_llm_lean import tiny_hf, write_gguf
+from tokenizers import Tokenizer
+from tokenizers.models import BPE
 
 import far
+import far.llm.tokenizer as tokenizer_module
+from far.llm.gguf import CACHE_ENV, gguf_cache_path
 from far.llm.gguf_file import GGUFFileError, load_lean_model
+from far.llm.tokenizer import (
+    SPECIAL_FILE,
+    TOKENIZER_FILE,
+    TokenizerCacheError,
+    load_gguf_tokenizer,
+    read_tokenizer_cache,
+)
 from far.saving.learners_file import LearnersFileError
 
 
@@ -163,3 +174,149 @@ def json_mutations(value: object, seed: int, count: int) -> list[bytes]:
         text = json.dumps(doc)
         out.append((text[: rng.randrange(len(text))] if i % 9 == 8 else text).encode())
     return out
+
+
+def hostile_json(doc: object, seed: int, count: int) -> list[bytes]:
+    """JSON a hostile file would hold: nesting past any stack, repeated keys, absurd numbers, long strings, binary."""
+    rng = random.Random(seed)
+    text = json.dumps(doc)
+    out = []
+    for i in range(count):
+        kind = i % 6
+        if kind == 0:  # nested far deeper than any parser's stack
+            depth = rng.choice([1_000, 100_000])
+            out.append(text.replace("{", "{" + '"x": ' + "[" * depth + "]" * depth + ", ", 1).encode())
+        elif kind == 1:  # every object's first key repeated with another value
+            out.append(
+                text.replace(
+                    "{", '{"' + rng.choice(["label", "text", "model", "version", "type"]) + '": 7, ', 1
+                ).encode()
+            )
+        elif kind == 2:  # numbers no machine type holds
+            number = rng.choice(["1e999", "-1e999", "NaN", "Infinity", "1" + "0" * 5000, "-0", "18446744073709551616"])
+            out.append(text.replace(": ", ": " + number + ", " + '"n": ', 1).encode())
+        elif kind == 3:  # one absurdly long line
+            out.append(text.replace('"', '"' + "x" * rng.choice([200_000, 2_000_000]), 1).encode())
+        elif kind == 4:  # binary bytes anywhere
+            data = bytearray(text.encode())
+            at = rng.randrange(len(data))
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 32)))
+            out.append(bytes(data))
+        else:  # the document cut anywhere
+            out.append(text.encode()[: rng.randrange(len(text))])
+    return out
+
+
+def _cached_tokenizer(folder: Path) -> tuple[bytes, bytes]:
+    """(tokenizer.json, far_tokenizer.json) of a small byte-level BPE tokenizer, as `build_tokenizer_cache` writes."""
+    vocab = {"<unk>": 0, "</s>": 1, **{chr(c): c - 30 for c in range(32, 127)}, "th": 97, "the": 98}
+    tokenizer = Tokenizer(BPE(vocab, [("t", "h"), ("th", "e")], unk_token="<unk>"))
+    tokenizer.add_special_tokens(["</s>"])
+    tokenizer.save(str(folder / TOKENIZER_FILE))
+    special = json.dumps({"pad_token_id": 1, "eos_token_id": 1, "gguf": "tiny.gguf"}).encode()
+    return (folder / TOKENIZER_FILE).read_bytes(), special
+
+
+@COUNTS
+def test_mutated_cached_tokenizers_are_refused_before_any_id_leaves_the_vocabulary(tmp_path, count):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    tokenizer_json, special = _cached_tokenizer(cache)
+    doc = json.loads(tokenizer_json)
+    n = count // 5
+    targeted = [  # what a hostile cache would hold: ids past the vocabulary, padding to 2**40 tokens
+        tokenizer_json.replace(b'"the":98', b'"the":2147483648'),
+        tokenizer_json.replace(b'"id":1,', b'"id":4294967294,'),  # tokenizers numbers added tokens itself
+        json.dumps(
+            {
+                **doc,
+                "padding": {
+                    "strategy": {"Fixed": 2**40},
+                    "direction": "Right",
+                    "pad_to_multiple_of": None,
+                    "pad_id": 0,
+                    "pad_type_id": 0,
+                    "pad_token": "<unk>",
+                },
+            }
+        ).encode(),
+    ]
+    cases = {
+        TOKENIZER_FILE: targeted
+        + json_mutations(doc, seed=count, count=2 * n)
+        + hostile_json(doc, seed=count, count=n)
+        + byte_mutations(tokenizer_json, seed=count, count=n),
+        SPECIAL_FILE: json_mutations(json.loads(special), seed=count + 1, count=n // 2)
+        + hostile_json(json.loads(special), seed=count + 1, count=count - 4 * n - n // 2 - len(targeted)),
+    }
+
+    def read(path: Path) -> None:
+        tokenizer = read_tokenizer_cache(cache)
+        ids = tokenizer("the cat sat on the mat")["input_ids"] + [tokenizer.pad_token_id, tokenizer.eos_token_id or 0]
+        size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        assert all(0 <= i < size for i in ids), f"ids {ids} past a vocabulary of {size}"
+        tokenizer.decode(ids)
+
+    outcome = {"read": 0, "refused": 0}
+    for name, files in cases.items():
+        (cache / TOKENIZER_FILE).write_bytes(tokenizer_json)
+        (cache / SPECIAL_FILE).write_bytes(special)
+
+        def place(path: Path, name=name) -> None:
+            (cache / name).write_bytes(path.read_bytes())
+            read(path)
+
+        for key, value in fuzz(files, tmp_path, place, (TokenizerCacheError,)).items():
+            outcome[key] += value
+    assert sum(outcome.values()) == count and outcome["refused"] > 0, outcome
+
+
+@pytest.mark.parametrize(
+    ("file", "change", "message"),
+    [
+        # tokenizers panics in Rust (pyo3's PanicException, no Exception) on a subword prefix longer than a token
+        (TOKENIZER_FILE, lambda d: d["model"].update(continuing_subword_prefix="x" * 10_000), "unreadable"),
+        (TOKENIZER_FILE, lambda d: d["model"]["vocab"].update(the=2**31), "past its own vocabulary"),
+        (SPECIAL_FILE, lambda d: d.update(pad_token_id=500), "past its own vocabulary"),
+        (SPECIAL_FILE, lambda d: d.update(eos_token_id=True), "whole numbers"),
+    ],
+    ids=["rust-panic", "vocab-id", "pad-id", "eos-bool"],
+)
+def test_a_damaged_cached_tokenizer_is_refused(tmp_path, file, change, message):
+    tokenizer_json, special = _cached_tokenizer(tmp_path)
+    doc = json.loads(tokenizer_json if file == TOKENIZER_FILE else special)
+    change(doc)
+    (tmp_path / SPECIAL_FILE).write_bytes(special)
+    (tmp_path / file).write_text(json.dumps(doc))
+    with pytest.raises(TokenizerCacheError, match=message):
+        read_tokenizer_cache(tmp_path)
+
+
+def test_a_cached_special_file_nested_past_the_stack_is_refused(tmp_path):
+    _cached_tokenizer(tmp_path)
+    (tmp_path / SPECIAL_FILE).write_text('{"pad_token_id": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(TokenizerCacheError, match="unreadable"):  # json.loads: RecursionError
+        read_tokenizer_cache(tmp_path)
+
+
+def test_a_damaged_cached_tokenizer_is_converted_again_from_the_gguf_file(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF, as far as the cache's key is concerned")
+    folder = Path(f"{gguf_cache_path(gguf)}-tokenizer")
+    folder.mkdir(parents=True)
+    tokenizer_json, special = _cached_tokenizer(folder)
+    (folder / SPECIAL_FILE).write_bytes(special)
+    (folder / TOKENIZER_FILE).write_bytes(tokenizer_json[: len(tokenizer_json) // 2])  # cut by a crash or a stranger
+    converted = []
+
+    def convert(path, target: Path) -> None:  # what the child process's conversion writes
+        converted.append(path)
+        _cached_tokenizer(target)
+        (target / SPECIAL_FILE).write_bytes(special)
+
+    monkeypatch.setattr(tokenizer_module, "_convert", convert)
+    tokenizer = load_gguf_tokenizer(gguf)
+    assert converted == [gguf] and "converting the tokenizer of" in caplog.text
+    assert tokenizer("the")["input_ids"] == [98]
+    assert load_gguf_tokenizer(gguf)("the")["input_ids"] == [98] and converted == [gguf]  # intact: read, not redone
