@@ -10,6 +10,8 @@ The slow tier runs 1,000 mutations of each.
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 import struct
 import time
@@ -18,13 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, write_rows
 from test_llm_lean import tiny_hf, write_gguf
 from tokenizers import Tokenizer
 from tokenizers.models import BPE
 
 import far
 import far.llm.tokenizer as tokenizer_module
+from far.data.files import load_text_files
+from far.data.table import DataFileError
 from far.llm.gguf import CACHE_ENV, gguf_cache_path
 from far.llm.gguf_file import GGUFFileError, load_lean_model
 from far.llm.tokenizer import (
@@ -320,3 +324,96 @@ def test_a_damaged_cached_tokenizer_is_converted_again_from_the_gguf_file(tmp_pa
     assert converted == [gguf] and "converting the tokenizer of" in caplog.text
     assert tokenizer("the")["input_ids"] == [98]
     assert load_gguf_tokenizer(gguf)("the")["input_ids"] == [98] and converted == [gguf]  # intact: read, not redone
+
+
+EXAMPLES = [{"text": f"review {i}: the film was {('dull', 'fine', 'great')[i % 3]}", "label": ("neg", "pos")[i % 2]}
+            for i in range(12)]  # fmt: skip
+
+
+def table_mutations(raw: bytes, suffix: str, seed: int, count: int) -> list[bytes]:
+    """Mutations of an examples file: its bytes, and what a hostile file would hold in its format."""
+    rng = random.Random(seed)
+    lines = raw.decode().splitlines(keepends=True)
+    out = byte_mutations(raw, seed, count // 3)
+    if suffix in (".json", ".jsonl"):
+        # nesting, repeated keys, absurd numbers, long lines, fields removed or retyped: the whole list, or in
+        # JSON Lines one line among valid ones
+        if suffix == ".json":
+            return (
+                out
+                + hostile_json(EXAMPLES[:3], seed, count // 3)
+                + json_mutations(EXAMPLES[:4], seed, count - len(out) - count // 3)
+            )
+        cases = hostile_json(EXAMPLES[0], seed, count // 3) + json_mutations(
+            EXAMPLES[0], seed, count - len(out) - count // 3
+        )
+        return out + ["".join(lines[:4]).encode().replace(b"}\n", b"}\n" + case + b"\n", 1) for case in cases]
+    while len(out) < count:  # CSV/TSV: a line replaced by something absurd
+        data = list(lines)
+        at = rng.randrange(len(data))
+        kind = len(out) % 5
+        if kind == 0:
+            data[at] = "x" * rng.choice([200_000, 2_000_000]) + "\n"  # one line past the csv module's field limit
+        elif kind == 1:
+            data[at] = '"' + "unclosed" * 1000 + "\n"
+        elif kind == 2:
+            data[at] = "\x00\x01\x7f" * 10 + "\n"
+        elif kind == 3:  # a regression file (every label a number), one label a number no float holds
+            sep = "," if suffix == ".csv" else "\t"
+            data[1:] = [line.rsplit(sep, 1)[0] + f"{sep}{i * 0.5}\n" for i, line in enumerate(data[1:])]
+            at = rng.randrange(1, len(data))
+            number = rng.choice(["1e999", "NaN", "-inf", "Infinity", "1" + "0" * 5000, "0x10", "1_0"])
+            data[at] = data[at].rsplit(sep, 1)[0] + f"{sep}{number}\n"
+        else:
+            data[at] = data[at].rstrip("\n") + ("," if suffix == ".csv" else "\t") * rng.randint(1, 100) + "\n"
+        out.append("".join(data).encode())
+    return out
+
+
+@COUNTS
+def test_mutated_examples_files_are_refused_with_a_data_file_error(tmp_path, count):
+    outcome = {"read": 0, "refused": 0}
+    formats = (".csv", ".tsv", ".json", ".jsonl")
+    for n, suffix in enumerate(formats):
+        valid = write_rows(tmp_path / f"valid{suffix}", EXAMPLES)
+        target = tmp_path / f"train{suffix}"
+
+        def read(path: Path, target=target) -> None:
+            target.unlink(missing_ok=True)
+            os.link(path, target)  # the reader goes by the file's suffix
+            data = load_text_files(target, target)
+            if data.labels.kind == "regression":
+                assert all(math.isfinite(v) for v in data.train["label"]), "a label that is no number"
+
+        cases = table_mutations(valid.read_bytes(), suffix, seed=count + n, count=count // 4 + (n < count % 4))
+        for key, value in fuzz(cases, tmp_path, read, (DataFileError,)).items():
+            outcome[key] += value
+    assert sum(outcome.values()) == count and outcome["refused"] > count // 2, outcome
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # json.loads raised RecursionError, no DataFileError
+        ("deep.jsonl", '{"text": ' + "[" * 100_000 + "]" * 100_000 + ', "label": "pos"}\n', "nests arrays"),
+        # json kept the last of two values without a word
+        (
+            "twice.jsonl",
+            '{"text": "a", "label": "pos", "label": "neg"}\n{"text": "b", "label": "neg"}\n',
+            "more than once",
+        ),
+        # NaN and Infinity are no JSON, which Python's json takes
+        ("nan.json", '[{"text": "a", "label": NaN}, {"text": "b", "label": 1.5}]', "no JSON number"),
+        # an integer of more digits than Python converts raised a bare ValueError
+        ("digits.jsonl", '{"text": "a", "label": 1' + "0" * 5000 + '}\n{"text": "b", "label": 2}\n', "digits"),
+        # a regression label that parses as a float but is no finite number trained on NaN
+        ("inf.csv", "text,label\na,1e999\nb,0.5\n", "no finite number"),
+        ("nan.tsv", "text\tlabel\na\t0.5\nb\tnan\n", "no finite number"),
+    ],
+    ids=["deep", "repeated-key", "nan-literal", "digits", "inf-label", "nan-label"],
+)
+def test_an_examples_file_a_stranger_wrote_is_refused_with_a_data_file_error(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataFileError, match=message):
+        load_text_files(path, path)
