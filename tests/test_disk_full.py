@@ -31,6 +31,7 @@ from far.llm.state_file import StateFile
 from far.llm.tokenizer import SPECIAL_FILE, TOKENIZER_FILE
 from far.llm.zo import CompactMeZO
 from far.recipes import causal_lm
+from far.recipes.compare import save_trained_tensors
 from far.recipes.predict import write_predictions
 from far.storage.atomic import DiskFull, write_json
 from far.storage.step_folders import CHECKPOINTS, LATEST, manifest_problem, write_step_folder
@@ -73,7 +74,7 @@ def tiny_gguf(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def word_gguf(tiny_gguf) -> Path:
     """The tiny GGUF file with a tokenizer that has SST-2's label words as one token each, and little else."""
-    vocabulary = {"[UNK]": 0, "</s>": 1, "\u0120great": 5, "\u0120terrible": 6, "\u0120the": 7}
+    vocabulary = {"[UNK]": 0, "</s>": 1, "\u0120great": 2, "\u0120terrible": 3, "\u0120the": 4}
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.save(str(Path(f"{gguf_cache_path(tiny_gguf)}-tokenizer") / TOKENIZER_FILE))
@@ -390,3 +391,14 @@ def test_far_export_executorch_into_a_full_disk_writes_nothing(small_disk, devic
     code = main([*argv, "--batch-size", "2", "--max-length", "8", "--xnnpack", "none"])
     assert_command_names_the_disk(code, capsys.readouterr().err, disk)
     assert not out.exists() and no_partial_files(disk)
+
+
+def test_the_demos_trained_tensors_on_a_full_disk_keep_the_previous_file(small_disk):
+    disk = small_disk("1m")
+    path = save_trained_tensors(trained(1), disk / "bottom1" / "trained.safetensors")
+    fill(disk, 4096)
+    before = files(disk)
+    with pytest.raises(DiskFull) as caught:  # safetensors' own error (no OSError): a traceback from far demo
+        save_trained_tensors(trained(2), path)
+    assert_names_the_disk(caught.value, disk, "trained.safetensors")
+    assert files(disk) == before
