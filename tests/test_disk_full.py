@@ -35,6 +35,7 @@ from far.recipes.compare import save_trained_tensors
 from far.recipes.predict import write_predictions
 from far.storage.atomic import DiskFull, write_json
 from far.storage.step_folders import CHECKPOINTS, LATEST, manifest_problem, write_step_folder
+from far.training.log import RunLog
 
 LABELS = torch.tensor([0, 1, 2])
 
@@ -402,3 +403,24 @@ def test_the_demos_trained_tensors_on_a_full_disk_keep_the_previous_file(small_d
         save_trained_tensors(trained(2), path)
     assert_names_the_disk(caught.value, disk, "trained.safetensors")
     assert files(disk) == before
+
+
+def test_far_train_whose_disk_fills_while_it_trains_says_so_and_exits_2(
+    small_disk, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    disk = small_disk("256k")
+    write = RunLog.write
+
+    def then_fill(self, record: dict) -> None:  # the disk fills after the first step's line (more fill its last page)
+        write(self, record)
+        fill(disk, 0)
+
+    monkeypatch.setattr(RunLog, "write", then_fill)
+    rows = [{"text": "good fun", "label": "pos"}, {"text": "dull and bad", "label": "neg"}] * 8
+    train = write_rows(tmp_path / "t.csv", rows)
+    argv = ["train", "--train-file", str(train), "--validation-file", str(train), "--model", str(tiny_model_dir)]
+    code = main([*argv, "--output-dir", str(disk / "run"), "--max-steps", "60", "--batch-size", "8", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"(the filesystem at {disk}) is full" in err and "Traceback" not in err and "Logging error" not in err
+    assert not (disk / "run" / "metrics.json").exists() and no_partial_files(disk)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import resource
+import shutil
 import sys
 from pathlib import Path
 from types import TracebackType
 
 from tqdm.auto import tqdm
 
-from far.storage.atomic import atomic_file
+from far.storage.atomic import DiskFull, atomic_file, mount_point
 
 
 def peak_rss_bytes() -> int:
@@ -44,9 +47,29 @@ class RunLog:
         self._file = open(self.path, mode, encoding="utf-8")  # closed by close()
 
     def write(self, record: dict) -> None:
-        if self._file is not None:
+        """Append `record` as a line, flushed.
+
+        Raises:
+            DiskFull: the disk has no room for the line; the lines before it are intact.
+        """
+        if self._file is None:
+            return
+        try:
             self._file.write(json.dumps(record, sort_keys=False) + "\n")
             self._file.flush()
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):  # its buffer holds the line the disk refused: close() would retry it
+                file.close()
+            folder = self.path.parent
+            raise DiskFull(
+                errno.ENOSPC,
+                f"the disk of {folder} (the filesystem at {mount_point(folder)}) is full: writing {self.path.name} "
+                f"needed more than the {shutil.disk_usage(folder).free:,} bytes free there. Its lines up to the last "
+                "whole one are intact; free some space there, or write to another disk",
+            ) from error
 
     def close(self) -> None:
         if self._file is not None:
