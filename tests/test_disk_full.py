@@ -4,6 +4,7 @@ partial file under a final name. Against a real size-limited tmpfs, mounted for 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from pathlib import Path
 
@@ -414,6 +415,7 @@ def test_far_train_whose_disk_fills_while_it_trains_says_so_and_exits_2(
     def then_fill(self, record: dict) -> None:  # the disk fills after the first step's line (more fill its last page)
         write(self, record)
         fill(disk, 0)
+        logging.getLogger("far.training").info("a record longer than a page: %s", "x" * 8192)  # train.log's
 
     monkeypatch.setattr(RunLog, "write", then_fill)
     rows = [{"text": "good fun", "label": "pos"}, {"text": "dull and bad", "label": "neg"}] * 8
