@@ -417,3 +417,15 @@ def test_an_examples_file_a_stranger_wrote_is_refused_with_a_data_file_error(tmp
     path.write_text(text)
     with pytest.raises(DataFileError, match=message):
         load_text_files(path, path)
+
+
+@pytest.mark.slow
+def test_a_converted_tokenizer_passes_its_checks_and_a_damaged_one_is_converted_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    write_gguf(tiny_hf("llama"), gguf, [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ", "<|endoftext|>"])
+    ids = load_gguf_tokenizer(gguf)("Hello world")["input_ids"]  # transformers' conversion, in a child process
+    folder = Path(f"{gguf_cache_path(gguf)}-tokenizer")
+    (folder / TOKENIZER_FILE).write_bytes((folder / TOKENIZER_FILE).read_bytes()[:100])
+    assert load_gguf_tokenizer(gguf)("Hello world")["input_ids"] == ids
+    assert read_tokenizer_cache(folder)("Hello world")["input_ids"] == ids
