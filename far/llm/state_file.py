@@ -26,7 +26,7 @@ from types import TracebackType
 import torch
 from torch import Tensor
 
-from far.storage.atomic import DiskFull, mount_point
+from far.storage.atomic import disk_full
 
 
 class StateFile:
@@ -69,11 +69,10 @@ class StateFile:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             free = shutil.disk_usage(self.folder).free
-            raise DiskFull(
-                errno.ENOSPC,
-                f"the disk of {self.folder} (the filesystem at {mount_point(self.folder)}) is full: the frozen "
-                f"bottom's scratch file needed {data.nbytes:,} bytes more, and {free:,} bytes are free there. Nothing "
-                "the run saved was changed; free some space there, or give the run an output folder on another disk",
+            raise disk_full(
+                self.folder,
+                f"the frozen bottom's scratch file needed {data.nbytes:,} bytes more, {free:,} bytes are free there",
+                "Nothing the run saved was changed",
             ) from error
         self._where[key] = (self.bytes, data.shape, data.dtype)
         self.bytes += data.nbytes

@@ -13,7 +13,7 @@ from types import TracebackType
 
 from tqdm.auto import tqdm
 
-from far.storage.atomic import DiskFull, atomic_file, mount_point
+from far.storage.atomic import atomic_file, disk_full
 
 
 def peak_rss_bytes() -> int:
@@ -63,12 +63,11 @@ class RunLog:
             file, self._file = self._file, None
             with contextlib.suppress(OSError):  # its buffer holds the line the disk refused: close() would retry it
                 file.close()
-            folder = self.path.parent
-            raise DiskFull(
-                errno.ENOSPC,
-                f"the disk of {folder} (the filesystem at {mount_point(folder)}) is full: writing {self.path.name} "
-                f"needed more than the {shutil.disk_usage(folder).free:,} bytes free there. Its lines up to the last "
-                "whole one are intact; free some space there, or write to another disk",
+            free = shutil.disk_usage(self.path.parent).free
+            raise disk_full(
+                self.path.parent,
+                f"writing {self.path.name} needed more than the {free:,} bytes free there",
+                "Its lines up to the last whole one are intact",
             ) from error
 
     def close(self) -> None:
