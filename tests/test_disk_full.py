@@ -426,3 +426,23 @@ def test_far_train_whose_disk_fills_while_it_trains_says_so_and_exits_2(
     assert code == 2, err
     assert f"(the filesystem at {disk}) is full" in err and "Traceback" not in err and "Logging error" not in err
     assert not (disk / "run" / "metrics.json").exists() and no_partial_files(disk)
+
+
+def test_far_glue_whose_disk_fills_at_the_end_writes_no_metrics_or_predictions(
+    small_disk, tiny_model_dir, data_dir, monkeypatch, capsys
+):
+    disk = small_disk("256k")
+    close = RunLog.close
+
+    def then_fill(self) -> None:  # the disk fills as training ends, before the predictions and metrics.json
+        close(self)
+        fill(disk, 0)
+
+    monkeypatch.setattr(RunLog, "close", then_fill)
+    argv = ["glue", "--task", "sst2", "--model", str(tiny_model_dir), "--max-steps", "2", "--max-train-samples", "16"]
+    argv += ["--max-eval-samples", "64", "--data-dir", str(data_dir), "--no-save-model", "--no-progress"]
+    code = main([*argv, "--output-dir", str(disk / "run")])
+    assert_command_names_the_disk(code, capsys.readouterr().err, disk)
+    left = sorted(p.name for p in (disk / "run").rglob("*"))
+    assert "metrics.json" not in left and not any(name.startswith("predictions") for name in left), left
+    assert no_partial_files(disk)
