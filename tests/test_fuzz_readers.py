@@ -1,8 +1,10 @@
-"""Files from strangers: mutated learners files and GGUF files are refused with far's own error and change nothing.
+"""Files from strangers: mutated learners files, GGUF files, cached tokenizers (tokenizer.json and
+far_tokenizer.json) and examples files (CSV, TSV, JSON, JSONL) are refused with far's own error and change nothing.
 
 Each reader gets a few hundred mutations of a valid file, drawn from a fixed seed: truncations, flipped bits,
 absurd header lengths, and header fields (shapes, offsets, dtypes, counts) set to values a hostile file would
-hold. What a reader may do: load a file that is still valid, or raise its documented error. What it may not:
+hold; JSON nested past any stack, keys given twice, numbers no machine type holds, lines of megabytes. What a
+reader may do: load a file that is still valid, or raise its documented error. What it may not:
 any other exception (an IndexError, a RuntimeError from torch, a MemoryError), a change to the model, or a hang.
 The slow tier runs 1,000 mutations of each.
 """
