@@ -413,3 +413,24 @@ def test_mutated_device_files_are_refused_with_device_file_error(exported, tmp_p
     mutated = json_mutations(manifest, seed=count, count=count)
     outcome = fuzz(mutated, tmp_path, read_folder, (DeviceFileError,))
     assert outcome["refused"] > count * 0.3, outcome
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: m.update(base_fingerprint="0" * 64), "another export"),  # another base model's export
+        (lambda m: m["task"].update(num_labels=2, labels=["bad", "good"]), "another export"),  # another task
+        (lambda m: m["task"].update(labels=["good", "ok", "bad"]), "other classes"),  # the same classes, renamed
+    ],
+    ids=["base", "task", "class-names"],
+)
+def test_device_training_refuses_an_examples_file_written_for_another_export(
+    exported, tokenizer, tmp_path, change, message
+):
+    other = copy.deepcopy(read_manifest(exported))
+    change(other)
+    labels = [i % 2 for i in range(len(TEXTS))]  # class ids every one of these tasks has
+    foreign = device.write_examples(TEXTS, tokenizer, other, tmp_path / "foreign.safetensors", labels=labels)
+    with pytest.raises(DeviceFileError, match=message):
+        device.train(exported, foreign, state_path=tmp_path / "state.safetensors")
+    assert not (tmp_path / "state.safetensors").exists()

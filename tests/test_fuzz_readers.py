@@ -1,8 +1,10 @@
-"""Files from strangers: mutated learners files and GGUF files are refused with far's own error and change nothing.
+"""Files from strangers: mutated learners files, GGUF files, cached tokenizers (tokenizer.json and
+far_tokenizer.json) and examples files (CSV, TSV, JSON, JSONL) are refused with far's own error and change nothing.
 
 Each reader gets a few hundred mutations of a valid file, drawn from a fixed seed: truncations, flipped bits,
 absurd header lengths, and header fields (shapes, offsets, dtypes, counts) set to values a hostile file would
-hold. What a reader may do: load a file that is still valid, or raise its documented error. What it may not:
+hold; JSON nested past any stack, keys given twice, numbers no machine type holds, lines of megabytes. What a
+reader may do: load a file that is still valid, or raise its documented error. What it may not:
 any other exception (an IndexError, a RuntimeError from torch, a MemoryError), a change to the model, or a hang.
 The slow tier runs 1,000 mutations of each.
 """
@@ -10,6 +12,8 @@ The slow tier runs 1,000 mutations of each.
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 import struct
 import time
@@ -18,11 +22,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, write_rows
 from test_llm_lean import tiny_hf, write_gguf
+from tokenizers import Tokenizer
+from tokenizers.models import BPE
 
 import far
+import far.llm.tokenizer as tokenizer_module
+from far.data.files import load_text_files
+from far.data.table import DataFileError
+from far.llm.gguf import CACHE_ENV, gguf_cache_path
 from far.llm.gguf_file import GGUFFileError, load_lean_model
+from far.llm.tokenizer import (
+    SPECIAL_FILE,
+    TOKENIZER_FILE,
+    TokenizerCacheError,
+    load_gguf_tokenizer,
+    read_tokenizer_cache,
+)
 from far.saving.learners_file import LearnersFileError
 
 
@@ -163,3 +180,254 @@ def json_mutations(value: object, seed: int, count: int) -> list[bytes]:
         text = json.dumps(doc)
         out.append((text[: rng.randrange(len(text))] if i % 9 == 8 else text).encode())
     return out
+
+
+def hostile_json(doc: object, seed: int, count: int) -> list[bytes]:
+    """JSON a hostile file would hold: nesting past any stack, repeated keys, absurd numbers, long strings, binary."""
+    rng = random.Random(seed)
+    text = json.dumps(doc)
+    out = []
+    for i in range(count):
+        kind = i % 6
+        if kind == 0:  # nested far deeper than any parser's stack
+            depth = rng.choice([1_000, 100_000])
+            out.append(text.replace("{", "{" + '"x": ' + "[" * depth + "]" * depth + ", ", 1).encode())
+        elif kind == 1:  # every object's first key repeated with another value
+            out.append(
+                text.replace(
+                    "{", '{"' + rng.choice(["label", "text", "model", "version", "type"]) + '": 7, ', 1
+                ).encode()
+            )
+        elif kind == 2:  # numbers no machine type holds
+            number = rng.choice(["1e999", "-1e999", "NaN", "Infinity", "1" + "0" * 5000, "-0", "18446744073709551616"])
+            out.append(text.replace(": ", ": " + number + ", " + '"n": ', 1).encode())
+        elif kind == 3:  # one absurdly long line
+            out.append(text.replace('"', '"' + "x" * rng.choice([200_000, 2_000_000]), 1).encode())
+        elif kind == 4:  # binary bytes anywhere
+            data = bytearray(text.encode())
+            at = rng.randrange(len(data))
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 32)))
+            out.append(bytes(data))
+        else:  # the document cut anywhere
+            out.append(text.encode()[: rng.randrange(len(text))])
+    return out
+
+
+def _cached_tokenizer(folder: Path) -> tuple[bytes, bytes]:
+    """(tokenizer.json, far_tokenizer.json) of a small byte-level BPE tokenizer, as `build_tokenizer_cache` writes."""
+    vocab = {"<unk>": 0, "</s>": 1, **{chr(c): c - 30 for c in range(32, 127)}, "th": 97, "the": 98}
+    tokenizer = Tokenizer(BPE(vocab, [("t", "h"), ("th", "e")], unk_token="<unk>"))
+    tokenizer.add_special_tokens(["</s>"])
+    tokenizer.save(str(folder / TOKENIZER_FILE))
+    special = json.dumps({"pad_token_id": 1, "eos_token_id": 1, "gguf": "tiny.gguf"}).encode()
+    return (folder / TOKENIZER_FILE).read_bytes(), special
+
+
+@COUNTS
+def test_mutated_cached_tokenizers_are_refused_before_any_id_leaves_the_vocabulary(tmp_path, count):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    tokenizer_json, special = _cached_tokenizer(cache)
+    doc = json.loads(tokenizer_json)
+    n = count // 5
+    targeted = [  # what a hostile cache would hold: ids past the vocabulary, padding to 2**40 tokens
+        tokenizer_json.replace(b'"the":98', b'"the":2147483648'),
+        tokenizer_json.replace(b'"id":1,', b'"id":4294967294,'),  # tokenizers numbers added tokens itself
+        json.dumps(
+            {
+                **doc,
+                "padding": {
+                    "strategy": {"Fixed": 2**40},
+                    "direction": "Right",
+                    "pad_to_multiple_of": None,
+                    "pad_id": 0,
+                    "pad_type_id": 0,
+                    "pad_token": "<unk>",
+                },
+            }
+        ).encode(),
+    ]
+    cases = {
+        TOKENIZER_FILE: targeted
+        + json_mutations(doc, seed=count, count=2 * n)
+        + hostile_json(doc, seed=count, count=n)
+        + byte_mutations(tokenizer_json, seed=count, count=n),
+        SPECIAL_FILE: json_mutations(json.loads(special), seed=count + 1, count=n // 2)
+        + hostile_json(json.loads(special), seed=count + 1, count=count - 4 * n - n // 2 - len(targeted)),
+    }
+
+    def read(path: Path) -> None:
+        tokenizer = read_tokenizer_cache(cache)
+        ids = tokenizer("the cat sat on the mat")["input_ids"] + [tokenizer.pad_token_id, tokenizer.eos_token_id or 0]
+        size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+        assert all(0 <= i < size for i in ids), f"ids {ids} past a vocabulary of {size}"
+        tokenizer.decode(ids)
+
+    outcome = {"read": 0, "refused": 0}
+    for name, files in cases.items():
+        (cache / TOKENIZER_FILE).write_bytes(tokenizer_json)
+        (cache / SPECIAL_FILE).write_bytes(special)
+
+        def place(path: Path, name=name) -> None:
+            (cache / name).write_bytes(path.read_bytes())
+            read(path)
+
+        for key, value in fuzz(files, tmp_path, place, (TokenizerCacheError,)).items():
+            outcome[key] += value
+    assert sum(outcome.values()) == count and outcome["refused"] > 0, outcome
+
+
+@pytest.mark.parametrize(
+    ("file", "change", "message"),
+    [
+        # tokenizers panics in Rust (pyo3's PanicException, no Exception) on a subword prefix longer than a token
+        (TOKENIZER_FILE, lambda d: d["model"].update(continuing_subword_prefix="x" * 10_000), "unreadable"),
+        (TOKENIZER_FILE, lambda d: d["model"]["vocab"].update(the=2**31), "past its own vocabulary"),
+        (SPECIAL_FILE, lambda d: d.update(pad_token_id=500), "past its own vocabulary"),
+        (SPECIAL_FILE, lambda d: d.update(eos_token_id=True), "whole numbers"),
+    ],
+    ids=["rust-panic", "vocab-id", "pad-id", "eos-bool"],
+)
+def test_a_damaged_cached_tokenizer_is_refused(tmp_path, file, change, message):
+    tokenizer_json, special = _cached_tokenizer(tmp_path)
+    doc = json.loads(tokenizer_json if file == TOKENIZER_FILE else special)
+    change(doc)
+    (tmp_path / SPECIAL_FILE).write_bytes(special)
+    (tmp_path / file).write_text(json.dumps(doc))
+    with pytest.raises(TokenizerCacheError, match=message):
+        read_tokenizer_cache(tmp_path)
+
+
+def test_a_cached_special_file_nested_past_the_stack_is_refused(tmp_path):
+    _cached_tokenizer(tmp_path)
+    (tmp_path / SPECIAL_FILE).write_text('{"pad_token_id": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(TokenizerCacheError, match="unreadable"):  # json.loads: RecursionError
+        read_tokenizer_cache(tmp_path)
+
+
+def test_a_damaged_cached_tokenizer_is_converted_again_from_the_gguf_file(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF, as far as the cache's key is concerned")
+    folder = Path(f"{gguf_cache_path(gguf)}-tokenizer")
+    folder.mkdir(parents=True)
+    tokenizer_json, special = _cached_tokenizer(folder)
+    (folder / SPECIAL_FILE).write_bytes(special)
+    (folder / TOKENIZER_FILE).write_bytes(tokenizer_json[: len(tokenizer_json) // 2])  # cut by a crash or a stranger
+    converted = []
+
+    def convert(path, target: Path) -> None:  # what the child process's conversion writes
+        converted.append(path)
+        _cached_tokenizer(target)
+        (target / SPECIAL_FILE).write_bytes(special)
+
+    monkeypatch.setattr(tokenizer_module, "_convert", convert)
+    tokenizer = load_gguf_tokenizer(gguf)
+    assert converted == [gguf] and "converting the tokenizer of" in caplog.text
+    assert tokenizer("the")["input_ids"] == [98]
+    assert load_gguf_tokenizer(gguf)("the")["input_ids"] == [98] and converted == [gguf]  # intact: read, not redone
+
+
+EXAMPLES = [{"text": f"review {i}: the film was {('dull', 'fine', 'great')[i % 3]}", "label": ("neg", "pos")[i % 2]}
+            for i in range(12)]  # fmt: skip
+
+
+def table_mutations(raw: bytes, suffix: str, seed: int, count: int) -> list[bytes]:
+    """Mutations of an examples file: its bytes, and what a hostile file would hold in its format."""
+    rng = random.Random(seed)
+    lines = raw.decode().splitlines(keepends=True)
+    out = byte_mutations(raw, seed, count // 3)
+    if suffix in (".json", ".jsonl"):
+        # nesting, repeated keys, absurd numbers, long lines, fields removed or retyped: the whole list, or in
+        # JSON Lines one line among valid ones
+        if suffix == ".json":
+            return (
+                out
+                + hostile_json(EXAMPLES[:3], seed, count // 3)
+                + json_mutations(EXAMPLES[:4], seed, count - len(out) - count // 3)
+            )
+        cases = hostile_json(EXAMPLES[0], seed, count // 3) + json_mutations(
+            EXAMPLES[0], seed, count - len(out) - count // 3
+        )
+        return out + ["".join(lines[:4]).encode().replace(b"}\n", b"}\n" + case + b"\n", 1) for case in cases]
+    while len(out) < count:  # CSV/TSV: a line replaced by something absurd
+        data = list(lines)
+        at = rng.randrange(len(data))
+        kind = len(out) % 5
+        if kind == 0:
+            data[at] = "x" * rng.choice([200_000, 2_000_000]) + "\n"  # one line past the csv module's field limit
+        elif kind == 1:
+            data[at] = '"' + "unclosed" * 1000 + "\n"
+        elif kind == 2:
+            data[at] = "\x00\x01\x7f" * 10 + "\n"
+        elif kind == 3:  # a regression file (every label a number), one label a number no float holds
+            sep = "," if suffix == ".csv" else "\t"
+            data[1:] = [line.rsplit(sep, 1)[0] + f"{sep}{i * 0.5}\n" for i, line in enumerate(data[1:])]
+            at = rng.randrange(1, len(data))
+            number = rng.choice(["1e999", "NaN", "-inf", "Infinity", "1" + "0" * 5000, "0x10", "1_0"])
+            data[at] = data[at].rsplit(sep, 1)[0] + f"{sep}{number}\n"
+        else:
+            data[at] = data[at].rstrip("\n") + ("," if suffix == ".csv" else "\t") * rng.randint(1, 100) + "\n"
+        out.append("".join(data).encode())
+    return out
+
+
+@COUNTS
+def test_mutated_examples_files_are_refused_with_a_data_file_error(tmp_path, count):
+    outcome = {"read": 0, "refused": 0}
+    formats = (".csv", ".tsv", ".json", ".jsonl")
+    for n, suffix in enumerate(formats):
+        valid = write_rows(tmp_path / f"valid{suffix}", EXAMPLES)
+        target = tmp_path / f"train{suffix}"
+
+        def read(path: Path, target=target) -> None:
+            target.unlink(missing_ok=True)
+            os.link(path, target)  # the reader goes by the file's suffix
+            data = load_text_files(target, target)
+            if data.labels.kind == "regression":
+                assert all(math.isfinite(v) for v in data.train["label"]), "a label that is no number"
+
+        cases = table_mutations(valid.read_bytes(), suffix, seed=count + n, count=count // 4 + (n < count % 4))
+        for key, value in fuzz(cases, tmp_path, read, (DataFileError,)).items():
+            outcome[key] += value
+    assert sum(outcome.values()) == count and outcome["refused"] > count // 2, outcome
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # json.loads raised RecursionError, no DataFileError
+        ("deep.jsonl", '{"text": ' + "[" * 100_000 + "]" * 100_000 + ', "label": "pos"}\n', "nests arrays"),
+        # json kept the last of two values without a word
+        (
+            "twice.jsonl",
+            '{"text": "a", "label": "pos", "label": "neg"}\n{"text": "b", "label": "neg"}\n',
+            "more than once",
+        ),
+        # NaN and Infinity are no JSON, which Python's json takes
+        ("nan.json", '[{"text": "a", "label": NaN}, {"text": "b", "label": 1.5}]', "no JSON number"),
+        # an integer of more digits than Python converts raised a bare ValueError
+        ("digits.jsonl", '{"text": "a", "label": 1' + "0" * 5000 + '}\n{"text": "b", "label": 2}\n', "digits"),
+        # a regression label that parses as a float but is no finite number trained on NaN
+        ("inf.csv", "text,label\na,1e999\nb,0.5\n", "no finite number"),
+        ("nan.tsv", "text\tlabel\na\t0.5\nb\tnan\n", "no finite number"),
+    ],
+    ids=["deep", "repeated-key", "nan-literal", "digits", "inf-label", "nan-label"],
+)
+def test_an_examples_file_a_stranger_wrote_is_refused_with_a_data_file_error(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataFileError, match=message):
+        load_text_files(path, path)
+
+
+@pytest.mark.slow
+def test_a_converted_tokenizer_passes_its_checks_and_a_damaged_one_is_converted_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    write_gguf(tiny_hf("llama"), gguf, [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ", "<|endoftext|>"])
+    ids = load_gguf_tokenizer(gguf)("Hello world")["input_ids"]  # transformers' conversion, in a child process
+    folder = Path(f"{gguf_cache_path(gguf)}-tokenizer")
+    (folder / TOKENIZER_FILE).write_bytes((folder / TOKENIZER_FILE).read_bytes()[:100])
+    assert load_gguf_tokenizer(gguf)("Hello world")["input_ids"] == ids
+    assert read_tokenizer_cache(folder)("Hello world")["input_ids"] == ids

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,6 +163,13 @@ def label_space(files: Sequence[tuple[Path, Sequence]], column: str) -> LabelSpa
             f"({number[0]}, row {number[1]}); make every label a class name, or every label a number"
         )
     if "float" in every:
+        for path, labels in files:  # "nan", "inf" or 1e999 parse as floats, and train a model on NaN
+            row = next((i for i, v in enumerate(labels, start=1) if not math.isfinite(float(_label_text(v)))), None)
+            if row is not None:
+                raise DataFileError(
+                    f"{path}: row {row}'s label {labels[row - 1]!r} in column {column!r} is no finite number; "
+                    "give every example of a regression task a finite number"
+                )
         return LabelSpace()  # regression
     (train_path, train_labels), *others = files
     as_number = "int" in every

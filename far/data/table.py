@@ -104,15 +104,30 @@ def _csv_rows(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) < len(keys):  # json keeps the last silently: which value the file meant is unknown
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        raise ValueError(f"an object names key(s) {repeated[:5]} more than once; give each key once")
+    return dict(pairs)
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is no JSON number; write the value as a number or a string")
+
+
 def _json_records(path: Path, text: str) -> list[dict]:
     stripped = text.lstrip()
+    strict = {"object_pairs_hook": _object, "parse_constant": _constant}
     try:
         if path.suffix.lower() == ".json" and stripped.startswith("["):
-            records = json.loads(text)
+            records = json.loads(text, **strict)
         else:  # JSON Lines (also accepted in a .json file, as datasets does)
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise DataFileError(f"{path} could not be read as JSON: JSONDecodeError: {e}") from None
+            records = [json.loads(line, **strict) for line in text.splitlines() if line.strip()]
+    except RecursionError:
+        raise DataFileError(f"{path} could not be read as JSON: it nests arrays or objects too deeply") from None
+    except ValueError as e:  # JSONDecodeError, and numbers of more digits than Python converts
+        raise DataFileError(f"{path} could not be read as JSON: {type(e).__name__}: {str(e)[:300]}") from None
     if not all(isinstance(record, dict) for record in records):
         raise DataFileError(f"{path} could not be read as JSON: give a list of objects, or one object per line")
     return records

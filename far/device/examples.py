@@ -3,7 +3,8 @@
     OUT.safetensors:  input_ids, attention_mask, token_type_ids   int64 (N, max_length), right-padded
                       labels                                       int64 (N,) class ids; float32 for regression
     metadata:         format "far.device.examples", format_version "1", max_length, num_labels,
-                      base_fingerprint (the export it was made for), truncated (examples cut)
+                      base_fingerprint (the export it was made for), truncated (examples cut),
+                      labels (the class names in id order, as JSON; read where present)
 
 An example longer than the program's `max_length` is refused by default, naming it: a silently
 cut text trains on something else than it says. `truncate=True` cuts such examples to
@@ -13,6 +14,7 @@ many were cut.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -160,6 +162,7 @@ def write_examples(
         "num_labels": str(manifest["task"]["num_labels"]),
         "base_fingerprint": manifest["base_fingerprint"],
         "truncated": str(len(long)),
+        "labels": json.dumps(list(manifest["task"]["labels"])),
     }
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
@@ -189,6 +192,12 @@ def read_examples(path: str | os.PathLike, manifest: Mapping) -> tuple[dict[str,
     n_labels = str(manifest["task"]["num_labels"])
     if metadata.get("base_fingerprint") != manifest["base_fingerprint"] or metadata.get("num_labels") != n_labels:
         raise DeviceFileError(f"{str(path)!r} was written for another export (another base model or task)")
+    names = json.dumps(list(manifest["task"]["labels"]))
+    if metadata.get("labels", names) != names:  # class ids of other classes: each example would train another class
+        raise DeviceFileError(
+            f"{str(path)!r} was written for another export, whose classes are {metadata['labels'][:200]} (this "
+            f"program's are {names}): other classes under the same ids; write the examples for this export"
+        )
     length = int(manifest["max_length"])
     n = tensors["labels"].shape[0] if "labels" in tensors else -1
     for name in _FIELDS:

@@ -7,6 +7,7 @@ resident memory: reads go through `readinto` into a fresh tensor, never through 
 would count in the process's RSS, and the page cache that holds recently read ones is the kernel's to
 drop. Values come back bit for bit. The file has no name (`tempfile.TemporaryFile`): the disk it takes
 is given back when it is closed or the process ends, killed or not, and nothing is left in the folder.
+A write that finds the disk full takes back what it wrote and raises `DiskFull`, naming the disk and the bytes.
 
     >>> with StateFile(out) as states:
     ...     states.put(b"key", h)
@@ -15,13 +16,17 @@ is given back when it is closed or the process ends, killed or not, and nothing 
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
 
 import torch
 from torch import Tensor
+
+from far.storage.atomic import disk_full
 
 
 class StateFile:
@@ -33,7 +38,8 @@ class StateFile:
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
-        self._file = tempfile.TemporaryFile(dir=self.folder)  # noqa: SIM115 (open for the run; close() ends it)
+        # Unbuffered: a write the disk refuses fails in `put`, not later in a flush that would lose the key.
+        self._file = tempfile.TemporaryFile(dir=self.folder, buffering=0)  # noqa: SIM115 (close() ends it)
         self._where: dict[bytes, tuple[int, torch.Size, torch.dtype]] = {}
         self.bytes = 0
 
@@ -44,12 +50,30 @@ class StateFile:
         return len(self._where)
 
     def put(self, key: bytes, tensor: Tensor) -> None:
-        """Append `tensor` under `key` (a key already there keeps its first tensor)."""
+        """Append `tensor` under `key` (a key already there keeps its first tensor).
+
+        Raises:
+            DiskFull: the disk has no room for it; what was written of it is taken back, the rest is intact.
+        """
         if key in self._where:
             return
         data = tensor.detach().contiguous().cpu()
+        view = memoryview(data.view(torch.uint8).numpy().reshape(-1))
         self._file.seek(self.bytes)
-        self._file.write(memoryview(data.view(torch.uint8).numpy().reshape(-1)))
+        try:
+            done = 0
+            while done < len(view):  # a raw write may take part of it
+                done += self._file.write(view[done:])
+        except OSError as error:
+            self._file.truncate(self.bytes)
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            free = shutil.disk_usage(self.folder).free
+            raise disk_full(
+                self.folder,
+                f"the frozen bottom's scratch file needed {data.nbytes:,} bytes more, {free:,} bytes are free there",
+                "Nothing the run saved was changed",
+            ) from error
         self._where[key] = (self.bytes, data.shape, data.dtype)
         self.bytes += data.nbytes
 
@@ -57,11 +81,13 @@ class StateFile:
         """A new tensor holding what `put(key, ...)` wrote."""
         offset, shape, dtype = self._where[key]
         out = torch.empty(shape, dtype=dtype)
-        self._file.flush()
         self._file.seek(offset)
-        raw = out.view(torch.uint8).numpy().reshape(-1)
-        if self._file.readinto(memoryview(raw)) != out.nbytes:
-            raise OSError(f"the scratch file in {self.folder} is shorter than what was written to it")
+        view, done = memoryview(out.view(torch.uint8).numpy().reshape(-1)), 0
+        while done < len(view):  # a raw read may return part of it (at most 2 GiB a call on Linux)
+            got = self._file.readinto(view[done:])
+            if not got:
+                raise OSError(f"the scratch file in {self.folder} is shorter than what was written to it")
+            done += got
         return out
 
     def close(self) -> None:

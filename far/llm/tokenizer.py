@@ -3,6 +3,8 @@
 transformers converts a GGUF file's vocabulary into a fast tokenizer; that conversion runs once,
 in a child process, and its `tokenizer.json` is cached beside the other GGUF caches (keyed by the
 file's sha256, `far.llm.gguf.gguf_cache_path`). Every later run loads that file with `tokenizers`.
+A cached folder is checked as it is read (`read_tokenizer_cache`): one that is damaged, or that
+holds token ids beyond its own vocabulary, is converted again from the GGUF file, never used.
 
     >>> tokenizer = load_gguf_tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf")
     >>> tokenizer(" great", add_special_tokens=False)["input_ids"]
@@ -12,6 +14,7 @@ file's sha256, `far.llm.gguf.gguf_cache_path`). Every later run loads that file 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -22,7 +25,14 @@ from tokenizers import Tokenizer
 from far.llm.gguf import gguf_cache_path
 from far.storage.atomic import atomic_dir
 
+logger = logging.getLogger(__name__)
+
 TOKENIZER_FILE, SPECIAL_FILE = "tokenizer.json", "far_tokenizer.json"
+_SPECIAL_BYTES = 1 << 16  # far_tokenizer.json holds two ids and a file name; more is not ours
+
+
+class TokenizerCacheError(ValueError):
+    """A cached tokenizer folder that is damaged or not what far wrote (the GGUF file converts it again)."""
 
 
 class LeanTokenizer:
@@ -60,19 +70,71 @@ def build_tokenizer_cache(gguf_path: str | os.PathLike, target: str | os.PathLik
     return Path(target)
 
 
+def _special_ids(folder: Path) -> tuple[int, int | None]:
+    path = folder / SPECIAL_FILE
+    try:
+        if path.stat().st_size > _SPECIAL_BYTES:
+            raise TokenizerCacheError(f"{path} is over {_SPECIAL_BYTES:,} bytes: not a file far wrote")
+        special = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested past Python's stack
+        raise TokenizerCacheError(f"{path} is unreadable: {str(error)[:200]}") from None
+    pad, eos = (special.get("pad_token_id"), special.get("eos_token_id")) if isinstance(special, dict) else (-1, -1)
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in (pad, eos) if i is not None) or pad is None:
+        raise TokenizerCacheError(f"{path}: the pad and end-of-text token ids must be whole numbers >= 0")
+    return pad, eos
+
+
+def read_tokenizer_cache(folder: str | os.PathLike) -> LeanTokenizer:
+    """The tokenizer a cache folder holds (`build_tokenizer_cache`), checked before it is used.
+
+    Every token id it can give (its vocabulary's, its added tokens', the pad and end-of-text ids)
+    must be below the number of tokens it holds: a hostile or damaged file cannot send a model an
+    id past its embedding table.
+
+    Raises:
+        TokenizerCacheError: a file missing, unreadable or damaged, or ids outside the vocabulary.
+    """
+    folder = Path(folder)
+    pad, eos = _special_ids(folder)
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - tokenizers raises a bare Exception, or a Rust panic (pyo3's
+        # PanicException, a BaseException), for a file it cannot read
+        raise TokenizerCacheError(f"{folder / TOKENIZER_FILE} is unreadable: {str(error)[:200]}") from None
+    size = len(ids)
+    if size == 0 or max(ids) >= size or max(pad, eos or 0) >= size:
+        raise TokenizerCacheError(
+            f"{folder} holds token ids past its own vocabulary of {size} tokens (highest {max(ids, default=-1)}, "
+            f"pad {pad}, end of text {eos}): damaged, or not a tokenizer far converted"
+        )
+    return LeanTokenizer(tokenizer, pad, eos)
+
+
+def _convert(gguf_path: str | os.PathLike, folder: Path) -> None:
+    """Run `build_tokenizer_cache` in a child process (transformers' import and conversion stay out of this one)."""
+    code = "import sys; from far.llm.tokenizer import build_tokenizer_cache as b; b(sys.argv[1], sys.argv[2])"
+    done = subprocess.run([sys.executable, "-c", code, str(gguf_path), str(folder)], capture_output=True, text=True)
+    if done.returncode != 0 or not (folder / SPECIAL_FILE).is_file():
+        raise RuntimeError(f"converting the tokenizer of {gguf_path} failed:\n{done.stderr[-3000:]}")
+
+
 def load_gguf_tokenizer(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> LeanTokenizer:
     """The tokenizer of `gguf_path`, converted once (in a child process) and cached.
 
+    A cached folder that fails `read_tokenizer_cache` is converted again (with a warning), never used.
+
     Raises:
         RuntimeError: the conversion failed (its error output is in the message).
+        TokenizerCacheError: the conversion wrote a tokenizer that fails its own checks.
     """
     folder = Path(f"{gguf_cache_path(gguf_path, cache_dir)}-tokenizer")
-    if not (folder / SPECIAL_FILE).is_file():
-        code = "import sys; from far.llm.tokenizer import build_tokenizer_cache as b; b(sys.argv[1], sys.argv[2])"
-        done = subprocess.run([sys.executable, "-c", code, str(gguf_path), str(folder)], capture_output=True, text=True)
-        if done.returncode != 0 or not (folder / SPECIAL_FILE).is_file():
-            raise RuntimeError(f"converting the tokenizer of {gguf_path} failed:\n{done.stderr[-3000:]}")
-    special = json.loads((folder / SPECIAL_FILE).read_text())
-    return LeanTokenizer(
-        Tokenizer.from_file(str(folder / TOKENIZER_FILE)), special["pad_token_id"], special["eos_token_id"]
-    )
+    if folder.exists():
+        try:
+            return read_tokenizer_cache(folder)
+        except TokenizerCacheError as error:
+            logger.warning("%s; converting the tokenizer of %s again", error, gguf_path)
+    _convert(gguf_path, folder)
+    return read_tokenizer_cache(folder)

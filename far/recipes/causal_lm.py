@@ -201,7 +201,8 @@ def lean_prompted_run(
 
     out = settings.claim_output(task_name)
     _write_predictions(out / "predictions.tsv", predictions, dev_set.labels, names)
-    (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    with atomic_file(out / "log.jsonl") as tmp:  # whole or not at all, as every file of the run
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in log), encoding="utf-8")
     files = {"predictions": "predictions.tsv", "step_log": "log.jsonl"}
     trained_bytes = None
     if steps and settings.save_model:  # only what training changed; the GGUF file holds the rest

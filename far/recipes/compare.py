@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from far.storage.atomic import atomic_file
 from far.training.optim import build_optimizer
 
 
@@ -58,7 +59,7 @@ def cpu_timed(run: Callable[[], T]) -> tuple[T, float]:
 
 
 def save_trained_tensors(model: nn.Module, path: str | Path) -> Path:
-    """Write the tensors `model` trains (`requires_grad`), and only those, to a safetensors file.
+    """Write the tensors `model` trains (`requires_grad`), and only those, to a safetensors file, atomically.
 
     What a model fine-tuned with a plainly frozen bottom ships beside its stock base: everything else
     is the base's. Tied tensors are written once (`named_parameters` yields each tensor once).
@@ -70,8 +71,8 @@ def save_trained_tensors(model: nn.Module, path: str | Path) -> Path:
     if not trained:
         raise ValueError("the model trains no tensor (every requires_grad is False): there is nothing to write")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(trained, str(path))
+    with atomic_file(path) as tmp:  # whole or not at all; a full disk is named (DiskFull), not a safetensors error
+        save_file(trained, str(tmp))
     return path
 
 

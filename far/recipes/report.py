@@ -17,7 +17,10 @@ Nothing here prints; the caller shows the returned record as it likes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -78,12 +81,33 @@ class TrainingRun:
         return self.settings.output_path(self.task)
 
 
+class _RunLogHandler(logging.FileHandler):
+    """train.log's handler: a record its disk refuses ends the file, without logging's printed traceback (the
+    run's next write raises `DiskFull`, which names the disk)."""
+
+    full = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.full:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)):
+            super().handleError(record)
+            return
+        self.full = True
+        stream, self.stream = self.stream, None
+        with contextlib.suppress(OSError):  # its buffer holds what the disk refused: a flush would raise again
+            stream.close()
+
+
 @contextmanager
 def run_log(directory: Path) -> Iterator[Path]:
     """Copy every `far.*` log record into `<directory>/train.log` while the block runs."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOG_FILE
-    handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler = _RunLogHandler(path, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)
     root = logging.getLogger("far")

@@ -69,12 +69,24 @@ def raise_if_disk_full(error: BaseException, target: Path, partial: Path) -> Non
     if not (full or free < _NEARLY_FULL):
         return
     written = _bytes_under(partial)
-    raise DiskFull(
-        errno.ENOSPC,
-        f"the disk of {target.parent} (the filesystem at {_mount_point(target.parent)}) is full: writing "
-        f"{target.name} needed more than the {free + written:,} bytes free there. Nothing under {target} was "
-        "changed (its previous version, if any, is intact); free some space there, or write to another disk",
+    raise disk_full(
+        target.parent,
+        f"writing {target.name} needed more than the {free + written:,} bytes free there",
+        f"Nothing under {target} was changed (its previous version, if any, is intact)",
     ) from error
+
+
+def disk_full(folder: Path, needed: str, kept: str) -> DiskFull:
+    """The `DiskFull` of a write into `folder` that found no room: `needed` says what it needed, `kept` what is intact.
+
+    Every full-disk message of far reads the same: the folder, its filesystem, the bytes, what survived, what to do.
+    """
+    folder = Path(folder)
+    return DiskFull(
+        errno.ENOSPC,
+        f"the disk of {folder} (the filesystem at {_mount_point(folder)}) is full: {needed}. {kept}; free some "
+        "space there, or write to another disk",
+    )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import shutil
 from pathlib import Path
 from types import TracebackType
 
 from tqdm.auto import tqdm
 
-from far.storage.atomic import atomic_file
+from far.storage.atomic import atomic_file, disk_full
 
 
 class RunLog:
@@ -36,9 +39,28 @@ class RunLog:
         self._file = open(self.path, mode, encoding="utf-8")  # closed by close()
 
     def write(self, record: dict) -> None:
-        if self._file is not None:
+        """Append `record` as a line, flushed.
+
+        Raises:
+            DiskFull: the disk has no room for the line; the lines before it are intact.
+        """
+        if self._file is None:
+            return
+        try:
             self._file.write(json.dumps(record, sort_keys=False) + "\n")
             self._file.flush()
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):  # its buffer holds the line the disk refused: close() would retry it
+                file.close()
+            free = shutil.disk_usage(self.path.parent).free
+            raise disk_full(
+                self.path.parent,
+                f"writing {self.path.name} needed more than the {free:,} bytes free there",
+                "Its lines up to the last whole one are intact",
+            ) from error
 
     def close(self) -> None:
         if self._file is not None:
