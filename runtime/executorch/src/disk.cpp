@@ -73,11 +73,11 @@ uint64_t free_bytes(const std::string& dir) {
   return static_cast<uint64_t>(st.f_bavail) * static_cast<uint64_t>(st.f_frsize);
 }
 
-WriteError disk_full(const std::string& path, uint64_t needed, uint64_t free, bool path_existed) {
+WriteError disk_full(const std::string& path, uint64_t needed, uint64_t room, bool path_existed) {
   const std::string dir = folder_of(path);
   return WriteError("no space left on " + describe_disk(dir) + " to write " + path + ": it needs " +
                     std::to_string(needed) + " bytes, " +
-                    (free == UINT64_MAX ? std::string("fewer are") : std::to_string(free) + " bytes are") +
+                    (room == UINT64_MAX ? std::string("fewer are") : std::to_string(room) + " bytes are") +
                     " free there; " + path +
                     (path_existed ? " keeps its previous version, unchanged" : " was not written") +
                     ". Free space on that disk, or write to a folder on another one");

@@ -212,9 +212,9 @@ void write_atomic(const std::string& path, const std::vector<TensorView>& tensor
   struct stat st;
   const bool existed = ::stat(path.c_str(), &st) == 0;
   const uint64_t stale = ::stat(tmp.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  uint64_t free = free_bytes(dir);
-  if (free != UINT64_MAX) free += stale;
-  if (free != UINT64_MAX && free < needed) throw disk_full(path, needed, free, existed);
+  uint64_t room = free_bytes(dir);
+  if (room != UINT64_MAX) room += stale;
+  if (room != UINT64_MAX && room < needed) throw disk_full(path, needed, room, existed);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw WriteError(tmp + ": cannot create: " + std::strerror(errno) + "; " + path + " is unchanged");
   // A failed write, fsync or close: no partial file is left, and the message names the cause.

@@ -24,8 +24,8 @@ std::string describe_disk(const std::string& dir);
 // Bytes an unprivileged writer may still use on the filesystem holding `dir`; UINT64_MAX when unknown.
 uint64_t free_bytes(const std::string& dir);
 
-// The error for a write of `needed` bytes to `path` that found no room (`free` bytes left: UINT64_MAX when
+// The error for a write of `needed` bytes to `path` that found no room (`room` bytes left: UINT64_MAX when
 // unknown), saying which disk, how much, and what became of `path`.
-WriteError disk_full(const std::string& path, uint64_t needed, uint64_t free, bool path_existed);
+WriteError disk_full(const std::string& path, uint64_t needed, uint64_t room, bool path_existed);
 
 }  // namespace far
