@@ -101,11 +101,25 @@ Json* somewhere(Json& j, Rng& r) {
   return at;
 }
 
+// Every number inside `j` (counts, sizes, offsets, shapes: what a reader multiplies and allocates with).
+void numbers(Json& j, std::vector<Json*>& out) {
+  if (j.is_number()) out.push_back(&j);
+  if (j.is_object() || j.is_array())
+    for (auto& v : j) numbers(v, out);
+}
+
 // A structural mutation of a JSON value, returned as text (which may repeat a key or nest deep, which no
 // Json value can hold).
 std::string mutate_json(Json j, Rng& r) {
-  switch (pick(r, 6)) {
+  switch (pick(r, 7)) {
     case 0: *somewhere(j, r) = absurd_json(r); return j.dump();
+    case 6: {  // one to three of its numbers made absurd at once (two of them multiplied may overflow)
+      std::vector<Json*> found;
+      numbers(j, found);
+      for (uint64_t k = pick(r, 3) + 1; k && !found.empty(); --k)
+        *found[pick(r, found.size())] = r() % 4 ? Json(absurd(r)) : absurd_json(r);
+      return j.dump();
+    }
     case 1: {  // a shape or an offsets list of absurd numbers
       Json* at = somewhere(j, r);
       Json list = Json::array();
