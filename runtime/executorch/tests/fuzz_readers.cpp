@@ -8,7 +8,8 @@
 // DIR first feeds every file DIR/<reader>-*.bin to its reader (the inputs of past findings). --crash-file PATH
 // holds the input being read, so a crash (or a sanitizer's abort) leaves it behind; --save DIR keeps each
 // input that made a finding, as DIR/<reader>-<sha256 prefix>.bin.
-// Built plain by CTest (a few hundred inputs) and with -DFAR_SANITIZE=ON by tests/test_device_fuzz.py.
+// Built plain by CTest (a few hundred inputs), with -DFAR_SANITIZE=ON by tests/test_device_fuzz.py, and as a
+// libFuzzer target with -DFAR_LIBFUZZER=ON under clang (README.md, Fuzzing the readers).
 //
 // Inputs start from valid files written by far's C++ writers (safetensors::header_text, write_state's
 // content_sha256, manifests as far/device/export.py writes them), then are mutated: truncated, bits flipped,
@@ -466,6 +467,19 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
+#ifdef FAR_LIBFUZZER
+// libFuzzer (-DFAR_LIBFUZZER=ON, clang): the first byte picks the reader, the rest is the input; a finding
+// aborts, so libFuzzer keeps the input as crash-<sha1>.
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const Seeds seeds = make_seeds();
+  if (size == 0) return 0;
+  const std::string& reader = kReaders[data[0] % kReaders.size()];
+  Tally t;
+  feed(reader, "libfuzzer", std::string(reinterpret_cast<const char*>(data) + 1, size - 1), seeds, t);
+  if (t.findings) std::abort();
+  return 0;
+}
+#else
 int main(int argc, char** argv) {
   uint64_t seed = 1;
   long count = 1000;
@@ -522,3 +536,4 @@ int main(int argc, char** argv) {
   std::printf("findings=%ld\n", findings);
   return findings == 0 ? 0 : 1;
 }
+#endif
