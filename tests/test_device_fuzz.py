@@ -70,7 +70,7 @@ def sanitized(tmp_path_factory) -> Path:
 
 
 def test_readers_survive_mutated_inputs_under_sanitizers(sanitized, tmp_path):
-    """10,000 mutated inputs per reader, then the regression inputs of past findings: 0 crashes, 0 findings."""
+    """10,000 mutated inputs per reader, then the regression inputs (findings kept as files): 0 crashes, 0 findings."""
     crash = tmp_path / "crash.bin"
     env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
     done = subprocess.run(
@@ -130,7 +130,7 @@ def test_state_writer_on_a_full_disk(sanitized, small_disk):
     assert state.read_bytes() == before
     assert sorted(p.name for p in small_disk.iterdir()) == ["state.safetensors"]
 
-    # With the disk filled by another file, a state that fitted before no longer does; nothing changes.
+    # With the disk filled by another file, a small state does not fit either; nothing changes.
     filler = small_disk / "filler"
     free = shutil.disk_usage(small_disk).free
     filler.write_bytes(b"\0" * max(free - 2048, 0))

@@ -5,7 +5,7 @@
 //
 // R is one of json, safetensors, state, manifest, examples, sha256, or all (the default): N inputs each. Input i
 // of reader R is a function of (S, R, i) alone, so a finding is replayed by its three numbers. --regressions
-// DIR first feeds every file DIR/<reader>-*.bin to its reader (the inputs of past findings). --crash-file PATH
+// DIR first feeds every file DIR/<reader>-*.bin to its reader (findings kept as files). --crash-file PATH
 // holds the input being read, so a crash (or a sanitizer's abort) leaves it behind; --save DIR keeps each
 // input that made a finding, as DIR/<reader>-<sha256 prefix>.bin.
 // Built plain by CTest (a few hundred inputs), with -DFAR_SANITIZE=ON by tests/test_device_fuzz.py, and as a
@@ -512,7 +512,7 @@ int main(int argc, char** argv) {
         while (const dirent* e = ::readdir(d)) {
           const std::string file = e->d_name;
           if (file.rfind(reader + "-", 0) == 0 && file.size() > 4 && file.substr(file.size() - 4) == ".bin") {
-            // Each is a file a reader once mishandled: it must be refused, cleanly.
+            // Each is a finding kept as a file: it must be refused, cleanly.
             const long refused = t.refused;
             feed(reader, file, read_file(regressions + "/" + file), seeds, t);
             if (t.refused == refused) finding(reader, file, "a regression input was not refused", "", t);
