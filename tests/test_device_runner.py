@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -344,3 +345,34 @@ def test_runner_resumes_after_sigkill(runner, exported, tmp_path):
 
     train(runner, exported, killed, "--epochs", epochs, "--checkpoint-every", every)  # the same command again
     assert killed.read_bytes() == whole_run.read_bytes()
+
+
+def test_runner_checkpoint_on_a_full_disk(runner, exported, tmp_path):
+    """A checkpoint that does not fit its disk: exit 1, a message naming the disk and bytes, the state as it was.
+
+    The state (step 0, no optimizer slots) is put on a tmpfs with room for it and half as much again; the first
+    checkpoint carries momentum too, so its .tmp cannot fit beside it.
+    """
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size_kib = (exported.start.stat().st_size * 3 // 2) // 1024 + 8
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(disk)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        state = disk / "state.safetensors"
+        shutil.copy(exported.start, state)
+        before = state.read_bytes()
+        cmd = command(runner, exported, state, "--epochs", "1", "--checkpoint-every", "2")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"far_train: error: no space left on the disk mounted at {disk} (tmpfs filesystem" in done.stderr
+        assert re.search(r"it needs \d+ bytes, \d+ bytes are free there", done.stderr), done.stderr
+        assert f"{state} keeps its previous version, unchanged" in done.stderr, done.stderr
+        assert "step=2 " in done.stdout and "checkpoint step=" not in done.stdout
+        assert state.read_bytes() == before
+        assert sorted(p.name for p in disk.iterdir()) == ["state.safetensors"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -16,8 +16,13 @@ IntColumn::IntColumn(const safetensors::Tensor& t) : t_(&t) {
 }
 
 std::unique_ptr<Examples> read_examples(const std::string& path, int64_t max_length) {
+  return read_examples(std::make_shared<safetensors::Mapping>(path), path, max_length);
+}
+
+std::unique_ptr<Examples> read_examples(std::shared_ptr<safetensors::Mapping> bytes, const std::string& path,
+                                        int64_t max_length) {
   auto ex = std::make_unique<Examples>();
-  ex->file = safetensors::read(path);
+  ex->file = safetensors::parse(std::move(bytes), path);
   const safetensors::File& f = ex->file;
   auto fail = [&](const std::string& what) { return std::runtime_error(path + ": " + what); };
   const safetensors::Tensor *ids = f.find("input_ids"), *mask = f.find("attention_mask"),
@@ -27,6 +32,9 @@ std::unique_ptr<Examples> read_examples(const std::string& path, int64_t max_len
   ex->base_fingerprint = f.meta("base_fingerprint");
   ex->n = ids->shape[0];
   ex->length = ids->shape[1];
+  // A row of no tokens is no example; and with none, N would be bounded by nothing in the file (a header
+  // claiming [2**62, 0] would be read as 2**62 examples, and ordered in a vector of that many).
+  if (ex->length < 1) throw fail("input_ids must be [N, L] with L >= 1, not " + safetensors::shape_str(ids->shape));
   if (mask->shape != ids->shape || (tt && tt->shape != ids->shape))
     throw fail("attention_mask and token_type_ids must have input_ids' shape " + safetensors::shape_str(ids->shape));
   if (labels->shape != std::vector<int64_t>{ex->n})

@@ -1,7 +1,6 @@
 #include "far/manifest.h"
 
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "far/json.h"
@@ -72,8 +71,10 @@ void read_trainable(const Reader& root, Manifest& m) {
     if (t.is_object() && t.contains("shape")) {
       if (!t["shape"].is_array()) throw root.fail("bad shape of '" + spec.name + "'");
       for (const auto& d : t["shape"]) {
-        if (!d.is_number_integer()) throw root.fail("bad shape of '" + spec.name + "'");
-        spec.shape.push_back(d.get<int64_t>());
+        uint64_t dim = 0;
+        if (!whole_number(d, &dim) || dim > static_cast<uint64_t>(INT64_MAX))
+          throw root.fail("bad shape of '" + spec.name + "'");
+        spec.shape.push_back(static_cast<int64_t>(dim));
       }
     }
     if (t.is_object() && t.contains("dtype") && t["dtype"] != "float32")
@@ -141,6 +142,8 @@ void read_optimizer(const Reader& root, Manifest& m) {
     s.warmup_steps = r.integer("warmup_steps", true);
     s.offset = r.integer("offset", true);
     s.total_steps = r.integer("total_steps", false, 0);
+    if (s.warmup_steps < 0 || s.offset < 0 || s.total_steps < 0)
+      throw o.fail("\"optimizer\".\"schedule\"'s steps must not be negative");
   }
   if (s.lr <= 0) throw o.fail("\"optimizer\".\"lr\" must be positive");
 }
@@ -172,7 +175,9 @@ Manifest parse_manifest(const std::string& text, const std::string& dir) {
   if (const Json* tok = root.find("tokenizer")) m.pad_token_id = Reader(*tok, "\"tokenizer\".", path).integer("pad_token_id", false, 0);
   if (m.batch_size <= 0 || m.accumulate <= 0 || m.max_length <= 0)
     throw root.fail("micro_batch_size, accumulate and max_length must be positive");
-  if (root.integer("batch_size", true) != m.batch_size * m.accumulate)
+  // Compared as a quotient: micro_batch_size x accumulate may not fit in 64 bits.
+  const int64_t batch_size = root.integer("batch_size", true);
+  if (batch_size % m.batch_size != 0 || batch_size / m.batch_size != m.accumulate)
     throw root.fail("batch_size is not micro_batch_size x accumulate");
   m.base_fingerprint = root.string("base_fingerprint");
   if (const Json* task = root.find("task")) {
@@ -189,11 +194,19 @@ Manifest parse_manifest(const std::string& text, const std::string& dir) {
 
 Manifest read_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) throw std::runtime_error(path + ": cannot open (is " + dir + " a folder written by `far export --executorch`?)");
-  std::stringstream text;
-  text << f.rdbuf();
-  return parse_manifest(text.str(), dir);
+  // Read exactly the file's bytes, and refuse a size no manifest has (a few KB, a few hundred KB with long
+  // lists of tensor names) before allocating for it.
+  constexpr std::streamoff kMaxBytes = 64 << 20;
+  const std::streamoff size = f.tellg();
+  if (size < 0 || size > kMaxBytes)
+    throw std::runtime_error(path + ": " + std::to_string(static_cast<long long>(size)) + " bytes is not a manifest " +
+                             "(far's are far below " + std::to_string(kMaxBytes >> 20) + " MiB); export the folder again");
+  std::string text(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  if (!f.read(text.data(), size)) throw std::runtime_error(path + ": cannot read");
+  return parse_manifest(text, dir);
 }
 
 }  // namespace far

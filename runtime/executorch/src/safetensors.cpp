@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "far/disk.h"
 #include "far/json.h"
 
 namespace far::safetensors {
@@ -57,12 +58,25 @@ Mapping::Mapping(const std::string& path) {
       throw FormatError(path + ": cannot map: " + std::strerror(errno));
     }
     addr_ = static_cast<const uint8_t*>(p);
+    mapped_ = true;
   }
   ::close(fd);
 }
 
+std::shared_ptr<Mapping> Mapping::copy_of(const std::string& bytes) {
+  std::shared_ptr<Mapping> m(new Mapping());
+  m->size_ = bytes.size();
+  if (!bytes.empty()) {
+    auto* copy = new uint8_t[bytes.size()];
+    std::memcpy(copy, bytes.data(), bytes.size());
+    m->addr_ = copy;
+  }
+  return m;
+}
+
 Mapping::~Mapping() {
-  if (addr_) ::munmap(const_cast<uint8_t*>(addr_), size_);
+  if (addr_ && mapped_) ::munmap(const_cast<uint8_t*>(addr_), size_);
+  else delete[] addr_;
 }
 
 const Tensor* File::find(const std::string& name) const {
@@ -119,9 +133,10 @@ Tensor tensor_entry(const std::string& name, const Json& v, const uint8_t* data,
 
 }  // namespace
 
-File read(const std::string& path) {
+File read(const std::string& path) { return parse(std::make_shared<Mapping>(path), path); }
+
+File parse(std::shared_ptr<Mapping> mapping, const std::string& path) {
   auto fail = [&](const std::string& what) { return FormatError(path + ": " + what); };
-  auto mapping = std::make_shared<Mapping>(path);
   const uint8_t* bytes = mapping->data();
   const uint64_t size = mapping->size();
   if (size < 8) throw fail("truncated: " + std::to_string(size) + " bytes, not even a header length");
@@ -168,8 +183,7 @@ File read(const std::string& path) {
   return out;
 }
 
-void write_atomic(const std::string& path, const std::vector<TensorView>& tensors,
-                  const std::map<std::string, std::string>& metadata) {
+std::string header_text(const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   header["__metadata__"] = Json::object();
   for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
@@ -181,19 +195,45 @@ void write_atomic(const std::string& path, const std::vector<TensorView>& tensor
   }
   std::string text = header.dump();
   while (text.size() % 8) text += ' ';  // keep the data 8-byte aligned, as the reference writer does
+  return text;
+}
 
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](const std::string& what) { return std::runtime_error(tmp + ": " + what + ": " + std::strerror(errno)); };
+void write_atomic(const std::string& path, const std::vector<TensorView>& tensors,
+                  const std::map<std::string, std::string>& metadata) {
+  const std::string text = header_text(tensors, metadata);
+
+  uint64_t data_bytes = 0;
+  for (const auto& t : tensors) data_bytes += static_cast<uint64_t>(numel(t.shape)) * dtype_size(t.dtype);
+  const uint64_t needed = 8 + text.size() + data_bytes;
+
+  // Nothing is changed under `path` until the whole new file is on disk: a write that finds no room stops,
+  // removes its .tmp and says which disk and how much (a stale .tmp of a killed run is room we get back).
+  const std::string tmp = path + ".tmp", dir = folder_of(path);
+  struct stat st;
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  const uint64_t stale = ::stat(tmp.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  uint64_t room = free_bytes(dir);
+  if (room != UINT64_MAX) room += stale;
+  if (room != UINT64_MAX && room < needed) throw disk_full(path, needed, room, existed);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw fail("cannot create");
+  if (fd < 0) throw WriteError(tmp + ": cannot create: " + std::strerror(errno) + "; " + path + " is unchanged");
+  // A failed write, fsync or close: no partial file is left, and the message names the cause.
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    if (err == ENOSPC || err == EDQUOT) return disk_full(path, needed, free_bytes(dir), existed);
+    return WriteError(tmp + ": " + what + ": " + std::strerror(err) + "; " + path + " is unchanged");
+  };
   auto put = [&](const void* p, size_t n) {
     auto c = static_cast<const char*>(p);
     while (n) {
       const ssize_t w = ::write(fd, c, n);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
+        if (w == 0) errno = ENOSPC;  // a write that takes nothing has found no room
+        const WriteError e = fail("write failed");
         ::close(fd);
-        throw fail("write failed");
+        throw e;
       }
       c += w;
       n -= static_cast<size_t>(w);
@@ -205,13 +245,12 @@ void write_atomic(const std::string& path, const std::vector<TensorView>& tensor
   put(text.data(), text.size());
   for (const auto& t : tensors) put(t.data, static_cast<size_t>(numel(t.shape)) * dtype_size(t.dtype));
   if (::fsync(fd) != 0) {
+    const WriteError e = fail("fsync failed");
     ::close(fd);
-    throw fail("fsync failed");
+    throw e;
   }
-  ::close(fd);
+  if (::close(fd) != 0) throw fail("close failed");
   if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename failed");
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-  if (dir.empty()) dir = "/";
   const int dfd = ::open(dir.c_str(), O_RDONLY);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -1,6 +1,8 @@
 #include "far/state.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <set>
 
@@ -16,8 +18,10 @@ const std::string kFormat = "far.device.state", kVersion = "1", kContent = "cont
 int64_t whole_number(const safetensors::File& f, const std::string& key, const std::string& path) {
   const std::string v = f.meta(key);
   char* end = nullptr;
+  errno = 0;
   const long long n = v.empty() ? -1 : std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end || n < 0) throw StateError(path + ": " + key + "='" + v + "' is not a whole number");
+  // strtoll saturates past 2**63 - 1 (ERANGE) and skips leading spaces: neither is a number far wrote.
+  if (v.empty() || *end || n < 0 || errno == ERANGE || !std::isdigit(static_cast<unsigned char>(v[0]))) throw StateError(path + ": " + key + "='" + v + "' is not a whole number");
   return n;
 }
 
@@ -52,6 +56,11 @@ void check_tensors(const State& s, const Manifest& m) {
   }
 }
 
+StateError unreadable(const safetensors::FormatError& e) {
+  return StateError(std::string(e.what()) + "; resume from an intact state file, or start again from the export's "
+                    "state.safetensors");
+}
+
 }  // namespace
 
 std::string content_sha256(const std::map<std::string, std::string>& metadata,
@@ -74,13 +83,22 @@ std::string content_sha256(const std::map<std::string, std::string>& metadata,
 }
 
 State read_state(const std::string& path, const Manifest& m) {
+  std::shared_ptr<safetensors::Mapping> bytes;
+  try {
+    bytes = std::make_shared<safetensors::Mapping>(path);
+  } catch (const safetensors::FormatError& e) {
+    throw unreadable(e);
+  }
+  return read_state(bytes, path, m);
+}
+
+State read_state(std::shared_ptr<safetensors::Mapping> bytes, const std::string& path, const Manifest& m) {
   State s;
   s.path = path;
   try {
-    s.file = safetensors::read(path);
+    s.file = safetensors::parse(std::move(bytes), path);
   } catch (const safetensors::FormatError& e) {
-    throw StateError(std::string(e.what()) + "; resume from an intact state file, or start again from the export's "
-                     "state.safetensors");
+    throw unreadable(e);
   }
   const safetensors::File& f = s.file;
   if (f.meta("format") != kFormat || f.meta("format_version") != kVersion)

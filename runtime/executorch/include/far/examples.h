@@ -54,6 +54,9 @@ struct Examples {
 // Read `path`; std::runtime_error for a malformed file or an example longer than `max_length` tokens.
 // Not movable (the columns point into the file), hence the pointer.
 std::unique_ptr<Examples> read_examples(const std::string& path, int64_t max_length);
+// The same over bytes already in memory (`path` names them in errors).
+std::unique_ptr<Examples> read_examples(std::shared_ptr<safetensors::Mapping> bytes, const std::string& path,
+                                        int64_t max_length);
 
 // SplitMix64's output function (arithmetic mod 2**64).
 uint64_t splitmix64(uint64_t x);

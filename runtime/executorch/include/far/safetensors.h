@@ -47,10 +47,13 @@ struct Tensor {
   }
 };
 
-// A read-only mapping of a whole file.
+// A read-only mapping of a whole file, or a copy of bytes held in memory (what the readers' fuzz test feeds
+// them: on the heap, AddressSanitizer sees a read one byte past the end, which a page-rounded mapping hides).
 class Mapping {
  public:
   explicit Mapping(const std::string& path);
+  // A copy of `bytes`, sized exactly.
+  static std::shared_ptr<Mapping> copy_of(const std::string& bytes);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
@@ -58,8 +61,10 @@ class Mapping {
   size_t size() const { return size_; }
 
  private:
+  Mapping() = default;
   const uint8_t* addr_ = nullptr;
   size_t size_ = 0;
+  bool mapped_ = false;
 };
 
 // A tensor to write: borrows its bytes.
@@ -81,9 +86,18 @@ struct File {
 
 // Map and check `path`; FormatError names the file and what is wrong.
 File read(const std::string& path);
+// Check the bytes `bytes` holds, read from `path` (named in errors), and keep them for the tensors.
+// Nothing is allocated from a number in the header: every size is bounded by the bytes there are.
+File parse(std::shared_ptr<Mapping> bytes, const std::string& path);
+
+// The JSON header write_atomic writes for `tensors` and `metadata`, padded with spaces to a multiple of 8 bytes.
+std::string header_text(const std::vector<TensorView>& tensors, const std::map<std::string, std::string>& metadata);
 
 // Write `tensors` and `metadata` to `path` atomically: `path`.tmp is written, fsynced and renamed onto `path`
 // (then the folder is fsynced), so `path` always holds either the previous file or the new one, whole.
+// far::WriteError (far/disk.h) when it cannot: a full disk is found before writing where the filesystem says
+// how much room it has, else at the write that fails; the message names the disk and the bytes needed, and
+// `path` keeps its previous version with no .tmp left beside it.
 void write_atomic(const std::string& path, const std::vector<TensorView>& tensors,
                   const std::map<std::string, std::string>& metadata);
 

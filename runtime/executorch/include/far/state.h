@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ std::string content_sha256(const std::map<std::string, std::string>& metadata,
 
 // Read `path` and check it belongs to the export `m` describes, before any of it is used; StateError if not.
 State read_state(const std::string& path, const Manifest& m);
+// The same over bytes already in memory (`path` names them in errors).
+State read_state(std::shared_ptr<safetensors::Mapping> bytes, const std::string& path, const Manifest& m);
 
 // Write a state atomically (safetensors::write_atomic): `tensors` are the trainable tensors then the slots.
 void write_state(const std::string& path, const Manifest& m, const std::vector<safetensors::TensorView>& tensors,
