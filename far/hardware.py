@@ -31,7 +31,20 @@ def native_bf16() -> bool:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory in bytes (macOS reports `ru_maxrss` in bytes, Linux in KiB)."""
+    """This process's peak resident memory in bytes.
+
+    On Linux, `VmHWM` of /proc/self/status: the high-water mark of this process's own memory. `ru_maxrss` is not
+    that there: the kernel carries the high-water mark of the memory a process was forked from over its `exec`, so
+    a run started from a large parent (a test suite, a notebook, a server) reported the parent's peak as its own.
+    Elsewhere `ru_maxrss` (macOS reports it in bytes, Linux in KiB).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

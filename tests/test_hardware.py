@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,15 @@ def test_idle_threads_sleep_once_torch_has_loaded():
 
     assert cpu_while_asleep(FAR_THREADS="2") < 0.05  # passive: the second thread sleeps
     assert cpu_while_asleep(FAR_THREADS="2", OMP_WAIT_POLICY="ACTIVE") > 0.1  # the check can fail: spinning shows
+
+
+def test_a_child_reports_its_own_peak_not_its_parents():
+    """A run started from a large process (a test suite, a notebook) measures its own memory, not its parent's."""
+    ballast = bytearray(400 * 2**20)  # 400 MiB, touched: resident in this process
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    code = "from far.hardware import peak_rss_bytes; print(peak_rss_bytes())"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout)
+    assert child < 200 * 2**20, child  # an interpreter with far.hardware: tens of MiB
+    del ballast
