@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_model
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoTokenizer
@@ -283,6 +285,8 @@ def test_runner_and_python_trainer_resume_each_other(runner, exported, tmp_path)
         ("wrong-shape", "the manifest says"),
         ("too-long", "more than the program's max_length"),
         ("bad-label", "not a class id of the program"),
+        ("other-task", "was written for another task (4 classes"),
+        ("other-classes", "was written for another export: its classes"),
     ],
 )
 def test_runner_refuses_before_training(runner, exported, tmp_path, case, message):
@@ -314,6 +318,15 @@ def test_runner_refuses_before_training(runner, exported, tmp_path, case, messag
             tensors["labels"][3] = 3
         examples = tmp_path / "examples.safetensors"
         save_file(tensors, examples)
+    elif case in ("other-task", "other-classes"):  # the same base, another task: as far.device.write_examples writes
+        with safe_open(exported.examples, framework="pt") as f:
+            metadata = f.metadata()
+        if case == "other-task":
+            metadata["num_labels"] = "4"
+        else:
+            metadata["labels"] = json.dumps(list(reversed(json.loads(metadata["labels"]))))
+        examples = tmp_path / "examples.safetensors"
+        save_file(load_file(exported.examples), examples, metadata=metadata)
     before = state.read_bytes()
 
     cmd = command(runner, exported, state, "--epochs", "1", examples=examples)

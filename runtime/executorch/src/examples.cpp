@@ -30,6 +30,8 @@ std::unique_ptr<Examples> read_examples(std::shared_ptr<safetensors::Mapping> by
   if (!ids || !mask || !labels) throw fail("needs input_ids, attention_mask and labels (token_type_ids is optional)");
   if (ids->shape.size() != 2) throw fail("input_ids must be [N, L], not " + safetensors::shape_str(ids->shape));
   ex->base_fingerprint = f.meta("base_fingerprint");
+  ex->num_labels = f.meta("num_labels");
+  ex->labels = f.meta("labels");
   ex->n = ids->shape[0];
   ex->length = ids->shape[1];
   // A row of no tokens is no example; and with none, N would be bounded by nothing in the file (a header

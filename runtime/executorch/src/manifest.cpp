@@ -185,6 +185,13 @@ Manifest parse_manifest(const std::string& text, const std::string& dir) {
     const Json* kind = t.find("kind");
     m.regression = kind && *kind == "regression";
     m.num_labels = t.integer("num_labels", false, 0);
+    if (const Json* names = t.find("labels")) {
+      if (!names->is_array() || names->size() > (1u << 20)) throw t.fail("\"task\".labels is not a list of class names");
+      for (const Json& name : *names) {
+        if (!name.is_string()) throw t.fail("\"task\".labels holds something other than class names");
+        m.labels.push_back(name.get<std::string>());
+      }
+    }
   }
   read_trainable(root, m);
   read_programs(root, m);

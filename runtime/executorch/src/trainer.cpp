@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "far/json.h"
 #include "far/optimizer.h"
 #include "far/sha256.h"
 
@@ -105,6 +106,21 @@ void Trainer::check_examples() const {
   if (!ex.base_fingerprint.empty() && ex.base_fingerprint != manifest_.base_fingerprint)
     throw Refusal(args_.examples + " was written for another export (another base model); write it for " +
                   args_.out_dir);
+  // Another task of the same base: its class count, or the same count under other names, are not this program's.
+  if (!ex.num_labels.empty() && manifest_.num_labels > 0 && ex.num_labels != std::to_string(manifest_.num_labels))
+    throw Refusal(args_.examples + " was written for another task (" + ex.num_labels + " classes; this program has " +
+                  std::to_string(manifest_.num_labels) + "); write it for " + args_.out_dir);
+  if (!ex.labels.empty() && !manifest_.labels.empty()) {
+    Json names;
+    try {
+      names = parse_json(ex.labels);
+    } catch (const std::exception&) {
+      throw Refusal(args_.examples + ": its labels metadata is not a list of class names; write it again");
+    }
+    if (names != Json(manifest_.labels))
+      throw Refusal(args_.examples + " was written for another export: its classes " + ex.labels +
+                    " are not this program's " + Json(manifest_.labels).dump() + "; write it for " + args_.out_dir);
+  }
   if (ex.float_label() != manifest_.regression)
     throw Refusal(args_.examples + " has " + (ex.float_label() ? "float32" : "integer") + " labels; the program " +
                   "trains " + (manifest_.regression ? "a regression (float32 labels)" : "a classifier (int64 class ids)"));

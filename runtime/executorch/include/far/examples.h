@@ -46,6 +46,7 @@ struct Examples {
   IntColumn int_labels;                         // [n], classification
   const safetensors::Tensor* float_labels = nullptr;  // [n] float32, regression
   std::string base_fingerprint;                 // of the export it was written for ("" if not recorded)
+  std::string num_labels, labels;               // its task's class count and names (JSON); "" if not recorded
 
   bool float_label() const { return float_labels != nullptr; }
   float float_label(int64_t i) const { return float_labels->at<float>(i); }

@@ -54,6 +54,7 @@ struct Manifest {
   std::vector<std::string> inputs;  // train.pte's "forward" inputs by name; empty: inferred by the runner
   bool regression = false;
   int64_t num_labels = 0;  // 0: not recorded
+  std::vector<std::string> labels;  // the class names in id order; empty: not recorded
 
   std::string path(const ProgramFile& p) const { return dir + "/" + p.file; }
   bool has_bottom() const { return !bottom.file.empty(); }
