@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_batch, tiny_model, write_rows
-from test_llm_lean import right_padded, tiny_hf, write_gguf
+from test_llm_lean import right_padded
 from test_llm_lean_saving import loss_fn as lean_loss
-from test_lm_texts import char_tokenizer
+from test_lm_train import write_tiny_gguf
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, BertForSequenceClassification
 
@@ -23,13 +23,13 @@ from far.cli.main import main
 from far.device.manifest import read_manifest
 from far.device.state import read_state
 from far.llm import bottom_on_disk
-from far.llm.gguf import CACHE_ENV, gguf_cache_path
+from far.llm.gguf import gguf_cache_path
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_checkpoint import FORMAT, read_lean_checkpoint, save_lean_checkpoint
 from far.llm.lean_far import prime_and_split
 from far.llm.lean_saving import save_trained
 from far.llm.state_file import StateFile
-from far.llm.tokenizer import SPECIAL_FILE, TOKENIZER_FILE
+from far.llm.tokenizer import TOKENIZER_FILE
 from far.llm.zo import CompactMeZO
 from far.recipes import causal_lm
 from far.recipes.compare import save_trained_tensors
@@ -62,15 +62,7 @@ def small_disk(tmp_path):
 
 @pytest.fixture
 def tiny_gguf(tmp_path, monkeypatch) -> Path:
-    """A tiny Llama GGUF file whose tokenizer (a token per character) waits in far's cache."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "tiny.gguf"
-    write_gguf(tiny_hf("llama"), path)
-    folder = Path(f"{gguf_cache_path(path)}-tokenizer")
-    folder.mkdir(parents=True)
-    char_tokenizer().tokenizer.save(str(folder / TOKENIZER_FILE))
-    (folder / SPECIAL_FILE).write_text(json.dumps({"pad_token_id": 1, "eos_token_id": 1}))
-    return path
+    return write_tiny_gguf(tmp_path, monkeypatch)
 
 
 @pytest.fixture

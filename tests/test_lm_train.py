@@ -166,6 +166,10 @@ def test_a_mezo_step_on_the_next_token_loss_is_spsa_on_the_transformers_model():
 
 @pytest.fixture
 def tiny_gguf(tmp_path, monkeypatch) -> Path:
+    return write_tiny_gguf(tmp_path, monkeypatch)
+
+
+def write_tiny_gguf(tmp_path: Path, monkeypatch) -> Path:
     """A tiny Llama GGUF file whose tokenizer (a token per character) waits in far's cache, as a converted one would."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
