@@ -133,22 +133,66 @@ def claim_demo_dir(out: Path, model: str, overwrite: bool) -> None:
     claim_output_dir(out, identity, resume=False, overwrite=True)
 
 
+@dataclass
+class Setup:
+    """What every arm shares: the data, the hyper-parameters and the untouched model each arm starts from."""
+
+    args: argparse.Namespace
+    out: Path
+    model: torch.nn.Module
+    tokenizer: object
+    train: object
+    dev: object
+    collate: DataCollatorWithPadding
+    hyper: dict
+    shown: str  # the hyper-parameters as the headings print them
+    baseline: float  # the majority class's dev accuracy
+
+    @property
+    def default(self) -> bool:
+        """FAR's default (`far glue --method far`, far.finetune(config="auto")), not a retention or embeddings asked
+        for."""
+        return self.args.retention == AUTO and not self.args.train_embeddings
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    setup = _prepare(args)
+    full_model, bottom_model = copy.deepcopy(setup.model), copy.deepcopy(setup.model)
+    print("time: process CPU seconds of each arm's whole far.finetune call (priming and the final evaluation included)")
+    full, full_seconds = _train_full(setup, full_model)
+    far_result, far_seconds, share, depth = _train_far(setup)
+    bottom, bottom_seconds, bottom_file = _train_bottom(setup, bottom_model)
+    if args.timing_rounds > 0:
+        _time_steps(setup, {"full": full_model, "far": setup.model, "bottom": bottom_model})
+    difference, learners_file, merged_bytes = _check_and_ship(setup)
+    far_label = f"FAR {'auto' if args.retention == AUTO else f'r={args.retention:g}'}: {share:.0%} nodes, depth {depth}"
+    arms = [
+        Arm(
+            "full fine-tuning", full.metrics["accuracy"], full_seconds, full.trainable_parameters, setup.out / "merged"
+        ),
+        Arm(far_label, far_result.metrics["accuracy"], far_seconds, far_result.trainable_parameters, learners_file),
+        Arm(
+            f"bottom {BASELINE_DEPTH} frozen, kept",
+            bottom.metrics["accuracy"],
+            bottom_seconds,
+            bottom.trainable_parameters,
+            bottom_file,
+        ),
+    ]
+    sizes = {arm.label: merged_bytes if arm.shipped.is_dir() else arm.shipped.stat().st_size for arm in arms}
+    _summarize(setup, arms, sizes, bottom_file, difference, time.perf_counter() - started)
+    _write_metrics(setup, arms, sizes, depth)
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> Setup:
+    """The data first, then the folder, before the model loads: a clear error before anything else changes."""
     out = Path(args.output_dir)
-    frozen_embeddings = not args.train_embeddings
-    # FAR's default (`far glue --method far`, far.finetune(config="auto")), or the retention and embeddings asked for.
-    default = args.retention == AUTO and frozen_embeddings
-    asked = dict(retention=args.retention, seed=args.seed, freeze_embeddings=frozen_embeddings)
-    far_config = "auto" if default else far.FARConfig.auto(**asked)
     root = locate_data_dir(args.data_dir, needs=f"glue/{TASK.folder}/train.tsv and dev.tsv")
-    splits = load_glue(TASK.name, root)  # a clear error, before anything else, if there is no data
-    claim_demo_dir(out, args.model, args.overwrite)  # the data first, then the folder, before the model loads
-    model, tokenizer = load_model_and_tokenizer(
-        args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
-    )
-    # the same pretrained weights and the same new head for every arm
-    full_model, bottom_model = copy.deepcopy(model), copy.deepcopy(model)
+    splits = load_glue(TASK.name, root)
+    claim_demo_dir(out, args.model, args.overwrite)
+    model, tokenizer = _load(args)
     train = tokenize_glue(first(splits["train"], args.max_train_samples), tokenizer, TASK, MAX_LENGTH)
     dev = tokenize_glue(first(splits["validation"], args.max_eval_samples), tokenizer, TASK, MAX_LENGTH)
     collate = DataCollatorWithPadding(tokenizer)
@@ -171,59 +215,91 @@ def run(args: argparse.Namespace) -> int:
     )
     grouped = ", grouped by length" if args.group_by_length else ""
     shown = f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch 32{grouped}, seed {args.seed}"
-    print("time: process CPU seconds of each arm's whole far.finetune call (priming and the final evaluation included)")
+    return Setup(args, out, model, tokenizer, train, dev, collate, hyper, shown, baseline["accuracy"])
 
-    def report(result, seconds: float) -> None:
-        print(
-            f"dev accuracy {result.metrics['accuracy']:.4f}; {seconds:.0f} CPU s (wall: priming "
-            f"{result.priming_seconds:.0f} s, training {result.training_seconds:.0f} s, evaluation "
-            f"{result.eval_seconds:.0f} s)"
-        )
 
-    _step(f"full fine-tuning: every weight trains ({shown})")
-    full, full_seconds = cpu_timed(lambda: far.finetune(full_model, train, None, progress=True, **hyper))
-    report(full, full_seconds)
+def _load(args: argparse.Namespace):
+    """The pretrained model with its seeded new head: every arm, and the stock base, start from the same weights."""
+    return load_model_and_tokenizer(
+        args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
+    )
 
-    embeddings = "frozen" if frozen_embeddings else "trained"
+
+def _report(result, seconds: float) -> None:
+    print(
+        f"dev accuracy {result.metrics['accuracy']:.4f}; {seconds:.0f} CPU s (wall: priming "
+        f"{result.priming_seconds:.0f} s, training {result.training_seconds:.0f} s, evaluation "
+        f"{result.eval_seconds:.0f} s)"
+    )
+
+
+def _train_full(setup: Setup, model: torch.nn.Module):
+    _step(f"full fine-tuning: every weight trains ({setup.shown})")
+    result, seconds = cpu_timed(lambda: far.finetune(model, setup.train, None, progress=True, **setup.hyper))
+    _report(result, seconds)
+    return result, seconds
+
+
+def _train_far(setup: Setup):
+    """FAR's arm, on the setup's own model; returns its result, CPU seconds, learner share and frozen depth."""
+    args = setup.args
+    asked = dict(retention=args.retention, seed=args.seed, freeze_embeddings=not args.train_embeddings)
+    config = "auto" if setup.default else far.FARConfig.auto(**asked)
+    embeddings = "trained" if args.train_embeddings else "frozen"
     keep = "the nodes that hold half of each FFN's change" if args.retention == AUTO else f"{args.retention:.0%}"
-    what = "FAR's default, its automatic configuration" if default else "FAR, automatic"
+    what = "FAR's default, its automatic configuration" if setup.default else "FAR, automatic"
     _step(
         f"{what}: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
-        f"bottom layers frozen at the depth priming chooses and kept ({shown})"
+        f"bottom layers frozen at the depth priming chooses and kept ({setup.shown})"
     )
-    result, far_seconds = cpu_timed(
+    result, seconds = cpu_timed(
         lambda: far.finetune(
-            model, train, far_config, output_dir=out / "far", progress=True, cache_frozen=True, **hyper
+            setup.model,
+            setup.train,
+            config,
+            output_dir=setup.out / "far",
+            progress=True,
+            cache_frozen=True,
+            **setup.hyper,
         )
     )
-    report(result, far_seconds)
-    far.summary(model)
-    configured = far.summary(model, verbose=False)
+    _report(result, seconds)
+    far.summary(setup.model)
+    configured = far.summary(setup.model, verbose=False)
     share = sum(k for k, _ in configured.learners.values()) / sum(n for _, n in configured.learners.values())
-    depth = configured.frozen_layers[0]
+    return result, seconds, share, configured.frozen_layers[0]
 
+
+def _train_bottom(setup: Setup, model: torch.nn.Module):
     _step(
         f"frozen bottom: embeddings and layers 0-{BASELINE_DEPTH - 1} frozen and kept, every weight above trains "
-        f"({shown})"
+        f"({setup.shown})"
     )
-    bottom, bottom_seconds = cpu_timed(
+    result, seconds = cpu_timed(
         lambda: far.finetune(
-            bottom_model, train, None, freeze_layers=BASELINE_DEPTH, cache_frozen=True, progress=True, **hyper
+            model, setup.train, None, freeze_layers=BASELINE_DEPTH, cache_frozen=True, progress=True, **setup.hyper
         )
     )
-    report(bottom, bottom_seconds)
-    bottom_file = save_trained_tensors(bottom_model, out / f"bottom{BASELINE_DEPTH}" / "trained.safetensors")
+    _report(result, seconds)
+    shipped = save_trained_tensors(model, setup.out / f"bottom{BASELINE_DEPTH}" / "trained.safetensors")
+    return result, seconds, shipped
 
-    if args.timing_rounds > 0:
-        _step(f"step time, side by side: one training step of each arm per round, {args.timing_rounds} rounds")
-        batch = collate([train[i] for i in range(min(32, len(train)))])
-        models = {"full": full_model, "far": model, "bottom": bottom_model}
-        times = paired_step_times(models, batch, rounds=args.timing_rounds, lr=args.lr)
-        # the kept bottom is not used here: a step runs the whole model, so this is the step without the cache
-        print(", ".join(f"{name} {statistics.median(t) * 1e3:.0f} ms" for name, t in times.items()) + " (median)")
 
+def _time_steps(setup: Setup, models: dict) -> None:
+    rounds = setup.args.timing_rounds
+    _step(f"step time, side by side: one training step of each arm per round, {rounds} rounds")
+    batch = setup.collate([setup.train[i] for i in range(min(32, len(setup.train)))])
+    times = paired_step_times(models, batch, rounds=rounds, lr=setup.args.lr)
+    # the kept bottom is not used here: a step runs the whole model, so this is the step without the cache
+    print(", ".join(f"{name} {statistics.median(t) * 1e3:.0f} ms" for name, t in times.items()) + " (median)")
+
+
+def _check_and_ship(setup: Setup) -> tuple[float, Path, int]:
+    """Parity of the split and merged models, the files a user keeps, predictions, and the learners file on a stock
+    model; returns the largest logit difference, the learners file and the merged model's bytes."""
+    model, out, dev = setup.model, setup.out, setup.dev
     _step("parity: the split model and its merged copy give the same logits")
-    probe = collate([dev[i] for i in range(min(16, len(dev)))])
+    probe = setup.collate([dev[i] for i in range(min(16, len(dev)))])
     probe.pop("labels", None)
     merged = far.restore(copy.deepcopy(model)).eval()
     with torch.no_grad():
@@ -233,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
     _step("save: FAR's learners-only file (one user's adaptation), then the merged model")
     learners_file = far.save_learners(model, out / "learners.safetensors")
     merged.save_pretrained(out / "merged")
-    tokenizer.save_pretrained(out / "merged")
+    setup.tokenizer.save_pretrained(out / "merged")
     learners_bytes = learners_file.stat().st_size
     merged_bytes = sum(f.stat().st_size for f in (out / "merged").glob("*.safetensors"))
     print(
@@ -242,45 +318,30 @@ def run(args: argparse.Namespace) -> int:
     )
 
     _step(f"predict with the merged model (far predict --model {out / 'merged'})")
-    predictor = Predictor(merged, tokenizer, model_card(out / "merged"))
+    predictor = Predictor(merged, setup.tokenizer, model_card(out / "merged"))
     for row in predictor(["A gorgeous, funny and moving film.", "A tedious mess that goes nowhere."]):
         print(f"{row['label']:>8} {row['score']:.3f}  {row['sentence']}")
 
     _step("one base model, many users: the learners file on a freshly loaded stock model")
-    stock, _ = load_model_and_tokenizer(
-        args.model, TASK.kind, TASK.num_labels, label_names=TASK.label_names, finetuning_task=TASK.name, seed=args.seed
-    )
+    stock, _ = _load(setup.args)
     far.load_learners(stock, learners_file)  # priming's changes to frozen weights were undone: it fits the stock model
     with torch.no_grad():
         same = torch.equal(stock.eval()(**probe).logits, model(**probe).logits)
+    base = setup.args.model
     print(
-        f"stock {args.model} + {learners_file.name} gives the trained model's logits "
-        f"{'bit for bit' if same else 'NOT bit for bit'} (far predict --model {args.model} --learners {learners_file})"
+        f"stock {base} + {learners_file.name} gives the trained model's logits "
+        f"{'bit for bit' if same else 'NOT bit for bit'} (far predict --model {base} --learners {learners_file})"
     )
     if not same:
         raise RuntimeError("the learners file did not reproduce the trained model on the stock base")
+    return difference, learners_file, merged_bytes
 
-    arms = [
-        Arm("full fine-tuning", full.metrics["accuracy"], full_seconds, full.trainable_parameters, out / "merged"),
-        Arm(
-            f"FAR {'auto' if args.retention == AUTO else f'r={args.retention:g}'}: {share:.0%} nodes, depth {depth}",
-            result.metrics["accuracy"],
-            far_seconds,
-            result.trainable_parameters,
-            learners_file,
-        ),
-        Arm(
-            f"bottom {BASELINE_DEPTH} frozen, kept",
-            bottom.metrics["accuracy"],
-            bottom_seconds,
-            bottom.trainable_parameters,
-            bottom_file,
-        ),
-    ]
-    sizes = {arm.label: merged_bytes if arm.shipped.is_dir() else arm.shipped.stat().st_size for arm in arms}
-    _step(f"summary: SST-2 dev accuracy, {len(train):,} training sentences, {shown}")
+
+def _summarize(setup: Setup, arms: list[Arm], sizes: dict, bottom_file: Path, difference: float, wall: float) -> None:
+    full_seconds = arms[0].cpu_seconds
+    _step(f"summary: SST-2 dev accuracy, {len(setup.train):,} training sentences, {setup.shown}")
     print(f"{'':<34}{'dev accuracy':>13}{'CPU s':>8}{'/ full':>8}{'trainable params':>18}{'ships':>11}")
-    print(f"{'majority class':<34}{baseline['accuracy']:>13.4f}")
+    print(f"{'majority class':<34}{setup.baseline:>13.4f}")
     for arm in arms:
         print(
             f"{arm.label:<34}{arm.accuracy:>13.4f}{arm.cpu_seconds:>8.0f}{arm.cpu_seconds / full_seconds:>8.2f}"
@@ -289,23 +350,27 @@ def run(args: argparse.Namespace) -> int:
     print(
         "CPU s: the whole far.finetune call, priming and the final evaluation included; ships: the merged model, "
         f"FAR's learners file, the trained tensors (safetensors, {bottom_file}); parity {difference:.1e}; "
-        f"demo wall time {time.perf_counter() - started:.0f} s"
+        f"demo wall time {wall:.0f} s"
     )
+
+
+def _write_metrics(setup: Setup, arms: list[Arm], sizes: dict, depth: int) -> None:
+    args = setup.args
     configuration = {
-        "name": "auto" if default else "custom",
-        "why": "the default of --method far" if default else "--retention/--train-embeddings given",
+        "name": "auto" if setup.default else "custom",
+        "why": "the default of --method far" if setup.default else "--retention/--train-embeddings given",
         "retention": args.retention,
         "frozen_layers": depth,
-        "freeze_embeddings": frozen_embeddings,
+        "freeze_embeddings": not args.train_embeddings,
         "cache_frozen": True,
     }
     write_json(
-        out / "metrics.json",
+        setup.out / "metrics.json",
         {
             "task": TASK.name,
             "model": args.model,
-            "training_examples": len(train),
-            "majority_accuracy": baseline["accuracy"],
+            "training_examples": len(setup.train),
+            "majority_accuracy": setup.baseline,
             "arms": [
                 {"arm": a.label, "accuracy": a.accuracy, "cpu_seconds": a.cpu_seconds, "ships_bytes": sizes[a.label]}
                 for a in arms
@@ -313,4 +378,3 @@ def run(args: argparse.Namespace) -> int:
             "configuration": configuration,  # FAR's arm
         },
     )
-    return 0
