@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from functools import partial
 from pathlib import Path
@@ -17,6 +18,7 @@ from test_lm_texts import char_tokenizer
 
 import far.llm.bottom_on_disk as bottom_on_disk
 import far.llm.next_token as next_token
+import far.recipes.own_texts as own_texts
 from far.cli.main import main
 from far.llm.backprop import LearnerGradients
 from far.llm.gguf import CACHE_ENV, gguf_cache_path
@@ -464,3 +466,19 @@ def test_without_room_on_disk_the_bottom_stays_and_nothing_changes(tmp_path, mon
     assert bottom_on_disk.keep_bottom_on_disk(model, 1, [chunks(1, n=4)], tmp_path) is None
     assert model.released_layers == 0 and not list(tmp_path.iterdir())
     assert all(torch.equal(a, w.stored) for a, w in zip(before, model.compact_weights(), strict=True))
+
+
+def _length_of(n_chunks: int, **given) -> int:
+    run = RunSettings(model="smollm2-135m", optimizer="adamw", **given)
+    hparams = run.hyperparameters(own_texts.TEXT_DEFAULTS)
+    return own_texts._training(run, hparams, n_chunks, run.lean_layout(6, torch.float32), None).total_steps
+
+
+def test_the_default_length_stops_at_its_step_budget_and_a_given_length_does_not(caplog):
+    budget = own_texts.STEP_BUDGET
+    assert _length_of(4 * 10) == 10  # one epoch of 10 batches: under the budget
+    with caplog.at_level(logging.INFO, logger="far.recipes.own_texts"):
+        assert _length_of(4 * (budget + 50)) == budget
+    assert f"default budget of {budget} steps" in caplog.text and "--max-steps N" in caplog.text
+    assert _length_of(4 * (budget + 50), epochs=1.0) == budget + 50
+    assert _length_of(4 * (budget + 50), max_steps=budget + 7) == budget + 7

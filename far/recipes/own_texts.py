@@ -59,8 +59,13 @@ from far.training.options import LEARNING_RATES
 # Chunks of 256 tokens; MeZO needs many cheap steps, AdamW few (the rates: LEARNING_RATES, which says why). AdamW's
 # batch of 4 keeps SmolLM2-135M under 640 MiB (docs/llm.md).
 _LR = LEARNING_RATES["causal LM texts"]
+# AdamW's default run is one epoch, stopped at this many steps (SmolLM2-135M: about 10 CPU s a step, so about 20
+# CPU minutes) so that a large folder does not start hours of work unasked; --epochs or --max-steps set the length.
+STEP_BUDGET = 120
 TEXT_DEFAULTS = {
-    "adamw": dict(lr=_LR["adamw"], epochs=1.0, max_steps=None, batch_size=4, max_length=256, warmup=0.0),
+    "adamw": dict(
+        lr=_LR["adamw"], epochs=1.0, max_steps=None, step_budget=STEP_BUDGET, batch_size=4, max_length=256, warmup=0.0
+    ),
     "mezo": dict(lr=_LR["mezo"], epochs=None, max_steps=500, batch_size=8, max_length=256, warmup=0.0),
     # Five forward passes a step (MeZO: two): the steps of about MeZO's 500 in CPU time.
     "zo-batched": dict(lr=_LR["zo-batched"], epochs=None, max_steps=200, batch_size=8, max_length=256, warmup=0.0),
@@ -186,12 +191,23 @@ def _training(
     to_prime = min(wanted, n_train) if primes else 0
     if primes and not to_prime:
         raise ValueError("--priming must give at least one chunk for gradient priming with --method far")
+    steps = hparams["max_steps"] or math.ceil(hparams["epochs"] * steps_per_epoch)
+    budget = hparams.get("step_budget")
+    if budget is not None and steps > budget:
+        logger.info(
+            "stopping at the default budget of %d steps (%.0f%% of an epoch of %d): --epochs 1 or --max-steps N "
+            "trains longer",
+            budget,
+            100 * budget / steps_per_epoch,
+            steps_per_epoch,
+        )
+        steps = budget
     return TextTraining(
         settings.optimizer,
         hparams["lr"],
         batch_size,
         micro,
-        hparams["max_steps"] or math.ceil(hparams["epochs"] * steps_per_epoch),
+        steps,
         steps_per_epoch,
         seed=settings.seed,
         mezo_eps=settings.mezo_eps,

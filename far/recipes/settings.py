@@ -36,6 +36,9 @@ DEFAULT_RETENTION = 0.4  # the paper's; a causal LM's lean run has its own defau
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
 TRAINABLE_DTYPES = tuple(DTYPES)
 HYPERPARAMETERS = ("lr", "epochs", "max_steps", "batch_size", "max_length", "warmup")
+# What sets a run's length: given on the command line, none of them comes from the defaults (a default's
+# `step_budget` caps the default length only).
+LENGTH_KEYS = ("epochs", "max_steps", "step_budget")
 # far.finetune options recorded in metrics.json beside the resolved hyper-parameters.
 RECORDED_OPTIONS = (
     "priming",
@@ -221,7 +224,7 @@ class RunSettings:
         chosen = {k: getattr(self, k) for k in HYPERPARAMETERS}
         user_length = self.epochs is not None or self.max_steps is not None
         for key, value in defaults[self.optimizer].items():
-            if chosen.get(key) is None and not (user_length and key in ("epochs", "max_steps")):
+            if chosen.get(key) is None and not (user_length and key in LENGTH_KEYS):
                 chosen[key] = value
         if chosen["epochs"] is None and chosen["max_steps"] is None:
             raise ValueError("give epochs or max_steps")
