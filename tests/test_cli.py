@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import random
+import shutil
 import subprocess
 import sys
 
@@ -364,3 +366,26 @@ def test_the_command_hides_the_cpu_warnings_torchao_brings_in_with_the_model_cod
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split()[-1] == "True"  # transformers did import it: the warnings would have shown
     assert "Failed to load" not in done.stderr and "is an Enum subclass" not in done.stderr, done.stderr
+
+
+def test_loading_says_the_new_head_in_a_line_and_warns_of_a_body_the_checkpoint_lacks(
+    tiny_model_dir, tmp_path, caplog, capfd
+):
+    from safetensors.torch import load_file, save_file
+
+    from far.models import load_model_and_tokenizer
+
+    with caplog.at_level(logging.INFO, logger="far.models.loading"):
+        load_model_and_tokenizer(str(tiny_model_dir), "question-answering", seed=3)
+    assert "a new question-answering head (qa_outputs.bias, qa_outputs.weight), initialised with seed 3" in caplog.text
+    assert "LOAD REPORT" not in capfd.readouterr().err and "lacks" not in caplog.text
+    # A checkpoint without one of the body's weights: a warning names it (transformers initialised it at random).
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_model_dir, damaged)
+    weights = load_file(damaged / "model.safetensors")
+    gone = next(key for key in weights if "encoder.layer.0.output.dense.weight" in key)
+    save_file({k: v for k, v in weights.items() if k != gone}, damaged / "model.safetensors", metadata={"format": "pt"})
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="far.models.loading"):
+        load_model_and_tokenizer(str(damaged), "classification", seed=3)
+    assert "lacks 1 of the model's own weights (bert.encoder.layer.0.output.dense.weight)" in caplog.text

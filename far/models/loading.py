@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from far.llm.lean_saving import load_trained
 from far.llm.tokenizer import LeanTokenizer, load_gguf_tokenizer
 from far.methods.lora import adapter_base_model, is_adapter_folder, load_lora_adapter
 from far.models.aliases import DEFAULT_MODEL, RUNTIMES, FindSpec, find_gguf, resolve_model
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded: a GGUF alias's lean run never needs it
     import transformers
@@ -109,25 +112,52 @@ def load_model_and_tokenizer(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the new head's weights, reproducibly, without touching the caller's RNG
         # A checkpoint with another task's head (say 2 classes, now 1 output) gets a fresh head.
-        with _load_report_silenced() if head_replaced else contextlib.nullcontext():
-            model = auto_class.from_pretrained(path, config=config, dtype=torch.float32, ignore_mismatched_sizes=True)
+        with _load_report_silenced():
+            model, loading = auto_class.from_pretrained(
+                path, config=config, dtype=torch.float32, ignore_mismatched_sizes=True, output_loading_info=True
+            )
+    _report_loading(model, loading, name_or_path, head if not head_replaced else None, seed)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
 
+def _report_loading(model, loading: dict, name: str | os.PathLike, head: str | None, seed: int) -> None:
+    """Transformers' load report in far's words: the new head in a line (when `head` names it), and as a warning
+    only what a user should look at, weights of the body that the checkpoint lacked. Weights it holds and the model
+    does not use are left unsaid: another task's head, a pooler that question answering has no use for."""
+    body = model.base_model_prefix + "."
+    fresh = sorted(key for key in loading["missing_keys"] if not key.startswith(body))
+    fresh += sorted(key for key, *_ in loading["mismatched_keys"])
+    if head is not None and fresh:
+        logger.info("a new %s head (%s), initialised with seed %d, trains with the run", head, ", ".join(fresh), seed)
+    missing = sorted(key for key in loading["missing_keys"] if key.startswith(body))
+    if missing:
+        logger.warning(
+            "model %s: its checkpoint lacks %d of the model's own weights (%s), initialised at random: check that "
+            "it is the model you meant",
+            name,
+            len(missing),
+            ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else ""),
+        )
+
+
 @contextlib.contextmanager
 def _load_report_silenced() -> Iterator[None]:
-    """Transformers' warnings held back while a model loads: its load report (the head's weights newly
-    initialised) among them. Through its verbosity: its own loggers' levels steer what it checks."""
+    """Transformers' warnings and progress bar held back while a model loads: its load report (the head's weights
+    newly initialised) among them, which `_report_loading` says in far's words. Through its verbosity: its own
+    loggers' levels steer what it checks."""
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # a bar for a few hundred milliseconds of reading weights
     try:
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def _padding_tokenizer(path: str | os.PathLike, name: str | os.PathLike) -> transformers.PreTrainedTokenizerBase:
