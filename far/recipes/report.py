@@ -35,6 +35,7 @@ from far.recipes.configuration import configuration_record
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
 from far.saving.stock import stock_reader
 from far.storage.atomic import write_json
+from far.training.plan import plan_training
 
 if TYPE_CHECKING:  # a type only: the evaluators module imports datasets
     from far.evaluation.evaluators import Evaluator
@@ -140,6 +141,7 @@ def train_and_report(run: TrainingRun) -> dict:
     """
     settings, model = run.settings, run.model
     options = settings.train_options(run.hyperparameters)
+    plan_training(len(run.train_data), options)  # steps that cannot hold the priming are refused before the folder
     out = settings.claim_output(run.task)
     with run_log(out):
         logger.info(
