@@ -91,6 +91,11 @@ def _run_users(args: argparse.Namespace, files: list) -> int:
         raise ValueError(f"--input {args.input!r}: no such file; give a .csv/.tsv/.json/.jsonl file, or - for stdin")
     suffix = f".{args.format}"
     lock.hold(args.output_dir)
+
+    def said(path: Path, info: dict, _predictor) -> None:  # as each user is done: many users take minutes
+        swap = "" if info["swap_seconds"] is None else f" (swapped in {info['swap_seconds'] * 1e3:.0f} ms)"
+        print(f"wrote {info['rows']} predictions to {path}{swap}", file=sys.stderr, flush=True)
+
     served = predict_users(
         args.model,
         files,
@@ -99,10 +104,8 @@ def _run_users(args: argparse.Namespace, files: list) -> int:
         suffix=suffix,
         max_length=args.max_length,
         batch_size=args.batch_size,
+        on_written=said,
     )
-    for path, info in served.written.items():
-        swap = "" if info["swap_seconds"] is None else f" (swapped in {info['swap_seconds'] * 1e3:.0f} ms)"
-        print(f"wrote {info['rows']} predictions to {path}{swap}", file=sys.stderr)
     for path, reason in served.failed.items():
         stale = user_output(args.output_dir, path, suffix)
         earlier = f" ({stale} is from an earlier run)" if stale.exists() else ""
