@@ -33,16 +33,44 @@ from far.llm.lean_model import LeanCausalLM
 from far.seeds import derive_seed
 
 
-def check_zo_settings(model: LeanCausalLM, lr: object, eps: object) -> None:
-    """What every zeroth-order optimizer of the lean runtime needs: finite lr and eps > 0, a trainable weight."""
-    for name, value in (("lr", lr), ("eps", eps)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if not model.trainable_weights():
-        raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+class CompactZO:
+    """What the lean runtime's zeroth-order optimizers share: checked settings, step counters, the skip of a
+    step whose losses are not all finite, and decoupled weight decay."""
+
+    name = "zeroth-order"
+
+    def __init__(self, model: LeanCausalLM, lr: float, eps: float, seed: int, weight_decay: float) -> None:
+        for name, value in (("lr", lr), ("eps", eps)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not model.trainable_weights():
+            raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
+        self.steps_taken = 0
+        self.steps_skipped = 0
+
+    def count_step(self, *losses: float) -> bool:
+        """Count a step; False (with a warning, weights to stay unchanged) when a loss is not finite."""
+        self.steps_taken += 1
+        if all(math.isfinite(v) for v in losses):
+            return True
+        self.steps_skipped += 1
+        warnings.warn(
+            f"{self.name} step {self.steps_taken}: a loss is not finite; the step is skipped, weights unchanged",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+
+    def decay(self, weights: list[CompactWeight]) -> None:
+        """Decoupled L2 on the matrices among `weights`."""
+        if self.weight_decay:
+            for weight in weights:
+                if weight.stored.dim() >= 2:
+                    weight.stored.mul_(1.0 - self.lr * self.weight_decay)
 
 
-class CompactMeZO:
+class CompactMeZO(CompactZO):
     """MeZO over a `LeanCausalLM`'s trainable weights, perturbed on read, updated in place.
 
     Args:
@@ -55,6 +83,8 @@ class CompactMeZO:
             or less). At least one layer is always drawn.
     """
 
+    name = "MeZO"
+
     def __init__(
         self,
         model: LeanCausalLM,
@@ -64,18 +94,15 @@ class CompactMeZO:
         weight_decay: float = 0.0,
         layer_fraction: float = 1.0,
     ) -> None:
-        check_zo_settings(model, lr, eps)
         if not (isinstance(layer_fraction, (int, float)) and 0 < layer_fraction <= 1):
             raise ValueError(f"layer_fraction must be in (0, 1], got {layer_fraction!r}; e.g. 0.25 (LeZO)")
+        super().__init__(model, lr, eps, seed, weight_decay)
         trainable = model.trainable_weights()
-        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
         self.layer_fraction = float(layer_fraction)
         in_layer = [{w.index for w in layer.modules() if isinstance(w, CompactWeight)} for layer in model.layers]
         self._layer_weights = [frozenset(w.index for w in trainable if w.index in ids) for ids in in_layer]
         everywhere = set().union(*in_layer) if in_layer else set()
         self._outside_layers = frozenset(w.index for w in trainable if w.index not in everywhere)
-        self.steps_taken = 0
-        self.steps_skipped = 0
 
     def active_weights(self, step: int) -> frozenset[int] | None:
         """Indices of the weights step `step` perturbs; None: every trainable weight."""
@@ -100,21 +127,12 @@ class CompactMeZO:
             loss_minus = float(closure())
         finally:
             perturbation.clear()
-        self.steps_taken += 1
-        if not (math.isfinite(loss_plus) and math.isfinite(loss_minus)):
-            self.steps_skipped += 1
-            warnings.warn(
-                f"MeZO step {self.steps_taken}: a loss is not finite; the step is skipped, weights unchanged",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        if not self.count_step(loss_plus, loss_minus):
             return loss_plus if not math.isfinite(loss_plus) else loss_minus
         grad = (loss_plus - loss_minus) / (2 * self.eps)
         self.last_projected_grad = grad
-        for weight in self.model.trainable_weights():
-            if active is not None and weight.index not in active:
-                continue
-            if self.weight_decay and weight.stored.dim() >= 2:
-                weight.stored.mul_(1.0 - self.lr * self.weight_decay)
+        weights = [w for w in self.model.trainable_weights() if active is None or w.index in active]
+        self.decay(weights)
+        for weight in weights:
             weight.update(seed, -self.lr * grad)
         return (loss_plus + loss_minus) / 2
