@@ -163,16 +163,7 @@ def step_bytes(model: nn.Module, batch_size: int, seq_len: int, *, bf16: bool = 
     activations += 8 * tokens * hidden * 4  # embeddings: three looked up and summed, LayerNorm
     dropout = n_layers * (2 * per_layer["hidden"] * (hidden_p > 0) + per_layer["scores"] * (scores_p > 0))
     dropout += tokens * hidden * (hidden_p > 0)  # the embeddings' dropout
-    return StepBytes(
-        optimizer=optimizer,
-        mapped=mapped,
-        gradients=gradients,
-        activations=activations,
-        casts=casts,
-        dropout_elements=dropout,
-        optimizer_tensors=tensors,
-        embedding_elements=embedding,
-    )
+    return StepBytes(optimizer, mapped, gradients, activations, casts, dropout, tensors, embedding)
 
 
 def step_terms(flops: StepFlops, traffic: StepBytes, rates: Rates) -> dict[str, float]:
