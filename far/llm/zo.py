@@ -1,19 +1,14 @@
 """MeZO for the lean runtime: the perturbation is never written into the stored weights.
 
-`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023, Algorithm 1) over a
-`LeanCausalLM`'s trainable `CompactWeight`s: it sets the model's `Perturbation` to (seed, +eps),
-evaluates the closure, sets it to (seed, -eps), evaluates again, clears it, and moves every
-trainable weight by `-lr * g * z`, z drawn again from the same seed. Each forward pass reads a
-trainable weight as `stored + scale * z` into the fp32 temporary it computes with anyway
-(`far.llm.compact`), so the weights are exactly as before after the two passes, by construction:
-no restore pass, no record of inexact elements, no drift, and nothing the size of the model kept.
-Only trainable tensors draw noise: after FAR's split, the learners and the tensors outside the FFNs.
+`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023, Algorithm 1): the closure is
+evaluated with the model's `Perturbation` set to (seed, +eps), then (seed, -eps), and every trainable
+weight moves by `-lr * g * z`, z drawn again from the seed. A forward reads a trainable weight as
+`stored + scale * z` into the fp32 temporary it computes with anyway (`far.llm.compact`), so the
+stored weights are never perturbed: no restore pass, no drift, nothing the size of the model kept.
 
-Layer-sparse steps (LeZO, Wang et al. 2024). With `layer_fraction` below 1, each step perturbs and
-updates the trainable weights of a random subset of the decoder layers only (a new subset every
-step, drawn from the step's seed, so a step can be replayed), plus the few trainable weights outside
-the layers. The estimate then has the variance of a model that many times smaller, and a step draws
-that much less noise; over many steps every layer is trained.
+Layer-sparse steps (LeZO, Wang et al. 2024): with `layer_fraction` below 1, a step perturbs and
+updates the trainable weights of a random subset of the layers (drawn from the step's seed), plus
+those outside the layers: less noise a step, every layer trained over many steps.
 
     >>> optimizer = CompactMeZO(model, lr=1e-4, eps=1e-3, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))

@@ -5,15 +5,11 @@ perturbed points `w + eps z_i`, and moves every trainable weight by
 
     w <- w - lr * (1/n) sum_i g_i z_i,    g_i = (L(w + eps z_i) - L0) / eps
 
-(FZOO, Dang et al. 2025, one-sided differences sharing one unperturbed pass). n directions cost
-n + 1 forward passes where n MeZO steps cost 2n, and the mean over n directions cuts the estimate's
-variance by n. The directions are never stored: z_i is drawn again from its seed (the step's seed and
-i) for the update, as in `far.llm.zo.CompactMeZO`, and each forward reads a weight as `stored + eps z_i`
-through the model's `Perturbation`, so the stored weights are untouched until the update.
-
-The directions are the model's `Perturbation.direction`s: standard normal, where FZOO draws Rademacher
-signs. Both have E[z z^T] = I, so the estimate is unbiased either way; sharing the machinery keeps the
-"never written while perturbed" guarantee in one place (`far.llm.compact`).
+(FZOO, Dang et al. 2025). n directions cost n + 1 forward passes where n MeZO steps cost 2n, and the
+mean over n cuts the estimate's variance by n. As in `far.llm.zo.CompactMeZO`, each z_i is drawn
+again from its seed for the update and read through the model's `Perturbation`, so the stored
+weights are untouched until the update. The directions are standard normal where FZOO draws
+Rademacher signs: both have E[z z^T] = I, so the estimate is unbiased either way.
 
     >>> optimizer = CompactBatchedZO(model, lr=1e-4, eps=1e-3, directions=4, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))
