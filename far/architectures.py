@@ -15,7 +15,7 @@ priming treat them alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -221,6 +221,17 @@ def resolve_spec(model: nn.Module, spec: FFNSpec | None = None) -> FFNSpec:
     )
 
 
+def _projection_sets(model: nn.Module, relative: tuple[str, ...]) -> Iterator[tuple[str, list[str], list[nn.Module]]]:
+    """(block name, qualified names, modules) of every module that holds a projection at each `relative` name."""
+    modules: Mapping[str, nn.Module] = dict(model.named_modules())
+    for block_name in modules:
+        prefix = f"{block_name}." if block_name else ""
+        names = [prefix + n for n in relative]
+        parts = [modules.get(n) for n in names]
+        if all(isinstance(p, _PROJECTION_TYPES) for p in parts):
+            yield block_name, names, parts
+
+
 def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
     """Every FFN of `model`, keyed by the qualified name of its output projection.
 
@@ -243,14 +254,8 @@ def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
     spec = resolve_spec(model, spec)
-    modules: Mapping[str, nn.Module] = dict(model.named_modules())
     ffns: dict[str, FFN] = {}
-    for block_name in modules:
-        prefix = f"{block_name}." if block_name else ""
-        names = [prefix + n for n in (*spec.inputs, spec.output)]
-        parts = [modules.get(n) for n in names]
-        if not all(isinstance(p, _PROJECTION_TYPES) for p in parts):
-            continue
+    for block_name, names, parts in _projection_sets(model, (*spec.inputs, spec.output)):
         *input_names, output_name = names
         counts = {projection_rows(m, "input") for m in parts[:-1]} | {projection_rows(parts[-1], "output")}
         if len(counts) != 1:
@@ -325,14 +330,8 @@ def find_attention(model: nn.Module, spec: AttentionSpec | None = None) -> dict[
         raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
     spec = resolve_attention_spec(model, spec)
     heads, kv_heads = _head_counts(model, spec)
-    modules: Mapping[str, nn.Module] = dict(model.named_modules())
     blocks: dict[str, NodeGroup] = {}
-    for block_name in modules:
-        prefix = f"{block_name}." if block_name else ""
-        names = [prefix + n for n in (spec.query, spec.key, spec.value, spec.output)]
-        parts = [modules.get(n) for n in names]
-        if not all(isinstance(p, _PROJECTION_TYPES) for p in parts):
-            continue
+    for block_name, names, parts in _projection_sets(model, (spec.query, spec.key, spec.value, spec.output)):
         q_rows, k_rows, v_rows = (projection_rows(m, "input") for m in parts[:3])
         o_rows = projection_rows(parts[3], "output")
         if q_rows % heads or k_rows != v_rows or k_rows * heads != q_rows * kv_heads or o_rows != q_rows:
