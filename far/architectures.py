@@ -1,16 +1,11 @@
 """Where the FFNs and attention blocks are: the one table of per-architecture knowledge, and discovery.
 
-An FFN is found as a module (the *block*) that owns the input projection(s) and the output
-projection at the relative names its `FFNSpec` gives. Node *i* of an FFN is row *i* of each input
-projection (and its bias entry) plus column *i* of the output projection.
-
-An attention block is the same shape of thing one level up: its nodes are heads. Node *g* is the
-rows of head *g* in the query, key and value projections plus its columns of the output
-projection, so a node is `width` consecutive rows of a projection instead of one (the head size).
-Under grouped-query attention a key/value head serves several query heads; a node is then one
-such *group* (one key/value head and its query heads), since splitting a group would pair query
-heads with the wrong keys. Both kinds are described by one `NodeGroup`, so surgery, saving and
-priming treat them alike.
+An FFN is a module (the *block*) that owns the projections at the relative names its `FFNSpec`
+gives; node *i* is row *i* of each input projection (and its bias entry) plus column *i* of the
+output projection. In an attention block a node is a head: its rows of the query, key and value
+projections and its columns of the output projection. Under grouped-query attention a node is one
+key/value head with its query heads, since splitting a group would pair query heads with the wrong
+keys. Both are a `NodeGroup`, so surgery, saving and priming treat them alike.
 """
 
 from __future__ import annotations
@@ -141,11 +136,9 @@ BUILTIN_ATTENTION_SPECS: dict[str, AttentionSpec | str] = {
     "of heads would misalign",
 }
 
-# What feeds the first layer besides the embeddings, by the module's own (last) name. The embeddings
-# are found by type (every nn.Embedding, with the largest module around it that holds no layer, such
-# as BERT's `embeddings` and its LayerNorm); these projections sit beside them, and backward stops
-# at a frozen stack of bottom layers only if they are frozen too. They exist only where the
-# embedding width differs from the hidden size.
+# What feeds the first layer besides the embeddings (found by type), by the module's own (last) name:
+# projections where the embedding width differs from the hidden size. Backward stops at a frozen
+# stack of bottom layers only if they are frozen too.
 BUILTIN_INPUT_MODULES: dict[str, tuple[str, ...]] = {
     "electra": ("embeddings_project",),
     "opt": ("project_in",),
@@ -158,10 +151,8 @@ _PROJECTION_TYPES = (*PROJECTION_TYPES, SplitLinear)
 class NodeGroup:
     """Projections that share nodes: an FFN (nodes: intermediate neurons) or an attention block (nodes: heads).
 
-    `name` (the output projection's qualified name) is the group's key in scores and learner maps.
-    Node *i* is `width` consecutive rows of each input projection and columns of the output
-    projection, where a projection's width is its row count over `n_nodes` (1 in an FFN; the head
-    size, or a query group's size, in attention).
+    `name` (the output projection's qualified name) is the group's key in scores and learner maps. A
+    node is `width` consecutive rows of each projection, width = rows / `n_nodes` (1 in an FFN).
     """
 
     name: str

@@ -1,16 +1,10 @@
 """Freezing by depth: a model's layers, found from its FFNs, and everything below them.
 
-A layer is found generically, from the FFN table: an FFN's projections share a parent whose
-qualified name ends at the layer's index in its stack (`bert.encoder.layer.3.output.dense` ->
-`bert.encoder.layer.3`, `distilbert.transformer.layer.3.ffn.lin2` -> `distilbert.transformer.layer.3`).
-What lies *below* the first layer is every `nn.Embedding` with the largest module around it that
-holds no layer (BERT's `embeddings`, its LayerNorm included), plus the input projections the
-architecture table names (`far.architectures.BUILTIN_INPUT_MODULES`).
-
-Once the bottom K layers and everything below them are frozen, no tensor below layer K needs a
-gradient: autograd records nothing there and backward stops at layer K. FAR does this with
-`FARConfig(freeze_layers=K)`; `freeze_layers` here does it to a plain model, for the baselines
-(full fine-tuning with the bottom layers and the embeddings frozen).
+A layer is the FFN's parent whose name ends at its index in the stack (`bert.encoder.layer.3.output.dense`
+-> `bert.encoder.layer.3`). *Below* the first layer is every `nn.Embedding` with the largest module
+around it that holds no layer (BERT's `embeddings` with its LayerNorm), plus the input projections of
+`far.architectures.BUILTIN_INPUT_MODULES`. With all that frozen up to layer K, backward stops at layer
+K. FAR does this with `FARConfig(freeze_layers=K)`; `freeze_layers` here does it to a plain model.
 """
 
 from __future__ import annotations
@@ -119,8 +113,7 @@ def check_depth(k: int, n_layers: int) -> None:
 def freeze_layers(model: nn.Module, k: int, spec: FFNSpec | None = None) -> nn.Module:
     """Freeze the embeddings and the bottom `k` layers of a plain model, in place (no FAR surgery).
 
-    For the baselines: full fine-tuning with the bottom layers frozen (`k` > 0) or with only the
-    embeddings frozen (`k=0`); `k` equal to the number of layers freezes the whole body (a linear
+    `k=0` freezes only the embeddings; `k` equal to the number of layers the whole body (a linear
     probe). Only `requires_grad` changes; backward stops at layer `k`.
 
     Args:
