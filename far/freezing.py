@@ -67,7 +67,7 @@ def below_layers(model: nn.Module, layers: Sequence[str]) -> list[str]:
     extra = input_modules(model)
     roots = []
     for name, module in modules.items():
-        if _in_any(name, layers):
+        if within(name, layers):
             if isinstance(module, nn.Embedding):
                 roots.append(name)  # an embedding inside a layer is frozen too, as freeze_embeddings does
             continue
@@ -79,26 +79,21 @@ def below_layers(model: nn.Module, layers: Sequence[str]) -> list[str]:
         elif name.rpartition(".")[2] in extra:
             roots.append(name)
     # named_parameters names a tied parameter once (e.g. an LM head tied to the embeddings).
-    return [n for n, _ in model.named_parameters() if _in_any(n, roots)]
+    return [n for n, _ in model.named_parameters() if within(n, roots)]
 
 
 def depth_parameters(model: nn.Module, layers: Sequence[str], k: int) -> list[str]:
     """Names of the parameters below the first layer and in the bottom `k` layers, in model order."""
     below = set(below_layers(model, layers))
-    return [n for n, _ in model.named_parameters() if n in below or _in_any(n, layers[:k])]
+    return [n for n, _ in model.named_parameters() if n in below or within(n, layers[:k])]
 
 
 def frozen_depth(model: nn.Module, spec: FFNSpec | None = None) -> tuple[int, int, bool]:
     """(bottom layers frozen whole, all layers, whether everything below them is frozen too)."""
     layers = find_layers(model, spec)
-    params = list(model.named_parameters())
-    k = 0
-    for layer in layers:
-        if any(p.requires_grad for n, p in params if _in_any(n, [layer])):
-            break
-        k += 1
-    below = set(below_layers(model, layers))
-    return k, len(layers), not any(p.requires_grad for n, p in params if n in below)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    k = next((i for i, layer in enumerate(layers) if any(within(n, [layer]) for n in trainable)), len(layers))
+    return k, len(layers), not trainable & set(below_layers(model, layers))
 
 
 def check_depth(k: int, n_layers: int) -> None:
@@ -145,7 +140,8 @@ def freeze_layers(model: nn.Module, k: int, spec: FFNSpec | None = None) -> nn.M
     return model
 
 
-def _in_any(name: str, prefixes: Sequence[str]) -> bool:
+def within(name: str, prefixes: Sequence[str]) -> bool:
+    """Whether `name` is one of the modules `prefixes` or inside one."""
     return any(name == p or name.startswith(f"{p}.") for p in prefixes)
 
 
