@@ -172,6 +172,13 @@ class NodeGroup:
 FFN = NodeGroup  # an FFN is the group most code deals with
 
 
+def check_model(model: object) -> nn.Module:
+    """`model`, or a TypeError where it is not a torch module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
+    return model
+
+
 def projection_rows(module: nn.Module, role: str) -> int:
     """How many node rows a projection has: outputs of an input projection, inputs of the output one."""
     if isinstance(module, SplitLinear):
@@ -242,9 +249,7 @@ def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
         >>> ffns["bert.encoder.layer.0.output.dense"].n_nodes
         1536
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
-    spec = resolve_spec(model, spec)
+    spec = resolve_spec(check_model(model), spec)
     ffns: dict[str, FFN] = {}
     for block_name, names, parts in _projection_sets(model, (*spec.inputs, spec.output)):
         *input_names, output_name = names
@@ -317,9 +322,7 @@ def find_attention(model: nn.Module, spec: AttentionSpec | None = None) -> dict[
         >>> far.find_attention(bert)["bert.encoder.layer.0.attention.output.dense"].n_nodes
         12
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
-    spec = resolve_attention_spec(model, spec)
+    spec = resolve_attention_spec(check_model(model), spec)
     heads, kv_heads = _head_counts(model, spec)
     blocks: dict[str, NodeGroup] = {}
     for block_name, names, parts in _projection_sets(model, (spec.query, spec.key, spec.value, spec.output)):

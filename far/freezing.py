@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
-from far.architectures import FFNSpec, find_ffns, input_modules
+from far.architectures import FFNSpec, check_model, find_ffns, input_modules
 from far.layers import SplitLinear
 
 
@@ -41,10 +41,10 @@ def find_layers(model: nn.Module, spec: FFNSpec | None = None) -> list[str]:
             )
         layers.append(".".join(common[: indices[-1] + 1]))
     if len(set(layers)) != len(layers):
-        raise ValueError(f"more than one FFN per layer in {_few(layers)}: cannot freeze layers by depth")
+        raise ValueError(f"more than one FFN per layer in {few_names(layers)}: cannot freeze layers by depth")
     if len({name.rpartition(".")[0] for name in layers}) != 1:
         raise ValueError(
-            f"the FFNs sit in more than one stack of layers ({_few(layers)}), e.g. an encoder and a decoder: "
+            f"the FFNs sit in more than one stack of layers ({few_names(layers)}), e.g. an encoder and a decoder: "
             "which layers are the bottom ones is ambiguous"
         )
     return layers
@@ -56,7 +56,7 @@ def layer_index(names: Iterable[str], layers: Sequence[str]) -> dict[str, int]:
     for name in names:
         found = [i for i, layer in enumerate(layers) if name.startswith(f"{layer}.")]
         if not found:
-            raise ValueError(f"{name!r} is in none of the layers {_few(list(layers))}")
+            raise ValueError(f"{name!r} is in none of the layers {few_names(list(layers))}")
         result[name] = found[0]
     return result
 
@@ -123,8 +123,7 @@ def freeze_layers(model: nn.Module, k: int, spec: FFNSpec | None = None) -> nn.M
         >>> far.freeze_layers(model, 2)
         >>> far.summary(model)  # ... frozen layers: 0-1 (2 of 6), backward stops at layer 2
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
+    check_model(model)
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"k must be an int (the number of bottom layers to freeze), got {k!r}")
     layers = find_layers(model, spec)
@@ -149,5 +148,6 @@ def _holds_layer(name: str, layers: Sequence[str]) -> bool:
     return name == "" or any(layer.startswith(f"{name}.") for layer in layers)
 
 
-def _few(names: list[str]) -> str:
+def few_names(names: list[str]) -> str:
+    """The first three of `names`, and "..." when there are more."""
     return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")

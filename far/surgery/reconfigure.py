@@ -18,13 +18,13 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
-from far.architectures import AttentionSpec, FFNSpec, NodeGroup, find_attention, find_ffns
+from far.architectures import AttentionSpec, FFNSpec, NodeGroup, check_model, find_attention, find_ffns
 from far.config import AUTO, UNSET, FARConfig, as_config
 from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import auto_freeze_layers, needs_scores, select_learners
-from far.surgery.inputs import check_learners, check_model, check_scores, primer_head_scores, primer_scores
+from far.surgery.inputs import check_learners, check_scores, primer_head_scores, primer_scores
 from far.surgery.portable import check_resettable, reset_values
 from far.surgery.state import (
     STATE_ATTRIBUTE,
