@@ -1,21 +1,16 @@
 """Where the FFNs and attention blocks are: the one table of per-architecture knowledge, and discovery.
 
-An FFN is found as a module (the *block*) that owns the input projection(s) and the output
-projection at the relative names its `FFNSpec` gives. Node *i* of an FFN is row *i* of each input
-projection (and its bias entry) plus column *i* of the output projection.
-
-An attention block is the same shape of thing one level up: its nodes are heads. Node *g* is the
-rows of head *g* in the query, key and value projections plus its columns of the output
-projection, so a node is `width` consecutive rows of a projection instead of one (the head size).
-Under grouped-query attention a key/value head serves several query heads; a node is then one
-such *group* (one key/value head and its query heads), since splitting a group would pair query
-heads with the wrong keys. Both kinds are described by one `NodeGroup`, so surgery, saving and
-priming treat them alike.
+An FFN is a module (the *block*) that owns the projections at the relative names its `FFNSpec`
+gives; node *i* is row *i* of each input projection (and its bias entry) plus column *i* of the
+output projection. In an attention block a node is a head: its rows of the query, key and value
+projections and its columns of the output projection. Under grouped-query attention a node is one
+key/value head with its query heads, since splitting a group would pair query heads with the wrong
+keys. Both are a `NodeGroup`, so surgery, saving and priming treat them alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -141,11 +136,9 @@ BUILTIN_ATTENTION_SPECS: dict[str, AttentionSpec | str] = {
     "of heads would misalign",
 }
 
-# What feeds the first layer besides the embeddings, by the module's own (last) name. The embeddings
-# are found by type (every nn.Embedding, with the largest module around it that holds no layer, such
-# as BERT's `embeddings` and its LayerNorm); these projections sit beside them, and backward stops
-# at a frozen stack of bottom layers only if they are frozen too. They exist only where the
-# embedding width differs from the hidden size.
+# What feeds the first layer besides the embeddings (found by type), by the module's own (last) name:
+# projections where the embedding width differs from the hidden size. Backward stops at a frozen
+# stack of bottom layers only if they are frozen too.
 BUILTIN_INPUT_MODULES: dict[str, tuple[str, ...]] = {
     "electra": ("embeddings_project",),
     "opt": ("project_in",),
@@ -158,10 +151,8 @@ _PROJECTION_TYPES = (*PROJECTION_TYPES, SplitLinear)
 class NodeGroup:
     """Projections that share nodes: an FFN (nodes: intermediate neurons) or an attention block (nodes: heads).
 
-    `name` (the output projection's qualified name) is the group's key in scores and learner maps.
-    Node *i* is `width` consecutive rows of each input projection and columns of the output
-    projection, where a projection's width is its row count over `n_nodes` (1 in an FFN; the head
-    size, or a query group's size, in attention).
+    `name` (the output projection's qualified name) is the group's key in scores and learner maps. A
+    node is `width` consecutive rows of each projection, width = rows / `n_nodes` (1 in an FFN).
     """
 
     name: str
@@ -179,6 +170,13 @@ class NodeGroup:
 
 
 FFN = NodeGroup  # an FFN is the group most code deals with
+
+
+def check_model(model: object) -> nn.Module:
+    """`model`, or a TypeError where it is not a torch module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
+    return model
 
 
 def projection_rows(module: nn.Module, role: str) -> int:
@@ -221,6 +219,17 @@ def resolve_spec(model: nn.Module, spec: FFNSpec | None = None) -> FFNSpec:
     )
 
 
+def _projection_sets(model: nn.Module, relative: tuple[str, ...]) -> Iterator[tuple[str, list[str], list[nn.Module]]]:
+    """(block name, qualified names, modules) of every module that holds a projection at each `relative` name."""
+    modules: Mapping[str, nn.Module] = dict(model.named_modules())
+    for block_name in modules:
+        prefix = f"{block_name}." if block_name else ""
+        names = [prefix + n for n in relative]
+        parts = [modules.get(n) for n in names]
+        if all(isinstance(p, _PROJECTION_TYPES) for p in parts):
+            yield block_name, names, parts
+
+
 def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
     """Every FFN of `model`, keyed by the qualified name of its output projection.
 
@@ -240,17 +249,9 @@ def find_ffns(model: nn.Module, spec: FFNSpec | None = None) -> dict[str, FFN]:
         >>> ffns["bert.encoder.layer.0.output.dense"].n_nodes
         1536
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
-    spec = resolve_spec(model, spec)
-    modules: Mapping[str, nn.Module] = dict(model.named_modules())
+    spec = resolve_spec(check_model(model), spec)
     ffns: dict[str, FFN] = {}
-    for block_name in modules:
-        prefix = f"{block_name}." if block_name else ""
-        names = [prefix + n for n in (*spec.inputs, spec.output)]
-        parts = [modules.get(n) for n in names]
-        if not all(isinstance(p, _PROJECTION_TYPES) for p in parts):
-            continue
+    for block_name, names, parts in _projection_sets(model, (*spec.inputs, spec.output)):
         *input_names, output_name = names
         counts = {projection_rows(m, "input") for m in parts[:-1]} | {projection_rows(parts[-1], "output")}
         if len(counts) != 1:
@@ -321,18 +322,10 @@ def find_attention(model: nn.Module, spec: AttentionSpec | None = None) -> dict[
         >>> far.find_attention(bert)["bert.encoder.layer.0.attention.output.dense"].n_nodes
         12
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
-    spec = resolve_attention_spec(model, spec)
+    spec = resolve_attention_spec(check_model(model), spec)
     heads, kv_heads = _head_counts(model, spec)
-    modules: Mapping[str, nn.Module] = dict(model.named_modules())
     blocks: dict[str, NodeGroup] = {}
-    for block_name in modules:
-        prefix = f"{block_name}." if block_name else ""
-        names = [prefix + n for n in (spec.query, spec.key, spec.value, spec.output)]
-        parts = [modules.get(n) for n in names]
-        if not all(isinstance(p, _PROJECTION_TYPES) for p in parts):
-            continue
+    for block_name, names, parts in _projection_sets(model, (spec.query, spec.key, spec.value, spec.output)):
         q_rows, k_rows, v_rows = (projection_rows(m, "input") for m in parts[:3])
         o_rows = projection_rows(parts[3], "output")
         if q_rows % heads or k_rows != v_rows or k_rows * heads != q_rows * kv_heads or o_rows != q_rows:

@@ -1,16 +1,10 @@
 """Freezing by depth: a model's layers, found from its FFNs, and everything below them.
 
-A layer is found generically, from the FFN table: an FFN's projections share a parent whose
-qualified name ends at the layer's index in its stack (`bert.encoder.layer.3.output.dense` ->
-`bert.encoder.layer.3`, `distilbert.transformer.layer.3.ffn.lin2` -> `distilbert.transformer.layer.3`).
-What lies *below* the first layer is every `nn.Embedding` with the largest module around it that
-holds no layer (BERT's `embeddings`, its LayerNorm included), plus the input projections the
-architecture table names (`far.architectures.BUILTIN_INPUT_MODULES`).
-
-Once the bottom K layers and everything below them are frozen, no tensor below layer K needs a
-gradient: autograd records nothing there and backward stops at layer K. FAR does this with
-`FARConfig(freeze_layers=K)`; `freeze_layers` here does it to a plain model, for the baselines
-(full fine-tuning with the bottom layers and the embeddings frozen).
+A layer is the FFN's parent whose name ends at its index in the stack (`bert.encoder.layer.3.output.dense`
+-> `bert.encoder.layer.3`). *Below* the first layer is every `nn.Embedding` with the largest module
+around it that holds no layer (BERT's `embeddings` with its LayerNorm), plus the input projections of
+`far.architectures.BUILTIN_INPUT_MODULES`. With all that frozen up to layer K, backward stops at layer
+K. FAR does this with `FARConfig(freeze_layers=K)`; `freeze_layers` here does it to a plain model.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
-from far.architectures import FFNSpec, find_ffns, input_modules
+from far.architectures import FFNSpec, check_model, find_ffns, input_modules
 from far.layers import SplitLinear
 
 
@@ -47,10 +41,10 @@ def find_layers(model: nn.Module, spec: FFNSpec | None = None) -> list[str]:
             )
         layers.append(".".join(common[: indices[-1] + 1]))
     if len(set(layers)) != len(layers):
-        raise ValueError(f"more than one FFN per layer in {_few(layers)}: cannot freeze layers by depth")
+        raise ValueError(f"more than one FFN per layer in {few_names(layers)}: cannot freeze layers by depth")
     if len({name.rpartition(".")[0] for name in layers}) != 1:
         raise ValueError(
-            f"the FFNs sit in more than one stack of layers ({_few(layers)}), e.g. an encoder and a decoder: "
+            f"the FFNs sit in more than one stack of layers ({few_names(layers)}), e.g. an encoder and a decoder: "
             "which layers are the bottom ones is ambiguous"
         )
     return layers
@@ -62,7 +56,7 @@ def layer_index(names: Iterable[str], layers: Sequence[str]) -> dict[str, int]:
     for name in names:
         found = [i for i, layer in enumerate(layers) if name.startswith(f"{layer}.")]
         if not found:
-            raise ValueError(f"{name!r} is in none of the layers {_few(list(layers))}")
+            raise ValueError(f"{name!r} is in none of the layers {few_names(list(layers))}")
         result[name] = found[0]
     return result
 
@@ -73,7 +67,7 @@ def below_layers(model: nn.Module, layers: Sequence[str]) -> list[str]:
     extra = input_modules(model)
     roots = []
     for name, module in modules.items():
-        if _in_any(name, layers):
+        if within(name, layers):
             if isinstance(module, nn.Embedding):
                 roots.append(name)  # an embedding inside a layer is frozen too, as freeze_embeddings does
             continue
@@ -85,26 +79,21 @@ def below_layers(model: nn.Module, layers: Sequence[str]) -> list[str]:
         elif name.rpartition(".")[2] in extra:
             roots.append(name)
     # named_parameters names a tied parameter once (e.g. an LM head tied to the embeddings).
-    return [n for n, _ in model.named_parameters() if _in_any(n, roots)]
+    return [n for n, _ in model.named_parameters() if within(n, roots)]
 
 
 def depth_parameters(model: nn.Module, layers: Sequence[str], k: int) -> list[str]:
     """Names of the parameters below the first layer and in the bottom `k` layers, in model order."""
     below = set(below_layers(model, layers))
-    return [n for n, _ in model.named_parameters() if n in below or _in_any(n, layers[:k])]
+    return [n for n, _ in model.named_parameters() if n in below or within(n, layers[:k])]
 
 
 def frozen_depth(model: nn.Module, spec: FFNSpec | None = None) -> tuple[int, int, bool]:
     """(bottom layers frozen whole, all layers, whether everything below them is frozen too)."""
     layers = find_layers(model, spec)
-    params = list(model.named_parameters())
-    k = 0
-    for layer in layers:
-        if any(p.requires_grad for n, p in params if _in_any(n, [layer])):
-            break
-        k += 1
-    below = set(below_layers(model, layers))
-    return k, len(layers), not any(p.requires_grad for n, p in params if n in below)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    k = next((i for i, layer in enumerate(layers) if any(within(n, [layer]) for n in trainable)), len(layers))
+    return k, len(layers), not trainable & set(below_layers(model, layers))
 
 
 def check_depth(k: int, n_layers: int) -> None:
@@ -119,8 +108,7 @@ def check_depth(k: int, n_layers: int) -> None:
 def freeze_layers(model: nn.Module, k: int, spec: FFNSpec | None = None) -> nn.Module:
     """Freeze the embeddings and the bottom `k` layers of a plain model, in place (no FAR surgery).
 
-    For the baselines: full fine-tuning with the bottom layers frozen (`k` > 0) or with only the
-    embeddings frozen (`k=0`); `k` equal to the number of layers freezes the whole body (a linear
+    `k=0` freezes only the embeddings; `k` equal to the number of layers the whole body (a linear
     probe). Only `requires_grad` changes; backward stops at layer `k`.
 
     Args:
@@ -135,8 +123,7 @@ def freeze_layers(model: nn.Module, k: int, spec: FFNSpec | None = None) -> nn.M
         >>> far.freeze_layers(model, 2)
         >>> far.summary(model)  # ... frozen layers: 0-1 (2 of 6), backward stops at layer 2
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
+    check_model(model)
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"k must be an int (the number of bottom layers to freeze), got {k!r}")
     layers = find_layers(model, spec)
@@ -152,7 +139,8 @@ def freeze_layers(model: nn.Module, k: int, spec: FFNSpec | None = None) -> nn.M
     return model
 
 
-def _in_any(name: str, prefixes: Sequence[str]) -> bool:
+def within(name: str, prefixes: Sequence[str]) -> bool:
+    """Whether `name` is one of the modules `prefixes` or inside one."""
     return any(name == p or name.startswith(f"{p}.") for p in prefixes)
 
 
@@ -160,5 +148,6 @@ def _holds_layer(name: str, layers: Sequence[str]) -> bool:
     return name == "" or any(layer.startswith(f"{name}.") for layer in layers)
 
 
-def _few(names: list[str]) -> str:
+def few_names(names: list[str]) -> str:
+    """The first three of `names`, and "..." when there are more."""
     return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")

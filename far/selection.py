@@ -1,17 +1,9 @@
 """Selection: from node scores and a retention fraction to the learner nodes of every FFN.
 
-Pure functions of their arguments. Ties are broken towards the lower node index (and, for the
-global strategy, towards the earlier FFN), so a selection never depends on sort internals.
-
-With `freeze_layers`, the FFNs of the bottom K layers get no learners (an empty index tensor) and
-the budget that all FFNs would hold, round(retention x all nodes), is spent over the others: by
-score across them ("global"), in equal shares ("per_layer", top nodes of each), or in equal
-shares of random nodes ("random"). A group's layer comes from `layer_of` (`{name: layer index}`,
-as `far.freezing.layer_index` finds it); by default the groups, in order, are layers 0, 1, ...
-
-With `retention="auto"` each group's learner count comes from its own scores (`auto_retention`),
-and with `freeze_layers` the trainable groups keep those counts: the rule already says how many
-learners a layer needs, so nothing moves up from the frozen ones.
+Pure functions. Ties go to the lower node index (and, for "global", the earlier FFN), so a selection
+never depends on sort internals. With `freeze_layers`, the bottom K layers' groups get no learners
+and the budget all groups would hold is spent over the others (`select_depth`); with
+`retention="auto"` each group's count comes from its own scores, so nothing moves up.
 """
 
 from __future__ import annotations
@@ -25,15 +17,10 @@ from torch import Tensor
 from far.config import AUTO, UNSET, FARConfig, as_config
 
 # freeze_layers="auto" freezes the largest bottom stack of layers that together moved less than this
-# fraction of all the change priming measured, each layer's change taken as the mean score of its
-# nodes (so wide and narrow layers weigh alike). Under AdamW every node moves by about the learning
-# rate a step, so layers move nearly alike and the rule freezes just under a quarter of the layers
-# (2 of 12, 1 of 6, none of 4); layers that moved less than average freeze sooner, ones that moved more
-# later. A quarter because that was the deepest cut within a point of full fine-tuning on training data
-# held out from training (SST-2, 3 seeds; every layer deeper cost about half a point more; docs/results.md,
-# "Depth from priming, chosen on held-out data"), never on a dev set. The scores are read at the end of
-# priming: early in warm-up the top layers move most, which would freeze more. At least one layer
-# always stays trainable.
+# fraction of all the change priming measured (each layer's change: the mean score of its nodes). Layers
+# moving alike, that is just under a quarter of them (2 of 12, 1 of 6, none of 4): the deepest cut within
+# a point of full fine-tuning on held-out training data (SST-2, 3 seeds; docs/results.md, "Depth from
+# priming, chosen on held-out data").
 AUTO_FREEZE_MASS = 0.25
 
 # retention="auto" keeps, in each FFN, the fewest top-scoring nodes that together hold this share of the

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from far.architectures import find_attention
+from far.architectures import check_model, find_attention
 from far.freezing import frozen_depth
 from far.layers import INPUT, SplitLinear
 
@@ -68,9 +68,7 @@ def summary(model: nn.Module, *, verbose: bool = True) -> Summary:
         A `Summary`; `str(summary)` is what is printed, its `repr` one line (a REPL shows the returned value
         after the printed table: the table is shown once).
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
-    params = {id(p): p for p in model.parameters()}.values()  # tied weights count once
+    params = {id(p): p for p in check_model(model).parameters()}.values()  # tied weights count once
     heads = _heads_per_block(model)
     learners = {}
     for name, m in model.named_modules():

@@ -14,13 +14,12 @@ always ran to the bottom).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import nn
 
 from far.architectures import resolve_attention_spec
-from far.freezing import below_layers, find_layers
+from far.freezing import find_layers, frozen_depth, within
 from far.layers import PROJECTION_TYPES, SplitLinear
 
 
@@ -58,10 +57,7 @@ class BackwardReach:
 
     def layer_of(self, name: str) -> int | None:
         """Index of the layer that holds module `name`, None outside the layers (pooler, head)."""
-        for index, layer in enumerate(self.layers):
-            if name == layer or name.startswith(f"{layer}."):
-                return index
-        return None
+        return next((index for index, layer in enumerate(self.layers) if within(name, [layer])), None)
 
 
 def backward_reach(model: nn.Module) -> BackwardReach | None:
@@ -70,14 +66,8 @@ def backward_reach(model: nn.Module) -> BackwardReach | None:
         layers = find_layers(model)
     except ValueError:
         return None
-    params = list(model.named_parameters())
-    below = set(below_layers(model, layers))
-    if any(p.requires_grad for n, p in params if n in below):
-        return BackwardReach(tuple(layers), 0, True)
-    for index, layer in enumerate(layers):
-        if any(p.requires_grad for n, p in params if n.startswith(f"{layer}.")):
-            return BackwardReach(tuple(layers), index, False)
-    return BackwardReach(tuple(layers), len(layers), False)
+    frozen, _, below_frozen = frozen_depth(model)
+    return BackwardReach(tuple(layers), frozen if below_frozen else 0, not below_frozen)
 
 
 def _weights(module: nn.Module) -> tuple[int, int]:
@@ -90,7 +80,7 @@ def _weights(module: nn.Module) -> tuple[int, int]:
 
 
 def _trains(model: nn.Module, prefix: str) -> bool:
-    return any(p.requires_grad for n, p in model.named_parameters() if n == prefix or n.startswith(f"{prefix}."))
+    return any(p.requires_grad for n, p in model.named_parameters() if within(n, [prefix]))
 
 
 def _layer_inputs(model: nn.Module, layer: str) -> tuple[str, str, str] | None:
@@ -100,10 +90,6 @@ def _layer_inputs(model: nn.Module, layer: str) -> tuple[str, str, str] | None:
     except ValueError:
         return None
     return f"{layer}.{spec.query}", f"{layer}.{spec.key}", f"{layer}.{spec.value}"
-
-
-def _under(name: str, prefixes: Sequence[str]) -> bool:
-    return any(name == p or name.startswith(f"{p}.") for p in prefixes)
 
 
 def step_flops(model: nn.Module, batch_size: int, seq_len: int, *, depth: bool = True) -> StepFlops:
@@ -144,7 +130,7 @@ def step_flops(model: nn.Module, batch_size: int, seq_len: int, *, depth: bool =
             elif index is None:  # above the layers (pooler, head): reached if any layer or below trains
                 reached = lowest < len(reach.layers)
             elif index == lowest and qkv is not None:
-                reached = not _under(name, qkv)
+                reached = not within(name, qkv)
             else:
                 reached = index >= lowest
             input_grad += 2 * tokens * total if reached else 0

@@ -3,34 +3,13 @@
     step seconds = Σ_kind FLOPs_kind / F_kind  +  bytes / B  +  mapped bytes / P
                    + dropout elements / R  +  optimizer tensors × t_tensor  +  word-embedding elements × t_embedding
 
-The terms add up rather than overlap (no max per phase): on a small CPU the step is one thread of
-ops, each either a matrix product (whose own memory traffic is already in F, timed at the step's
-shapes) or a streaming op (bound by bandwidth); ops do not overlap each other. The calibrated
-rates (`Rates`) are measured in the process that runs the step (experiments/calibrate.py); what
-this module counts from the model's shapes is pure:
-
-- **FLOPs** (`far.analysis.flops.step_flops`, with backward's depth), in four kinds: projections' forward,
-  input gradient and weight gradient, and attention's batched (T, T) products.
-- **Optimizer bytes**: torch's AdamW on CPU runs per tensor (no foreach kernels there): 20 passes
-  over fp32 elements per trainable parameter (`ADAMW_PASSES`), and a fixed cost per tensor.
-- **Mapped bytes**: a tensor above glibc's mmap threshold (32 MiB: the word embedding) is mapped
-  afresh, and page-faulted, every time it is allocated: each step, its gradient and AdamW's two
-  temporaries (`exp_avg_sq.sqrt()` and its quotient). Faulting runs at its own rate P.
-- **Gradient bytes**: a dense embedding gradient is a zero-filled (vocab, hidden) tensor every step
-  when the embedding trains; a trainable bias sums its output gradient over the tokens.
-- **Activation bytes**: the elementwise passes (LayerNorm, GELU, softmax, residual adds, dropout's
-  multiply, the attention's scaling and layout copies) forward in every layer and backward in the
-  layers backward reaches (`ACTIVATION_PASSES`).
-- **Dropout elements**: drawing a dropout mask is bound by the random-number generator, not by
-  memory (many times a copy per element: docs/results.md, "A roofline for the step: where FAR
-  pays"), so it has its own rate R.
-- **bf16 autocast**: every projection weight is cast to bf16 in each forward (FAR's split layers
-  keep their frozen part's cast), and a trainable weight's bf16 gradient is cast back to fp32.
-- **A trainable embedding above the mmap threshold** (the word embedding) is timed whole, per element:
-  its dense gradient zero-filled into fresh pages, the rows added in, AdamW's passes and temporaries,
-  each step. Counted from bytes, these were the terms that missed most (the page faults of freshly
-  mapped tensors vary with what the allocator holds), so the calibration runs that very step
-  (`t_embedding`) and the other terms leave the embedding out.
+The terms add up rather than overlap: on a small CPU the step is one thread of ops, each a matrix
+product (its memory traffic already in F, timed at the step's shapes) or a streaming op. The rates
+(`Rates`) are calibrated in the process that runs the step (experiments/calibrate.py); the counts
+here are pure functions of the model's shapes (`StepBytes` says what each holds). A trainable word
+embedding above the mmap threshold is timed whole per element (`t_embedding`): counted from bytes,
+its freshly mapped pages were the terms that missed most. The model and its fit: docs/results.md,
+"A roofline for the step: where FAR pays".
 """
 
 from __future__ import annotations
@@ -163,16 +142,7 @@ def step_bytes(model: nn.Module, batch_size: int, seq_len: int, *, bf16: bool = 
     activations += 8 * tokens * hidden * 4  # embeddings: three looked up and summed, LayerNorm
     dropout = n_layers * (2 * per_layer["hidden"] * (hidden_p > 0) + per_layer["scores"] * (scores_p > 0))
     dropout += tokens * hidden * (hidden_p > 0)  # the embeddings' dropout
-    return StepBytes(
-        optimizer=optimizer,
-        mapped=mapped,
-        gradients=gradients,
-        activations=activations,
-        casts=casts,
-        dropout_elements=dropout,
-        optimizer_tensors=tensors,
-        embedding_elements=embedding,
-    )
+    return StepBytes(optimizer, mapped, gradients, activations, casts, dropout, tensors, embedding)
 
 
 def step_terms(flops: StepFlops, traffic: StepBytes, rates: Rates) -> dict[str, float]:

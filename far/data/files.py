@@ -73,10 +73,13 @@ class TextFiles:
     labels: LabelSpace
 
 
-def _missing_column(path: Path, column: str, columns: Sequence[str], fix: str) -> DataFileError:
-    close = difflib.get_close_matches(column, columns, n=1)
-    hint = f"Did you mean {close[0]!r}? " if close else ""
-    return DataFileError(f"{path} has no column {column!r}; its columns are: {', '.join(columns)}. {hint}{fix}")
+def _require_columns(path: Path, columns: Sequence[str], wanted: Sequence[str], fix: str) -> None:
+    """Raise a `DataFileError` naming the first of `wanted` not in `columns`, the closest match, and `fix`."""
+    for column in wanted:
+        if column not in columns:
+            close = difflib.get_close_matches(column, columns, n=1)
+            hint = f"Did you mean {close[0]!r}? " if close else ""
+            raise DataFileError(f"{path} has no column {column!r}; its columns are: {', '.join(columns)}. {hint}{fix}")
 
 
 def resolve_text_columns(
@@ -90,9 +93,7 @@ def resolve_text_columns(
     if text_columns:
         if not 1 <= len(text_columns) <= 2:
             raise DataFileError(f"give one or two text columns (a sentence or a pair), got {list(text_columns)}")
-        for column in text_columns:
-            if column not in columns:
-                raise _missing_column(path, column, columns, "Pass --text-column with one or two of them.")
+        _require_columns(path, columns, text_columns, "Pass --text-column with one or two of them.")
         return tuple(text_columns)
     others = [c for c in columns if c != label_column and c.lower() not in _ID_COLUMNS]
     if "sentence1" in others and "sentence2" in others:
@@ -238,15 +239,10 @@ def load_text_files(
     paths = (Path(train_file), Path(validation_file))
     tables = [read_table(p) for p in paths]
     train_columns = tables[0].column_names
-    if label_column not in train_columns:
-        raise _missing_column(paths[0], label_column, train_columns, "Pass --label-column with one of them.")
+    _require_columns(paths[0], train_columns, [label_column], "Pass --label-column with one of them.")
     texts = resolve_text_columns(paths[0], train_columns, text_columns, label_column)
-    for path, table in zip(paths[1:], tables[1:], strict=True):
-        for column in (*texts, label_column):
-            if column not in table.column_names:
-                raise _missing_column(
-                    path, column, table.column_names, f"Give it the training file's columns {[*texts, label_column]}."
-                )
+    wanted = [*texts, label_column]
+    _require_columns(paths[1], tables[1].column_names, wanted, f"Give it the training file's columns {wanted}.")
     labels = label_space([(p, t[label_column]) for p, t in zip(paths, tables, strict=True)], label_column)
     train, validation = (_examples(p, t, texts, labels, label_column) for p, t in zip(paths, tables, strict=True))
     name = run_name(paths[0])
@@ -273,18 +269,12 @@ def read_texts(path: str | os.PathLike, text_columns: Sequence[str] | None) -> T
     path = Path(path)
     table = read_table(path)
     text_columns = text_columns or resolve_text_columns(path, table.column_names)
-    for column in text_columns:
-        if column not in table.column_names:
-            raise _missing_column(
-                path,
-                column,
-                table.column_names,
-                f"Give it the column(s) the model was trained on: {list(text_columns)}.",
-            )
+    fix = f"Give it the column(s) the model was trained on: {list(text_columns)}."
+    _require_columns(path, table.column_names, text_columns, fix)
     return _examples(path, table, text_columns, None, DEFAULT_LABEL_COLUMN)
 
 
-def tokenize_texts(dataset, tokenizer, text_columns: Sequence[str], max_length: int = 128):
+def tokenize_texts(dataset, tokenizer, text_columns: Sequence[str], max_length: int = 128, *, desc: str = "Tokenising"):
     """`input_ids`, `attention_mask` (...) and, when the dataset has `label`, `labels`; nothing else.
 
     Truncated to `max_length` tokens, not padded (`DataCollatorWithPadding` pads each batch).
@@ -299,4 +289,4 @@ def tokenize_texts(dataset, tokenizer, text_columns: Sequence[str], max_length: 
             encoded["labels"] = batch["label"]
         return encoded
 
-    return map_batches(dataset, encode, remove_columns=dataset.column_names, desc="Tokenising")
+    return map_batches(dataset, encode, remove_columns=dataset.column_names, desc=desc)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from far.data.files import tokenize_texts
 from far.data.locate import find_local
-from far.data.mapping import map_batches
 
 # Imported where used: resident memory that a process reading no GLUE dataset never needs
 # (docs/design.md, "Resident memory").
@@ -250,12 +250,4 @@ def tokenize_glue(
     longest member by `transformers.DataCollatorWithPadding` (dynamic padding).
     """
     spec = task if isinstance(task, GlueTask) else get_task(task)
-    if max_length < 8:
-        raise ValueError(f"max_length must be at least 8 tokens, got {max_length}")
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer(*[batch[c] for c in spec.text_columns], truncation=True, max_length=max_length)
-        encoded["labels"] = batch["label"]
-        return encoded
-
-    return map_batches(dataset, encode, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name}")
+    return tokenize_texts(dataset, tokenizer, spec.text_columns, max_length, desc=f"Tokenising {spec.name}")

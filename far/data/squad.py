@@ -1,13 +1,9 @@
 """SQuAD v1.1 / v2.0 as `datasets` splits (local JSON or the hub), the article split, and QA features.
 
-Offline only SQuAD's dev file is at hand, so `load_squad` can split one file by article: the last
-`holdout_articles` articles become the evaluation split and the rest the training split, so no
-article (and no paragraph) is on both sides.
-
-Features follow Hugging Face's run_qa.py: question + context windows of `max_length` tokens that
-overlap by `doc_stride`; training features carry `start_positions`/`end_positions` (the [CLS] token
-when the answer is outside the window); evaluation features carry `example_id` and an
-`offset_mapping` that is None outside the context, for post-processing.
+Offline only SQuAD's dev file is at hand, so `load_squad` can split one file by article (the last
+`holdout_articles` are evaluated), no article on both sides. Features follow run_qa.py: overlapping
+question + context windows; training features carry answer positions ([CLS] when outside the
+window), evaluation features `example_id` and an `offset_mapping` that is None outside the context.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """A data file's rows as columns, read with the standard library: CSV, TSV, JSON and JSON Lines.
 
-`read_table` does what `datasets.load_dataset("csv" | "json", ...)` does for the user's files, without
-importing `datasets` (pandas and pyarrow come with it, resident before a row is read, which a run
-under a memory budget cannot spend: docs/design.md, "Resident memory"). Cells stay as written: CSV/TSV
-cells are strings (an empty cell is "", "NA" is text), JSON values keep their JSON types.
-
-`Table` has the few `datasets.Dataset` operations a run uses (`column_names`, `table[column]`,
-`select`, `train_test_split`), with the same results, so the splits of a run do not depend on which
-path read its files; `to_dataset` makes the `datasets.Dataset` the transformers path tokenises.
+`read_table` does what `datasets.load_dataset("csv" | "json", ...)` does, without importing `datasets`
+(pandas and pyarrow, resident before a row is read: docs/design.md, "Resident memory"). CSV/TSV cells
+stay strings ("NA" is text), JSON values keep their types. `Table` has the `datasets.Dataset`
+operations a run uses, with the same results, so a run's splits do not depend on the path that read it.
 
     >>> table = read_table("examples/reviews/train.csv")
     >>> table.column_names, len(table)

@@ -1,17 +1,13 @@
 """A user's own texts for a causal LM: read, tokenised, packed into chunks, a part held out.
 
-What `far train --model smollm2-135m --train-file notes/` reads: a folder (every .txt, .md and .jsonl
-file under it, in sorted order), or one such file. A .txt or .md file is one document; each line of
-a .jsonl file is an object whose "text" field is one. Files must be UTF-8: anything else is refused
-with the file's name and the first byte that is not, before any model loads, as are empty files
-and texts shorter than one chunk.
+A folder (every .txt, .md and .jsonl file under it, sorted) or one such file: a .txt or .md file is
+one document, each .jsonl line an object whose "text" field is one. Non-UTF-8 files, empty files and
+texts shorter than one chunk are refused, named, before any model loads.
 
-Documents are tokenised without special tokens, each followed by the end-of-sequence token (so the
-model learns where a text ends, and the next one does not read as its continuation), concatenated
-and cut into chunks of exactly `max_length` tokens; the last, shorter piece is dropped (as
-transformers' run_clm.py does), so no position is padding. Without a validation file a share of the
-documents (seeded) is held out, whole documents so that no text is both trained on and scored on;
-when there are too few documents for that, a share of the chunks instead.
+Each document is followed by the end-of-sequence token (so the next does not read as its
+continuation); all are concatenated and cut into chunks of exactly `max_length` tokens, the shorter
+rest dropped (as run_clm.py does), so no position is padding. Without a validation file a seeded
+share of whole documents is held out (of the chunks, when there are too few documents).
 
     >>> texts = load_text_chunks("notes/", tokenizer, max_length=256, seed=0)
     >>> texts.train.shape, texts.validation.shape      # (n, 256) token ids each

@@ -1,11 +1,9 @@
 """The BERT encoder in plain torch, every module and parameter named as transformers names it.
 
-Importing transformers' model code costs more resident memory than MiniLM's weights take (it pulls
-in torch._dynamo, sympy, scipy and accelerate); its config classes cost a fraction of that
-(docs/design.md, "Resident memory"). This file uses only `BertConfig`, and its modules carry
-transformers' names (`encoder.layer.3.intermediate.dense`, ...), so a transformers state dict loads
-by name and `far.find_ffns`, `far.reconfigure` and learners files work unchanged. The task heads are
-in `far.encoder.heads`, folders in `far.encoder.loading`.
+transformers' model code costs more resident memory than MiniLM's weights (torch._dynamo, sympy,
+scipy, accelerate: docs/design.md, "Resident memory"); this file uses only `BertConfig`. Its modules
+carry transformers' names (`encoder.layer.3.intermediate.dense`, ...), so a transformers state dict
+loads by name and `far.find_ffns`, `far.reconfigure` and learners files work unchanged.
 
     >>> encoder = LeanBertModel(BertConfig())
     >>> encoder(input_ids, attention_mask)   # (B, T, hidden): the last layer's hidden states

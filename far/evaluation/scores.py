@@ -1,11 +1,9 @@
 """The metrics' arithmetic on plain lists or arrays: accuracy, F1, Matthews correlation, Pearson, Spearman,
 and each GLUE task's set of them.
 
-Only numpy: every run scores its model with these directly, without importing `evaluate` (0.4 CPU-s and 30 MiB
-of a short `far glue` run's whole process; it pulls in `transformers.pipelines`), and a run under a memory budget
-without `datasets` either, which would cost it more than the model's weights (docs/design.md, "Resident memory").
-`far.evaluation.metrics` wraps the same functions as local `evaluate` modules, so the two agree by
-construction.
+Only numpy: a run scores with these without importing `evaluate` (0.4 CPU-s and 30 MiB: it pulls in
+`transformers.pipelines`) or `datasets` (docs/design.md, "Resident memory"). `far.evaluation.metrics`
+wraps the same functions as `evaluate` modules, so the two agree by construction.
 
     >>> accuracy([0, 1, 1], [0, 1, 0])
     0.666...

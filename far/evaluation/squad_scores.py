@@ -2,9 +2,8 @@
 
 Answers are compared after normalisation (lower case, no punctuation, no articles a/an/the, single
 spaces); each question scores the maximum over its reference answers. In v2.0 a question with no
-reference answer is answered correctly only by the empty string. Plain Python: a run scores its model
-with these without importing `evaluate` (`far.evaluation.scores` says what that saves);
-`far.evaluation.metrics.Squad` and `SquadV2` wrap them as `evaluate` modules.
+reference answer is answered correctly only by the empty string. `far.evaluation.metrics.Squad` and
+`SquadV2` wrap these as `evaluate` modules.
 
     >>> squad_scores([{"id": "q", "prediction_text": "the Broncos"}],
     ...              [{"id": "q", "answers": {"text": ["Denver Broncos"], "answer_start": [0]}}])

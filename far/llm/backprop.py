@@ -1,29 +1,21 @@
 """First-order gradients of a lean model's trainable weights, for AdamW on the same weights MeZO trains.
 
-The lean runtime keeps no weight gradients: a `CompactLinear`'s backward rebuilds its weight, returns
-the input's gradient, and hands the weight's gradient to the layer's `grad_sink`, if it has one, then
-drops it (`far.llm.compact`). `LearnerGradients` gives each layer that holds a trainable block a sink
-that adds that block's slice of the gradient into the block's `.grad` (a learner block is the first
-`k` rows or columns of its FFN projection: FAR's split puts learners first), and lets autograd reach
-the trainable norm gains directly. Frozen blocks' gradients are never kept, so memory grows with
-what trains, not with the model. Backward stops where the graph starts: with a frozen bottom's cached
-output as the input of the layers that train (`LeanCausalLM.next_token_loss(start=...)`), nothing
-below them runs backward at all.
+A `CompactLinear`'s backward hands its weight's gradient to the layer's `grad_sink` and keeps none
+(`far.llm.compact`). `LearnerGradients` gives each layer with a trainable block a sink that adds that
+block's slice into the block's `.grad` (learners are the first `k` rows or columns: FAR's split puts
+them first); autograd reaches the trainable norm gains directly. Frozen blocks' gradients are never
+kept, so memory grows with what trains, not with the model.
 
-Within `stepping(step)` (the last micro-batch of a step), each block is handed to `step` as soon as its
-gradient is complete and the gradient dropped: AdamW then holds one block's gradient at a time instead
-of all of them (64 MiB for SmolLM2's 16.8M trained values). A layer's sink runs after its input's
-gradient is computed (`far.llm.compact`), and a layer's weights are read by no later part of backward,
-so the update is the one a step after backward would make, bit for bit.
+Within `stepping(step)` (a step's last micro-batch), each block goes to `step` as soon as its gradient
+is complete and the gradient is dropped: AdamW holds one block's gradient at a time (instead of 64 MiB
+for SmolLM2's 16.8M trained values). A layer's weights are read by no later part of backward, so the
+update is bit for bit the one a step after backward would make.
 
     >>> gradients = LearnerGradients(model)
     >>> optimizer = FusedAdamW(gradients.parameters(), lr=1e-4)
-    >>> with gradients, model.input_gradients(), torch.enable_grad():
+    >>> with gradients, gradients.stepping(optimizer.step_one), model.input_gradients(), torch.enable_grad():
     ...     model.next_token_loss(ids, start=cached, start_layer=20).backward()
-    >>> optimizer.step(); gradients.zero()
-    >>> with gradients, gradients.stepping(optimizer.step_one), ...:   # the same, one block's gradient at a time
-    ...     loss.backward()
-    >>> optimizer.step(); gradients.zero()                              # what autograd filled: the norm gains
+    >>> optimizer.step(); gradients.zero()  # what autograd filled: the norm gains
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A text run's frozen bottom computed once for every chunk the run will read, kept on disk, then freed.
 
-With FAR with depth the bottom K layers map a chunk to the same states at every step, and a run knows
-before its first step which chunks it will read (its batches come from seeded orders) and which it
-will score. Computing those states up front into a scratch file (`far.llm.state_file`) costs the
-bottom's forward passes a run would make anyway, once per chunk, and then nothing reads the bottom's
-weights again: `LeanCausalLM.release_bottom` frees them (two thirds of SmolLM2-135M's matrices, 135
-MiB in bf16) before the optimizer's state is made. The peak of an AdamW run then no longer holds the
-weights and the moments at once, and no kept states take memory however long the texts are.
+A run knows before its first step which chunks it will read (seeded orders) and score. Their states
+under the frozen bottom go up front into a scratch file (`far.llm.state_file`), once per chunk, and
+then `LeanCausalLM.release_bottom` frees the bottom's weights (two thirds of SmolLM2-135M's matrices)
+before the optimizer's state is made: an AdamW run's peak no longer holds weights and moments at once.
 
     >>> cache = keep_bottom_on_disk(model, depth, [train_chunks, validation_chunks], out)
     >>> ...  # TextSteps(model, "adamw", lr, cache); perplexity(model, chunks, 4, cache)

@@ -5,16 +5,12 @@ trained ones) and is read as an fp32 temporary as each layer runs, so compute is
 (a bf16 matrix product is many times slower than fp32 on CPUs without AVX-512 BF16:
 docs/design.md, "Resident memory").
 
-MeZO without writing the perturbation. While a `Perturbation` is set (a seed and a scale), a
-trainable weight is read as `stored + scale * z`, z drawn from a generator seeded by (seed, the
-weight's index): the stored weight is never perturbed, so there is nothing to undo and no drift
-(an in-place +εz, -2εz, +εz on bf16 weights leaves about half of them changed). The update is the
-only write, `stored += delta * z` with the same z, rounded stochastically when stored in bf16
-(round-to-nearest would drop most updates of MeZO's size: lr * g ~ 1e-5 against bf16's 2^-8
-relative spacing); stochastic rounding keeps each update in expectation.
-
-A frozen embedding can stay as GGUF Q8_0 blocks (`Q8Embedding`, 1.06 bytes per weight) and is
-dequantised only for the rows a batch uses.
+While a `Perturbation` (a seed and a scale) is set, a trainable weight is read as `stored + scale * z`,
+z seeded by (seed, the weight's index): the stored weight is never perturbed, so nothing drifts (an
+in-place +εz, -2εz, +εz leaves about half of a bf16 model's weights changed). The update is the only
+write, `stored += delta * z`, rounded stochastically in bf16: round-to-nearest would drop most updates
+of MeZO's size (lr * g ~ 1e-5 against bf16's 2^-8 spacing). A frozen embedding can stay as GGUF Q8_0
+blocks (`Q8Embedding`, 1.06 bytes a weight), dequantised only for the rows a batch uses.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ from torch import Tensor, nn
 from far.seeds import derive_seed
 
 Q8_BLOCK, Q8_BYTES = 32, 34  # GGUF Q8_0: an fp16 scale and 32 int8 values per block
-# The dtypes trainable weights are stored in, by the name a run's settings give (--trainable-dtype).
 
 
 class Perturbation:

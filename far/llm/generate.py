@@ -1,13 +1,8 @@
 """Text from a lean causal LM: greedy or sampled decoding, one token at a time over a KV cache.
 
-The prompt is read once into a `KVCache` (`LeanCausalLM.next_token_logits`); each new token then
-runs the layers on that one token, reading the keys and values of the tokens before. Running the
-whole text again for every token costs more with every token (SmolLM2-135M, one thread: 87 ms a
-token over the cache against 305 ms to run a 64-token text again, the vocabulary's logits included:
-docs/llm.md, "A file per user").
-
-Sampling draws from its own `torch.Generator` seeded by `GenerationConfig.seed`, so the same seed
-writes the same text, whatever else the process draws.
+The prompt is read once into a `KVCache`; each new token runs the layers on that token alone
+(SmolLM2-135M, one thread: 87 ms a token against 305 ms to rerun a 64-token text: docs/llm.md).
+Sampling draws from its own `torch.Generator` seeded by `GenerationConfig.seed`.
 
     >>> ids = generate(model, tokenizer("Once upon a time")["input_ids"], GenerationConfig(max_new_tokens=20))
     >>> tokenizer.decode(ids)

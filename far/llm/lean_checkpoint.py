@@ -8,9 +8,8 @@ Layout under `output_dir/checkpoints/`::
     latest                       the name of the newest complete step folder
 
 Only what training changes is kept: the GGUF file holds the rest. torch.save writes each tensor's
-storage as it is, so a checkpoint adds no copy of the weights to the run's peak. A folder appears
-whole and `latest` moves only once it has (`far.storage.step_folders`), so a run killed at any moment
-leaves its previous checkpoint intact; one damaged later fails its manifest and the one before is used.
+storage as it is, adding no copy of the weights to the run's peak. Folders follow
+`far.storage.step_folders`: whole or absent, a damaged one passed over for the one before.
 
     >>> save_lean_checkpoint(out, 40, model, optimizer_state, {"epoch": 1}, keep=2)
     >>> step, state = read_lean_checkpoint(out)        # the newest intact one

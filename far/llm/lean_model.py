@@ -103,15 +103,13 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.extend(self.layer, k, v)  # (B, kv_heads, start + t, head_dim)
         # Rows are padded on the right, so under a causal mask a real token never sees padding.
-        mask = None
-        if start:  # queries at start.., keys from 0: SDPA's is_causal would align them top-left
+        # Queries at start.., keys from 0: SDPA's is_causal would align them top-left, so a cache needs a mask.
+        mask, window = None, c.sliding_window if self.sliding else None
+        if start or (window is not None and t > window):
             i, j = torch.arange(start, start + t)[:, None], torch.arange(start + t)[None, :]
             mask = j <= i
-            if self.sliding and c.sliding_window is not None:
-                mask = mask & (i - j < c.sliding_window)
-        elif self.sliding and c.sliding_window is not None and t > c.sliding_window:
-            i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-            mask = (j <= i) & (i - j < c.sliding_window)
+            if window is not None:
+                mask = mask & (i - j < window)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=c.query_scale, enable_gqa=True
         )

@@ -5,12 +5,10 @@ columns of each split FFN and every other trained weight, each kept as its diffe
 GGUF weight where that is exact and smaller, with the GGUF file's sha256 as the base fingerprint.
 `far.load_learners(model, path)` applies one to the stock model for inference (and swaps users);
 `load_trained` puts a fine-tune back as it was trained (FFNs split, the same weights trainable), so
-that MeZO can go on from it. Files of the earlier format (`far-lean-trained/1`) are refused with a
-message: train again to get a learners file.
+that MeZO can go on from it.
 
 The file is written tensor by tensor straight from memory (safetensors' own writer first copies every
-tensor into a bytes object, which would add the file's size to the run's peak), to a temporary name
-renamed into place when complete.
+tensor into a bytes object, adding the file's size to the run's peak), then renamed into place.
 
     >>> save_trained(model, "out/learners.safetensors", base=gguf_path)
     >>> model = load_lean_model(gguf_path)

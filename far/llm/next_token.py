@@ -1,12 +1,9 @@
 """The next-token loss over a whole vocabulary without its logits in memory: the vocabulary is read in slices.
 
-A causal LM's loss on a packed chunk needs, at every position, the log-sum-exp of the logits over the
-vocabulary and the logit of the next token. The logits themselves are (tokens, vocab): 2,048 tokens of
-SmolLM2 (vocab 49,152) are 400 MB in fp32, and autograd would keep them for backward. Here the tied
-output embedding is dequantised `VOCAB_SLICE` rows at a time (`embedding.rows(ids)`), each slice's
-logits folded into a running log-sum-exp, target logit and arg-max, and dropped; backward reads the
-slices again and adds (softmax - one-hot) @ slice into the hidden states' gradient. What stays is the
-hidden states and three numbers per position.
+The logits are (tokens, vocab): 2,048 tokens of SmolLM2 (vocab 49,152) are 400 MB in fp32, kept by
+autograd for backward. Here the tied output embedding is dequantised `VOCAB_SLICE` rows at a time, each
+slice's logits folded into a running log-sum-exp, target logit and arg-max, then dropped; backward reads
+the slices again and adds (softmax - one-hot) @ slice into the hidden states' gradient.
 
     >>> loss = next_token_loss(final_hidden, targets, model.embed_tokens)   # mean over positions
     >>> nll_sum, correct, n = next_token_counts(final_hidden, targets, model.embed_tokens)

@@ -1,20 +1,14 @@
 """The frozen bottom of a lean model, computed once per prompt: MeZO then runs only the layers it trains.
 
-When every trainable weight lies at or above layer K (FAR with depth: `set_trainable(...,
-frozen_layers=K)`), the embedding and layers 0..K-1 map a prompt to the same hidden states at every
-step and in both of MeZO's perturbed passes. `PrefixCache` keeps those states per prompt, unpadded,
-and each loss evaluation runs layers K.. only. A MeZO step then costs 2 (L - K) / L of the forward
-passes it costs with every layer trained, less with a small training set seen again and again (a
-few-shot set of 32 prompts costs the bottom layers once in a whole run), and at worst (a cache that
-is full) the bottom once a step instead of twice.
+When every trainable weight lies at or above layer K, the embedding and layers 0..K-1 map a prompt to
+the same hidden states at every step and in both of MeZO's passes. `PrefixCache` keeps them per prompt,
+unpadded, and each loss runs layers K.. only: a step costs 2 (L - K) / L of the forward passes, and a
+full cache the bottom once a step instead of twice. States live in memory, up to `max_bytes`, or in a
+scratch file (`far.llm.state_file.StateFile`) that a text run fills before freeing the bottom layers'
+weights (`LeanCausalLM.release_bottom`).
 
-States live in memory, up to `max_bytes`, or in a scratch file (`far.llm.state_file.StateFile`) with
-no cap: a text run fills the file with every chunk it will read (`prefill`), then frees the bottom
-layers' weights (`LeanCausalLM.release_bottom`), which nothing reads any more.
-
-Rows are cached by their tokens. A causal model whose rows are padded on the right computes a row's
-real positions from that row's tokens alone, so a row's states do not depend on the batch it came
-in; the positions past a row's end are filled with zeros, which only padded positions ever read.
+Rows are cached by their tokens: right-padded, a causal row's states depend on its own tokens alone;
+positions past a row's end are zeros, which only padded positions read.
 
     >>> cache = PrefixCache(model)                 # K = model.lowest_trainable_layer()
     >>> loss_fn = cache.loss_fn(label_ids)         # a drop-in for far.data.prompts.prompt_loss_fn

@@ -1,13 +1,10 @@
 """Tensors kept in a scratch file instead of memory, read back on demand.
 
-A text run with a frozen bottom reads each chunk's bottom output once a step (`far.llm.prefix`); kept
-in memory, those states grow with the corpus (590 KB a chunk of 256 tokens for SmolLM2-135M), so the
-in-memory cache is capped and what does not fit is computed again. Kept in a file they cost disk, not
-resident memory: reads go through `readinto` into a fresh tensor, never through a mapping whose pages
-would count in the process's RSS, and the page cache that holds recently read ones is the kernel's to
-drop. Values come back bit for bit. The file has no name (`tempfile.TemporaryFile`): the disk it takes
-is given back when it is closed or the process ends, killed or not, and nothing is left in the folder.
-A write that finds the disk full takes back what it wrote and raises `DiskFull`, naming the disk and the bytes.
+A frozen bottom's states grow with the corpus (590 KB a chunk of 256 tokens for SmolLM2-135M); in a
+file they cost disk, not resident memory: reads go through `readinto` into a fresh tensor, never
+through a mapping whose pages would count in the RSS. The file has no name (`tempfile.TemporaryFile`),
+so its disk comes back when it is closed or the process ends, killed or not. A write that finds the
+disk full takes back what it wrote and raises `DiskFull`, naming the disk and the bytes.
 
     >>> with StateFile(out) as states:
     ...     states.put(b"key", h)

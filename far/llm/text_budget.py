@@ -5,18 +5,13 @@ A run on the lean runtime peaks in one of two phases:
     loading  = base + weights + one chunk's forward (the bottom's output computed for every chunk)
     training = base + weights - frozen bottom + trainable state + activations(micro-batch)
 
-`base` is the process without the model (torch, the tokenizer, which grows with the vocabulary, the
-packed texts); `weights` is every matrix in bf16 plus the Q8_0 embedding (`far.llm.compact`). With a
-frozen bottom, its output for every chunk the run reads goes to a scratch file before the first step
-and its weights are freed (`far.llm.bottom_on_disk`), so training holds only the layers above it; the
-trainable state is what the optimizer adds per trained value (MeZO in bf16: nothing; fp32 storage: 2
-bytes more; AdamW: fp32 weight and two moments, its gradients dropped block by block in backward,
-`far.llm.backprop`); activations are one micro-batch's: one layer's temporaries and the vocabulary
-slices of the loss (`far.llm.next_token`), and for a backward pass each trained layer's input, kept
-for its recomputation. The lever is the micro-batch (the same chunks per step, their losses or
-gradients summed); the minimum is one chunk per micro-batch, and a smaller budget is refused with that
-number, before loading. Where the disk has no room for the states, they are kept in memory instead,
-with every weight loaded, in what the budget leaves (`prefix_cache_mib`, at most `PREFIX_CACHE_MIB`).
+`base` is the process without the model (torch, the tokenizer, the packed texts); `weights` every
+matrix in bf16 plus the Q8_0 embedding. A frozen bottom's output goes to a scratch file and its weights
+are freed (`far.llm.bottom_on_disk`); where the disk has no room, the states stay in memory with every
+weight loaded (`prefix_cache_mib`, at most `PREFIX_CACHE_MIB`). The trainable state is `STATE_BYTES`
+per trained value; activations are one micro-batch's (one layer's temporaries, the loss's vocabulary
+slices, and in backward each trained layer's input). The lever is the micro-batch; a budget below one
+chunk per micro-batch is refused with the minimum, before loading.
 
     >>> plan = plan_text_memory(700, "SmolLM2-135M.gguf", optimizer="mezo", trained=TrainedShare(...), ...)
     >>> plan.micro_batch, plan.prefix_cache_mib

@@ -1,19 +1,14 @@
 """MeZO for the lean runtime: the perturbation is never written into the stored weights.
 
-`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023, Algorithm 1) over a
-`LeanCausalLM`'s trainable `CompactWeight`s: it sets the model's `Perturbation` to (seed, +eps),
-evaluates the closure, sets it to (seed, -eps), evaluates again, clears it, and moves every
-trainable weight by `-lr * g * z`, z drawn again from the same seed. Each forward pass reads a
-trainable weight as `stored + scale * z` into the fp32 temporary it computes with anyway
-(`far.llm.compact`), so the weights are exactly as before after the two passes, by construction:
-no restore pass, no record of inexact elements, no drift, and nothing the size of the model kept.
-Only trainable tensors draw noise: after FAR's split, the learners and the tensors outside the FFNs.
+`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023, Algorithm 1): the closure is
+evaluated with the model's `Perturbation` set to (seed, +eps), then (seed, -eps), and every trainable
+weight moves by `-lr * g * z`, z drawn again from the seed. A forward reads a trainable weight as
+`stored + scale * z` into the fp32 temporary it computes with anyway (`far.llm.compact`), so the
+stored weights are never perturbed: no restore pass, no drift, nothing the size of the model kept.
 
-Layer-sparse steps (LeZO, Wang et al. 2024). With `layer_fraction` below 1, each step perturbs and
-updates the trainable weights of a random subset of the decoder layers only (a new subset every
-step, drawn from the step's seed, so a step can be replayed), plus the few trainable weights outside
-the layers. The estimate then has the variance of a model that many times smaller, and a step draws
-that much less noise; over many steps every layer is trained.
+Layer-sparse steps (LeZO, Wang et al. 2024): with `layer_fraction` below 1, a step perturbs and
+updates the trainable weights of a random subset of the layers (drawn from the step's seed), plus
+those outside the layers: less noise a step, every layer trained over many steps.
 
     >>> optimizer = CompactMeZO(model, lr=1e-4, eps=1e-3, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))
@@ -33,16 +28,44 @@ from far.llm.lean_model import LeanCausalLM
 from far.seeds import derive_seed
 
 
-def check_zo_settings(model: LeanCausalLM, lr: object, eps: object) -> None:
-    """What every zeroth-order optimizer of the lean runtime needs: finite lr and eps > 0, a trainable weight."""
-    for name, value in (("lr", lr), ("eps", eps)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    if not model.trainable_weights():
-        raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+class CompactZO:
+    """What the lean runtime's zeroth-order optimizers share: checked settings, step counters, the skip of a
+    step whose losses are not all finite, and decoupled weight decay."""
+
+    name = "zeroth-order"
+
+    def __init__(self, model: LeanCausalLM, lr: float, eps: float, seed: int, weight_decay: float) -> None:
+        for name, value in (("lr", lr), ("eps", eps)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not model.trainable_weights():
+            raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
+        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
+        self.steps_taken = 0
+        self.steps_skipped = 0
+
+    def count_step(self, *losses: float) -> bool:
+        """Count a step; False (with a warning, weights to stay unchanged) when a loss is not finite."""
+        self.steps_taken += 1
+        if all(math.isfinite(v) for v in losses):
+            return True
+        self.steps_skipped += 1
+        warnings.warn(
+            f"{self.name} step {self.steps_taken}: a loss is not finite; the step is skipped, weights unchanged",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+
+    def decay(self, weights: list[CompactWeight]) -> None:
+        """Decoupled L2 on the matrices among `weights`."""
+        if self.weight_decay:
+            for weight in weights:
+                if weight.stored.dim() >= 2:
+                    weight.stored.mul_(1.0 - self.lr * self.weight_decay)
 
 
-class CompactMeZO:
+class CompactMeZO(CompactZO):
     """MeZO over a `LeanCausalLM`'s trainable weights, perturbed on read, updated in place.
 
     Args:
@@ -55,6 +78,8 @@ class CompactMeZO:
             or less). At least one layer is always drawn.
     """
 
+    name = "MeZO"
+
     def __init__(
         self,
         model: LeanCausalLM,
@@ -64,18 +89,15 @@ class CompactMeZO:
         weight_decay: float = 0.0,
         layer_fraction: float = 1.0,
     ) -> None:
-        check_zo_settings(model, lr, eps)
         if not (isinstance(layer_fraction, (int, float)) and 0 < layer_fraction <= 1):
             raise ValueError(f"layer_fraction must be in (0, 1], got {layer_fraction!r}; e.g. 0.25 (LeZO)")
+        super().__init__(model, lr, eps, seed, weight_decay)
         trainable = model.trainable_weights()
-        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
         self.layer_fraction = float(layer_fraction)
         in_layer = [{w.index for w in layer.modules() if isinstance(w, CompactWeight)} for layer in model.layers]
         self._layer_weights = [frozenset(w.index for w in trainable if w.index in ids) for ids in in_layer]
         everywhere = set().union(*in_layer) if in_layer else set()
         self._outside_layers = frozenset(w.index for w in trainable if w.index not in everywhere)
-        self.steps_taken = 0
-        self.steps_skipped = 0
 
     def active_weights(self, step: int) -> frozenset[int] | None:
         """Indices of the weights step `step` perturbs; None: every trainable weight."""
@@ -100,21 +122,12 @@ class CompactMeZO:
             loss_minus = float(closure())
         finally:
             perturbation.clear()
-        self.steps_taken += 1
-        if not (math.isfinite(loss_plus) and math.isfinite(loss_minus)):
-            self.steps_skipped += 1
-            warnings.warn(
-                f"MeZO step {self.steps_taken}: a loss is not finite; the step is skipped, weights unchanged",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        if not self.count_step(loss_plus, loss_minus):
             return loss_plus if not math.isfinite(loss_plus) else loss_minus
         grad = (loss_plus - loss_minus) / (2 * self.eps)
         self.last_projected_grad = grad
-        for weight in self.model.trainable_weights():
-            if active is not None and weight.index not in active:
-                continue
-            if self.weight_decay and weight.stored.dim() >= 2:
-                weight.stored.mul_(1.0 - self.lr * self.weight_decay)
+        weights = [w for w in self.model.trainable_weights() if active is None or w.index in active]
+        self.decay(weights)
+        for weight in weights:
             weight.update(seed, -self.lr * grad)
         return (loss_plus + loss_minus) / 2

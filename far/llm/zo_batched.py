@@ -5,15 +5,11 @@ perturbed points `w + eps z_i`, and moves every trainable weight by
 
     w <- w - lr * (1/n) sum_i g_i z_i,    g_i = (L(w + eps z_i) - L0) / eps
 
-(FZOO, Dang et al. 2025, one-sided differences sharing one unperturbed pass). n directions cost
-n + 1 forward passes where n MeZO steps cost 2n, and the mean over n directions cuts the estimate's
-variance by n. The directions are never stored: z_i is drawn again from its seed (the step's seed and
-i) for the update, as in `far.llm.zo.CompactMeZO`, and each forward reads a weight as `stored + eps z_i`
-through the model's `Perturbation`, so the stored weights are untouched until the update.
-
-The directions are the model's `Perturbation.direction`s: standard normal, where FZOO draws Rademacher
-signs. Both have E[z z^T] = I, so the estimate is unbiased either way; sharing the machinery keeps the
-"never written while perturbed" guarantee in one place (`far.llm.compact`).
+(FZOO, Dang et al. 2025). n directions cost n + 1 forward passes where n MeZO steps cost 2n, and the
+mean over n cuts the estimate's variance by n. As in `far.llm.zo.CompactMeZO`, each z_i is drawn
+again from its seed for the update and read through the model's `Perturbation`, so the stored
+weights are untouched until the update. The directions are standard normal where FZOO draws
+Rademacher signs: both have E[z z^T] = I, so the estimate is unbiased either way.
 
     >>> optimizer = CompactBatchedZO(model, lr=1e-4, eps=1e-3, directions=4, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))
@@ -21,19 +17,17 @@ signs. Both have E[z z^T] = I, so the estimate is unbiased either way; sharing t
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from far.llm.lean_model import LeanCausalLM
-from far.llm.zo import check_zo_settings
+from far.llm.zo import CompactZO
 from far.seeds import derive_seed
 
 
-class CompactBatchedZO:
+class CompactBatchedZO(CompactZO):
     """One-sided zeroth-order steps over `directions` seeded directions and one shared unperturbed pass.
 
     Args:
@@ -45,6 +39,8 @@ class CompactBatchedZO:
         weight_decay: Decoupled L2 factor, on matrices only.
     """
 
+    name = "batched ZO"
+
     def __init__(
         self,
         model: LeanCausalLM,
@@ -54,13 +50,10 @@ class CompactBatchedZO:
         seed: int = 0,
         weight_decay: float = 0.0,
     ) -> None:
-        check_zo_settings(model, lr, eps)
         if not (isinstance(directions, int) and directions >= 1):
             raise ValueError(f"directions must be an integer >= 1, got {directions!r}; e.g. 4")
-        self.model, self.lr, self.eps, self.seed = model, float(lr), float(eps), seed
-        self.directions, self.weight_decay = directions, weight_decay
-        self.steps_taken = 0
-        self.steps_skipped = 0
+        super().__init__(model, lr, eps, seed, weight_decay)
+        self.directions = directions
         self.last_projected_grads: list[float] = []
 
     def direction_seed(self, step: int, i: int) -> int:
@@ -81,22 +74,12 @@ class CompactBatchedZO:
                 losses.append(float(closure()))
         finally:
             perturbation.clear()
-        self.steps_taken += 1
-        if not all(math.isfinite(v) for v in (loss0, *losses)):
-            self.steps_skipped += 1
-            warnings.warn(
-                f"batched ZO step {self.steps_taken}: a loss is not finite; the step is skipped, weights unchanged",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        if not self.count_step(loss0, *losses):
             return loss0
         grads = [(v - loss0) / self.eps for v in losses]
         self.last_projected_grads = grads
         weights = self.model.trainable_weights()
-        if self.weight_decay:
-            for weight in weights:
-                if weight.stored.dim() >= 2:
-                    weight.stored.mul_(1.0 - self.lr * self.weight_decay)
+        self.decay(weights)
         # One update per direction, each z_i drawn again from its seed: nothing the size of the model is kept.
         for seed, g in zip(seeds, grads, strict=True):
             for weight in weights:

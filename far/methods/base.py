@@ -65,6 +65,8 @@ class Method:
     wraps_model: bool = False
     # Whether every FFN weight stays frozen (the freeze-FFN ablation of full fine-tuning).
     freezes_ffn: bool = False
+    # How FAR's surgery picks learners (`far.FARConfig.selection`); None: the method makes no surgery.
+    selection: str | None = None
 
     def far_config(
         self,
@@ -80,6 +82,15 @@ class Method:
         Without surgery, `freeze_layers` is plain freezing (`far.freeze_layers`), which needs a number:
         "auto" reads FAR's priming scores.
         """
+        if self.selection is not None:
+            return FARConfig(
+                retention,
+                self.selection,
+                seed=seed,
+                freeze_embeddings=freeze_embeddings,
+                attention_retention=attention_retention,
+                freeze_layers=freeze_layers,
+            )
         check_plain_depth(freeze_layers)
         if attention_retention is not None:
             raise ValueError(f"attention_retention splits heads with FAR's surgery; method {self.name!r} has none")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from far.config import FARConfig
 from far.methods.base import Method
 
 
@@ -13,22 +12,4 @@ class Surgery(Method):
     """FAR: split every FFN, keeping `retention` of its nodes trainable, chosen by `selection`."""
 
     lean_ffn: str | None = "learners"
-    selection: str = "per_layer"
-
-    def far_config(
-        self,
-        retention: float,
-        *,
-        seed: int = 0,
-        freeze_embeddings: bool = False,
-        attention_retention: float | None = None,
-        freeze_layers: int | str | None = None,
-    ) -> FARConfig:
-        return FARConfig(
-            retention,
-            self.selection,
-            seed=seed,
-            freeze_embeddings=freeze_embeddings,
-            attention_retention=attention_retention,
-            freeze_layers=freeze_layers,
-        )
+    selection: str | None = "per_layer"

@@ -259,11 +259,9 @@ def load_causal_lm(
         'llama'
     """
     source = resolve_model(name_or_path, cache_dir=cache_dir, find_spec=find_spec, isolate=isolate)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = _padding_tokenizer(source, name_or_path)
     tokenizer.padding_side = "right"  # the answer position is found from the attention mask
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).eval()
     return model, tokenizer

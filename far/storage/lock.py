@@ -1,11 +1,9 @@
 """One process at a time in a folder: an advisory lock beside it, which the kernel drops when the process ends.
 
-Two runs started into one folder at the same moment would both find it free and both write into it. `hold`
-takes an exclusive `flock` on `.<name>.lock` beside the folder (beside, not inside: a folder written by
-renames, as `far.storage.atomic.atomic_dir` writes it, would carry a lock inside it away) and keeps it until
-the process ends or `release`. A killed process leaves no stale lock, since the kernel drops a flock with the
-last descriptor that holds it, so there is nothing to clean up; the file itself stays, empty of meaning. A
-second process is refused at once, before it changes anything, with the holder's pid and command.
+`hold` takes an exclusive `flock` on `.<name>.lock` beside the folder (not inside: a folder written by renames
+would carry it away) until the process ends or `release`. The kernel drops a flock with its last descriptor, so a
+killed process leaves no stale lock. A second process is refused at once, before it changes anything, with the
+holder's pid and command.
 
     >>> hold(Path("runs/sst2-minilm-far"))     # refuses (FolderInUse) while another process holds it
 """

@@ -3,10 +3,9 @@
     <output_dir>/checkpoints/step-<N>/   one step's files, and manifest.json: the size and sha256 of each
     <output_dir>/checkpoints/latest      the name of the newest complete step folder
 
-A folder appears whole or not at all (`far.storage.atomic.atomic_dir`) and `latest` moves only once it has, so a process
-killed at any moment leaves the previous checkpoint intact; the manifest tells a damaged folder (a disk that filled
-up, a file changed later) from an intact one. What goes inside a folder is the caller's: `far.training.checkpoint`
-(Hugging Face models) and `far.llm.lean_checkpoint` (the lean causal-LM runtime) each write their own files.
+A folder appears whole (`far.storage.atomic.atomic_dir`) and `latest` moves only once it has, so a process killed at
+any moment leaves the previous checkpoint intact; the manifest tells a damaged folder from an intact one. What goes
+inside is the caller's (`far.training.checkpoint`, `far.llm.lean_checkpoint`).
 """
 
 from __future__ import annotations

@@ -13,17 +13,8 @@ from torch import Tensor, nn
 
 from far.architectures import FFN
 from far.config import FARConfig
+from far.freezing import few_names
 from far.priming import Primer, primer_of
-
-
-def check_model(model: object) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module (e.g. a transformers model), got {type(model).__name__}")
-    return model
-
-
-def _few(names: list[str]) -> str:
-    return str(names[:3])[:-1] + (", ...]" if len(names) > 3 else "]")
 
 
 def check_scores(scores: object, ffns: Mapping[str, FFN], argument: str = "scores") -> dict[str, Tensor]:
@@ -37,7 +28,8 @@ def check_scores(scores: object, ffns: Mapping[str, FFN], argument: str = "score
     if missing or extra:
         raise ValueError(
             f"{argument} must have one entry per {unit}, keyed by the output projection's name; missing "
-            f"{_few(missing)}, unexpected {_few(extra)}. Use the scores of a Primer created on this same model"
+            f"{few_names(missing)}, unexpected {few_names(extra)}. Use the scores of a Primer created on this "
+            "same model"
         )
     checked = {}
     for name, ffn in ffns.items():

@@ -1,15 +1,10 @@
 """Portable learners: after selection, what FAR freezes goes back to its pre-priming value.
 
-Priming trains every weight, so right after it the frozen FFN nodes (and frozen heads and
-embeddings) hold *primed* values that exist only in this one process. A learners file saved from
-such a model fits only that primed model. Putting every frozen value back to what it was before
-priming makes the model "stock base + the file's tensors": the file then applies to the stock
-model that every user already has, and its base fingerprint is the stock model's.
-
-The pre-priming values come from the `far.Primer`, which snapshots every FFN projection anyway (to
-score the nodes) and, when asked, the attention projections and the embeddings. Tensors that stay
-trainable (learners, and every non-FFN tensor that trains) keep their primed values: they are
-what the file stores.
+Priming trains every weight, so the frozen nodes (and frozen heads and embeddings) hold *primed*
+values that exist only in this process, and a learners file would fit only that primed model. Put
+back to their pre-priming values (the `far.Primer`'s snapshot), the model is "stock base + the
+file's tensors", and the file applies to the stock model every user has. What stays trainable keeps
+its primed values: that is what the file stores.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
-from far.architectures import AttentionSpec, FFNSpec, NodeGroup, find_attention, find_ffns
+from far.architectures import AttentionSpec, FFNSpec, NodeGroup, check_model, find_attention, find_ffns
 from far.config import AUTO, UNSET, FARConfig, as_config
 from far.freezing import below_layers, check_depth, depth_parameters, find_layers, layer_index
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import auto_freeze_layers, needs_scores, select_learners
-from far.surgery.inputs import check_learners, check_model, check_scores, primer_head_scores, primer_scores
+from far.surgery.inputs import check_learners, check_scores, primer_head_scores, primer_scores
 from far.surgery.portable import check_resettable, reset_values
 from far.surgery.state import (
     STATE_ATTRIBUTE,
@@ -265,12 +265,12 @@ def _split(
         idx = learners[group.name]
         for name in group.inputs:
             rows = projection_learners(model, group, name, idx)
-            _set_module(model, name, SplitLinear.from_linear(model.get_submodule(name), rows, INPUT))
+            model.set_submodule(name, SplitLinear.from_linear(model.get_submodule(name), rows, INPUT))
         rows = projection_learners(model, group, group.output, idx)
         # Attention's output projection reads the attention output, not an activation it could rebuild.
         recompute = config.recompute_activations and group.kind == "ffn"
         output = SplitLinear.from_linear(model.get_submodule(group.output), rows, OUTPUT, recompute=recompute)
-        _set_module(model, group.output, output)
+        model.set_submodule(group.output, output)
     frozen = trainable_embeddings(model) if config.freeze_embeddings else []
     for name in frozen:
         model.get_parameter(name).requires_grad_(False)
@@ -311,7 +311,7 @@ def restore(model: nn.Module) -> nn.Module:
             "this model was never reconfigured by FAR (it has no split FFN layers); there is nothing to restore"
         )
     for name, module in splits:
-        _set_module(model, name, module.to_linear())
+        model.set_submodule(name, module.to_linear())
     state = getattr(model, STATE_ATTRIBUTE, None)
     if isinstance(state, FARState):
         for param_name in (*state.frozen_embeddings, *state.frozen_parameters):
@@ -319,11 +319,6 @@ def restore(model: nn.Module) -> nn.Module:
     if hasattr(model, STATE_ATTRIBUTE):
         delattr(model, STATE_ATTRIBUTE)
     return model
-
-
-def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), child, module)
 
 
 def freeze_ffns(model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:

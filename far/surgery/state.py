@@ -14,6 +14,7 @@ from far.architectures import (
     AttentionSpec,
     FFNSpec,
     NodeGroup,
+    check_model,
     expand_nodes,
     find_attention,
     find_ffns,
@@ -21,7 +22,6 @@ from far.architectures import (
 )
 from far.config import FARConfig
 from far.layers import INPUT, OUTPUT, SplitLinear
-from far.surgery.inputs import check_model
 
 STATE_ATTRIBUTE = "far_state"
 

@@ -11,14 +11,26 @@ import evaluate
 
 from far.evaluation.scores import accuracy, f1, matthews_correlation
 
-_INT_FEATURES = datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")})
+
+def pair_features(dtype: str) -> datasets.Features:
+    """Features of a metric over `predictions` and `references` of one `datasets.Value` dtype."""
+    return datasets.Features({"predictions": datasets.Value(dtype), "references": datasets.Value(dtype)})
 
 
 class LocalMetric(evaluate.Metric):
-    """An `evaluate.Metric` kept in memory by default: no cache files, no hub, safe to call repeatedly."""
+    """An `evaluate.Metric` kept in memory by default: no cache files, no hub, safe to call repeatedly.
+
+    A subclass over a pair of values names its `description` and their `dtype`, and computes.
+    """
+
+    description = ""
+    dtype = "int64"
 
     def __init__(self, config_name: str | None = None, keep_in_memory: bool = True, **kwargs) -> None:
         super().__init__(config_name=config_name, keep_in_memory=keep_in_memory, **kwargs)
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(description=self.description, citation="", features=pair_features(self.dtype))
 
 
 class Accuracy(LocalMetric):
@@ -29,10 +41,7 @@ class Accuracy(LocalMetric):
         {'accuracy': 0.666...}
     """
 
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description="Accuracy: fraction of correct predictions.", citation="", features=_INT_FEATURES
-        )
+    description = "Accuracy: fraction of correct predictions."
 
     def _compute(self, predictions, references) -> dict[str, float]:
         return {"accuracy": accuracy(predictions, references)}
@@ -41,10 +50,7 @@ class Accuracy(LocalMetric):
 class F1(LocalMetric):
     """F1 of the positive class (`pos_label=1`), or macro F1 with `average="macro"`: `{"f1": float}`."""
 
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description="F1: harmonic mean of precision and recall.", citation="", features=_INT_FEATURES
-        )
+    description = "F1: harmonic mean of precision and recall."
 
     def _compute(self, predictions, references, pos_label: int = 1, average: str = "binary") -> dict[str, float]:
         return {"f1": f1(predictions, references, pos_label=pos_label, average=average)}
@@ -53,8 +59,7 @@ class F1(LocalMetric):
 class MatthewsCorrelation(LocalMetric):
     """Matthews correlation coefficient (CoLA's metric), in [-1, 1]: `{"matthews_correlation": float}`."""
 
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(description="Matthews correlation coefficient.", citation="", features=_INT_FEATURES)
+    description = "Matthews correlation coefficient."
 
     def _compute(self, predictions, references) -> dict[str, float]:
         return {"matthews_correlation": matthews_correlation(predictions, references)}

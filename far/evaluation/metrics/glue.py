@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import datasets
 import evaluate
 
-from far.evaluation.metrics.classification import LocalMetric
+from far.evaluation.metrics.classification import LocalMetric, pair_features
 from far.evaluation.scores import GLUE_METRICS, check_glue_task, glue_scores
 
 __all__ = ["GLUE_METRICS", "Glue"]
@@ -23,11 +22,10 @@ class Glue(LocalMetric):
 
     def _info(self) -> evaluate.MetricInfo:
         check_glue_task(self.config_name)
-        dtype = "float64" if self.config_name == "stsb" else "int64"
         return evaluate.MetricInfo(
             description=f"GLUE {self.config_name}: {', '.join(GLUE_METRICS[self.config_name])}.",
             citation="",
-            features=datasets.Features({"predictions": datasets.Value(dtype), "references": datasets.Value(dtype)}),
+            features=pair_features("float64" if self.config_name == "stsb" else "int64"),
         )
 
     def _compute(self, predictions, references) -> dict[str, float]:
