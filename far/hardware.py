@@ -33,10 +33,8 @@ def native_bf16() -> bool:
 def peak_rss_bytes() -> int:
     """This process's peak resident memory in bytes.
 
-    On Linux, `VmHWM` of /proc/self/status: the high-water mark of this process's own memory. `ru_maxrss` is not
-    that there: the kernel carries the high-water mark of the memory a process was forked from over its `exec`, so
-    a run started from a large parent (a test suite, a notebook, a server) reported the parent's peak as its own.
-    Elsewhere `ru_maxrss` (macOS reports it in bytes, Linux in KiB).
+    On Linux, `VmHWM` of /proc/self/status: `ru_maxrss` there carries the peak of the process a run was forked
+    from over its `exec` (a test suite, a notebook). Elsewhere `ru_maxrss` (bytes on macOS).
     """
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
@@ -103,10 +101,9 @@ def _threads_from(name: str, value: str) -> int:
 def plan_threads(environ: MutableMapping[str, str] = os.environ, busy: float | None = None) -> ThreadPlan:
     """The threads a run computes with: `FAR_THREADS`, else `OMP_NUM_THREADS`, else one per free core.
 
-    A core counts as free unless other programs keep it busy (more than half of it, sampled at start-up); one
-    thread per core the run may use would leave a thread waiting on the core a busy program holds, and every other
-    thread waiting on that one. Idle threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless the user set it):
-    they sleep instead of spinning on a core a program that starts later needs.
+    A core is free unless other programs keep more than half of it busy (sampled at start-up): a thread on a busy
+    core would hold up every other thread. Idle threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless set), so
+    they do not spin on a core a program started later needs.
 
     Args:
         environ: the environment to read (the process's by default).

@@ -1,9 +1,7 @@
 """Packages whose public names are imported on first use (PEP 562), so a process pays only for what it uses.
 
-The lean LLM path (`far glue --model smollm2-135m`) must stay clear of `datasets` and
-transformers' model code (more resident memory between them than the model's weights:
-docs/design.md, "Resident memory"); a package `__init__` that imported every submodule eagerly would pull them in with
-the first `import far`.
+The lean LLM path must stay clear of `datasets` and transformers' model code (more resident memory than
+the model's weights: docs/design.md, "Resident memory"), which an eager package `__init__` would pull in.
 
     >>> lazy_face(__name__, {"far.training.finetune": ("finetune",), "far.training.mezo": ("MeZO",)})
 

@@ -94,6 +94,12 @@ def _top(scores: Tensor, k: int) -> Tensor:
     return order[:k].sort().values
 
 
+def _random_nodes(n_nodes: Mapping[str, int], counts: Mapping[str, int], seed: int) -> dict[str, Tensor]:
+    """`counts[name]` of each group's `n_nodes[name]` nodes drawn uniformly, reproducibly from `seed`, in order."""
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randperm(n, generator=generator)[: counts[name]].sort().values for name, n in n_nodes.items()}
+
+
 def select_per_layer(scores: Mapping[str, Tensor], retention: float) -> dict[str, Tensor]:
     """The top `learner_count(n, retention)` nodes of each FFN."""
     return {name: _top(s, learner_count(s.numel(), retention)) for name, s in scores.items()}
@@ -225,29 +231,20 @@ def select_depth(
         budget = min(sum(sizes), max(len(trainable), round(config.retention * sum(n_nodes.values()))))
     if config.selection == "global":
         chosen = select_global({name: scores[name] for name in trainable}, config.retention, budget=budget)
-    elif config.selection == "random":
-        generator = torch.Generator().manual_seed(config.seed)
-        chosen = {
-            name: torch.randperm(n, generator=generator)[:share].sort().values
-            for name, n, share in zip(trainable, sizes, _shares(sizes, budget), strict=True)
-        }
-    elif config.retention == AUTO:
-        chosen = {name: _top(scores[name], counts[name]) for name in trainable}
     else:
-        chosen = {
-            name: _top(scores[name], share) for name, share in zip(trainable, _shares(sizes, budget), strict=True)
-        }
+        if config.retention != AUTO or config.selection == "random":
+            counts = dict(zip(trainable, _shares(sizes, budget), strict=True))
+        if config.selection == "random":
+            chosen = _random_nodes({name: n_nodes[name] for name in trainable}, counts, config.seed)
+        else:
+            chosen = {name: _top(scores[name], counts[name]) for name in trainable}
     empty = torch.empty(0, dtype=torch.int64)
     return {name: chosen.get(name, empty) for name in n_nodes}
 
 
 def select_random(n_nodes: Mapping[str, int], retention: float, seed: int) -> dict[str, Tensor]:
     """`learner_count(n, retention)` nodes of each FFN drawn uniformly, reproducibly from `seed`."""
-    generator = torch.Generator().manual_seed(seed)
-    return {
-        name: torch.randperm(n, generator=generator)[: learner_count(n, retention)].sort().values
-        for name, n in n_nodes.items()
-    }
+    return _random_nodes(n_nodes, {name: learner_count(n, retention) for name, n in n_nodes.items()}, seed)
 
 
 def select_learners(

@@ -1,10 +1,8 @@
 """GLUE tasks as `datasets` splits, from a local GLUE folder or the hub, and their tokenisation.
 
-Local data follows the layout of GLUE's own download: `<dir>/<Task>/{train,dev}.tsv` (MNLI:
-`dev_matched.tsv`), tab-separated with quoting off, a header row except CoLA's. `<dir>` is the
---data-dir / $FAR_DATA_DIR folder or its `glue/` subfolder. Whatever the source, the splits come out
-in the hub's form (`nyu-mll/glue`): the hub's text column names, `label` (class id, or score for
-stsb) and `idx`, so one code path serves both.
+Local data follows GLUE's download: `<dir>/<Task>/{train,dev}.tsv` (MNLI: `dev_matched.tsv`), tab-separated,
+quoting off, a header row except CoLA's; `<dir>` is --data-dir / $FAR_DATA_DIR or its `glue/` subfolder. Either
+source gives the hub's form (`nyu-mll/glue`: its text columns, `label`, `idx`), so one code path serves both.
 
     >>> splits = load_glue("cola", "../shared/data")
     >>> splits["train"][0]

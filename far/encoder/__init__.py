@@ -1,9 +1,8 @@
 """The lean encoder runtime: BERT in plain torch, for fine-tuning within a tight memory budget.
 
-transformers' model code costs more resident memory to import than the model's weights take
-(docs/design.md, "Resident memory"); these modules need only its config classes. Module and
-parameter names are transformers', so FAR's surgery, learners files and checkpoints work on them
-unchanged, and `save_pretrained` writes a folder transformers loads.
+Only transformers' config classes are imported (its model code costs more resident memory than the
+weights: docs/design.md, "Resident memory"); names are transformers', so FAR's surgery, learners files
+and checkpoints work unchanged, and `save_pretrained` writes a folder transformers loads.
 
     >>> from far.encoder import from_pretrained, save_pretrained
     >>> model = from_pretrained(folder, "classification", num_labels=2)

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import BertConfig
 
+from far.llm.recompute import Recompute
+
 # config.hidden_act -> function. transformers' "gelu_new" is the tanh formula written out; torch's
 # fused tanh GELU computes the same to rounding.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -166,37 +168,6 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(a), a)
 
 
-class _Recompute(torch.autograd.Function):
-    """Run a layer keeping only its input; run it again in backward, with the same dropout masks.
-
-    torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
-    (docs/design.md, "Resident memory"), which a memory-bound process cannot spend. The RNG state of the
-    first pass is restored for the second (and the caller's put back after), so dropout draws the
-    same masks.
-    """
-
-    @staticmethod
-    def forward(ctx, layer: BertLayer, mask: Tensor | None, h: Tensor) -> Tensor:
-        ctx.layer, ctx.mask, ctx.rng = layer, mask, torch.get_rng_state()
-        ctx.cuda_rng = torch.cuda.get_rng_state(h.device) if h.is_cuda else None
-        ctx.save_for_backward(h)
-        return layer(h, mask)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[None, None, Tensor | None]:
-        (h,) = ctx.saved_tensors
-        h = h.detach().requires_grad_(ctx.needs_input_grad[2])
-        with torch.random.fork_rng(devices=[h.device] if h.is_cuda else []), torch.enable_grad():
-            torch.set_rng_state(ctx.rng)
-            if ctx.cuda_rng is not None:
-                torch.cuda.set_rng_state(ctx.cuda_rng, h.device)
-            out = ctx.layer(h, ctx.mask)
-            # d/d(out) of sum(out * grad) is grad, exactly. torch.autograd.backward(out, grad) would do the
-            # same, but an explicit gradient makes it import torch.fx's symbolic shapes, and with them sympy.
-            (out * grad).sum().backward()
-        return None, None, h.grad
-
-
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -209,7 +180,7 @@ class BertEncoder(nn.Module):
             if recompute and (h.requires_grad or any(p.requires_grad for p in layer.parameters())):
                 # The Function's output needs grad only if its tensor input does; a frozen layer below
                 # (or frozen embeddings) would otherwise cut this layer's parameters off from the loss.
-                h = _Recompute.apply(layer, mask, h if h.requires_grad else h.detach().requires_grad_(True))
+                h = Recompute.apply(layer, h if h.requires_grad else h.detach().requires_grad_(True), mask)
             else:
                 h = layer(h, mask)
         return h

@@ -1,15 +1,10 @@
 """Lean BERT models from and to Hugging Face folders, without holding the weights twice.
 
-`from_pretrained` builds the model in fp32, then copies each parameter from model.safetensors,
-opening the file once per block of rows: safetensors maps the whole file, and the pages a read
-touches stay resident until the mapping goes, so one opening for all tensors would hold the model
-twice by the end of the load, and one opening per tensor its largest tensor twice. The model is
-not built on the meta device: building an `nn.Embedding` there imports sympy through torch's meta
-kernels. What each would cost: docs/design.md, "Resident memory".
-
-It reads both a `BertFor*` checkpoint (keys `bert.embeddings...`) and a bare `BertModel` one (keys
-`embeddings...`, such as all-MiniLM-L6-v2). `save_pretrained` writes a folder that transformers'
-`AutoModelFor*` loads.
+`from_pretrained` builds the model in fp32, then copies each parameter from model.safetensors, opening
+the file once per block of rows: the pages a read of the mapping touches stay resident until it goes,
+so one opening would hold the model twice by the end. Not on the meta device: an `nn.Embedding` there
+imports sympy (docs/design.md, "Resident memory"). It reads `BertFor*` checkpoints (`bert.` keys) and
+bare `BertModel` ones (all-MiniLM-L6-v2); `save_pretrained` writes what `AutoModelFor*` loads.
 
     >>> model = from_pretrained(folder, "regression")
     >>> save_pretrained(model, "runs/stsb/model")

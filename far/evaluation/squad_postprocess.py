@@ -9,7 +9,6 @@ compared with the best span: the answer is "" when null - best > `null_score_dif
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from far.storage.atomic import atomic_file
+from far.storage.atomic import write_json
 
 
 @dataclass
@@ -113,11 +112,8 @@ def _best_span(
 def write_predictions(
     predictions: QAPredictions, path: str | os.PathLike, null_odds_path: str | os.PathLike | None = None
 ) -> None:
-    """Write `{question_id: answer_text}` JSON (the official format), atomically; optionally the null odds too."""
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(predictions.texts, indent=2, ensure_ascii=False), encoding="utf-8")
+    """Write `{question_id: answer_text}` JSON (the official format), atomically; optionally the null odds too
+    (infinite odds, where no span is valid, as null)."""
+    write_json(path, predictions.texts)
     if null_odds_path is not None:
-        with atomic_file(null_odds_path) as tmp:
-            # No valid span gives infinite odds, which JSON cannot hold: written as null.
-            odds = {k: (v if np.isfinite(v) else None) for k, v in predictions.null_odds.items()}
-            tmp.write_text(json.dumps(odds, indent=2), encoding="utf-8")
+        write_json(null_odds_path, predictions.null_odds)

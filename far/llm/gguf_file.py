@@ -206,8 +206,7 @@ def read_config(header: GGUFHeader) -> LeanConfig:
         raise GGUFFileError(f"the GGUF file's metadata does not describe a model ({error})") from None
 
 
-def _config(header: GGUFHeader) -> LeanConfig:
-    reader = header
+def _config(reader: GGUFHeader) -> LeanConfig:
     arch = _field(reader, "general.architecture")
     if arch not in ("llama", "gemma3"):
         raise GGUFFileError(
@@ -300,7 +299,10 @@ def read_weights(path: str | os.PathLike) -> Iterator[tuple[LeanConfig, Callable
     """The file's config, and its weights one at a time by transformers name, in fp32 as `load_lean_model` reads."""
     path = Path(path)
     header = read_header(path)
-    config = read_config(header)
+    try:
+        config = read_config(header)
+    except GGUFFileError as error:
+        raise GGUFFileError(f"{path}: {error}") from None
     tensors = _TensorReader(path, header, config)
     try:
         yield config, tensors
@@ -315,26 +317,18 @@ def load_lean_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
         GGUFFileError (a ValueError): not a GGUF file, a damaged or truncated one, one whose metadata or tensors
             claim what the file does not hold, or an architecture other than llama and gemma3.
     """
-    path = Path(path)
-    header = read_header(path)
-    try:
-        config = read_config(header)
-    except GGUFFileError as error:
-        raise GGUFFileError(f"{path}: {error}") from None
-    tensors = _TensorReader(path, header, config)
-    try:
-        return _build(path, config, tensors, dtype)
-    except (KeyError, RuntimeError, ValueError, TypeError, IndexError, ZeroDivisionError) as error:
-        if isinstance(error, GGUFFileError):
-            raise
-        # every extent was checked against the file's size, so what is left is a file whose tensors do not
-        # fit the model its metadata describes
-        raise GGUFFileError(
-            f"{path} is not a GGUF file far can read: its tensors do not fit the model its metadata describes "
-            f"({type(error).__name__}: {str(error)[:200]})"
-        ) from error
-    finally:
-        tensors.file.close()
+    with read_weights(path) as (config, tensors):
+        try:
+            return _build(Path(path), config, tensors, dtype)
+        except (KeyError, RuntimeError, ValueError, TypeError, IndexError, ZeroDivisionError) as error:
+            if isinstance(error, GGUFFileError):
+                raise
+            # every extent was checked against the file's size, so what is left is a file whose tensors do not
+            # fit the model its metadata describes
+            raise GGUFFileError(
+                f"{path} is not a GGUF file far can read: its tensors do not fit the model its metadata describes "
+                f"({type(error).__name__}: {str(error)[:200]})"
+            ) from error
 
 
 def _build(path: Path, config: LeanConfig, tensors: _TensorReader, dtype: torch.dtype) -> LeanCausalLM:

@@ -1,10 +1,8 @@
 """Which GGUF file a lean model was read from: what a learners file's base fingerprint is checked against.
 
-A learners file for a GGUF model holds only what a fine-tune changed (`far.llm.lean_learners`), so it
-fits only the exact file its base weights came from. That file is named by its sha256
-(`far.storage.atomic.file_sha256`, about 0.1 s per 100 MB), computed once per model, on first need; the
-file's identity on disk (inode, size, times) is kept from the moment the model was read, so that a
-file rewritten since is noticed instead of vouching for weights it no longer holds.
+A learners file fits only the exact file its base weights came from, named by its sha256 (about 0.1 s
+per 100 MB), computed once per model on first need. The file's identity on disk (inode, size, times)
+is kept from when the model was read, so a file rewritten since is noticed.
 
     >>> model.source.sha256()        # the GGUF file's, computed once
     '5b8b0...'

@@ -1,14 +1,10 @@
 """FAR on the lean runtime: gradient priming, learner selection, and each FFN split into two blocks.
 
-The lean model's FFN projections are `CompactLinear`s; FAR gives each two `CompactWeight` blocks
-along the node axis, the learners (trainable, in the precision MeZO trains in) first and the
-frozen nodes (bf16) after, concatenated into the fp32 temporary each layer computes with. The
-permutation (learners first) is the same for an FFN's three projections, so it cancels and the
-outputs are unchanged (`far.layers.SplitLinear` does the same for Hugging Face models).
-
-Scores are `far.training.gradient_priming`'s: the L1 norm of each node's weight gradients over a few batches,
-folded in as backward produces them (`CompactLinear.grad_sink`), never stored whole; selection is
-`far.selection.select_learners`.
+FAR gives each FFN projection (a `CompactLinear`) two `CompactWeight` blocks along the node axis:
+the learners first (trainable, in the precision MeZO trains in), the frozen nodes (bf16) after. The
+permutation is the same for an FFN's three projections, so it cancels and the outputs are unchanged
+(as `far.layers.SplitLinear` does for Hugging Face models). Scores are the L1 norm of each node's
+weight gradients over a few batches, folded in as backward produces them (`CompactLinear.grad_sink`).
 
     >>> scores = gradient_scores(model, batches, loss_fn)
     >>> split_ffns(model, select_learners(FARConfig(0.4), scores=scores))

@@ -1,10 +1,9 @@
 """What runs a lean causal LM trained by prompts for the training engine (`far.training.engine`).
 
 The runner gives the model its layout (FAR: gradient priming on the first examples of the run's
-order, then the split; else the FFN part and the frozen bottom marked), computes the frozen bottom's
-output once per prompt (`far.llm.prefix`), and takes MeZO's two forward passes a step on the
-examples the run's seeded order deals out (`far.llm.zo`). Its runs are short and keep no optimizer
-state: it writes no checkpoint, and scoring is the recipe's, after the last step.
+seeded order, then the split), computes the frozen bottom's output once per prompt (`far.llm.prefix`)
+and takes MeZO's steps (`far.llm.zo`). It keeps no optimizer state, so writes no checkpoint; scoring
+is the recipe's, after the last step.
 
     >>> runner = PromptRunner(model, batch_of, loss_fn, label_ids, layout, PromptTraining(100, 16, 1e-6))
     >>> train(runner, Cadence(100, evaluate=False), None, progress=False)

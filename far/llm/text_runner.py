@@ -1,10 +1,8 @@
 """What runs a lean causal LM on packed text for the training engine (`far.training.engine`).
 
-The runner primes and splits (gradient priming on a few chunks, `far.llm.lean_far`) or marks what
-trains, keeps the frozen bottom's output per chunk (on disk, else in memory: `far.llm.bottom_on_disk`,
-`far.llm.prefix`), takes each step on its chunks in micro-batches (`far.llm.text_steps`), scores the
-held-out chunks with the score function it is given, and writes and reads its checkpoints
-(`far.llm.lean_checkpoint`). The engine decides when each of these happens.
+The runner primes and splits (`far.llm.lean_far`), keeps the frozen bottom's output per chunk (on disk,
+else in memory), steps in micro-batches (`far.llm.text_steps`), scores the held-out chunks with the
+function it is given, and checkpoints (`far.llm.lean_checkpoint`); the engine decides when.
 
     >>> runner = TextRunner(model, train_ids, validation_ids, layout, training, perplexity, out)
     >>> train(runner, Cadence(training.total_steps, epoch_steps=training.steps_per_epoch), out / "log.jsonl",
@@ -14,7 +12,6 @@ held-out chunks with the score function it is given, and writes and reads its ch
 from __future__ import annotations
 
 import logging
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,9 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 def cpu_seconds() -> float:
-    """This process's CPU seconds so far, user and system."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """This process's CPU seconds so far, user and system (`time.process_time`; far.recipes.own_texts reads it)."""
+    return time.process_time()
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,9 @@
 """A step of a causal LM's fine-tune on packed text: MeZO's two forward passes, the batched one-sided
 zeroth-order estimator's n + 1 (`far.llm.zo_batched`), or AdamW's forward and backward.
 
-Both read the frozen bottom's output of each chunk from a `PrefixCache` (computed chunk by chunk, so
-that a chunk's states never depend on the batch it came in), run the trained layers above it, and
-take the mean next-token loss over a batch given as micro-batches (their losses, or gradients,
-summed with their share of the batch). Priming scores nodes from the same loss, with backward
-stopping at the frozen depth.
+Each reads the frozen bottom's output of each chunk from a `PrefixCache`, runs the trained layers above
+it and takes the mean next-token loss over micro-batches (losses, or gradients, summed with their share
+of the batch). Priming scores nodes from the same loss, backward stopping at the frozen depth.
 
     >>> steps = TextSteps(model, "adamw", 1e-4, PrefixCache(model))
     >>> loss = steps([chunks[:2], chunks[2:4]])

@@ -1,10 +1,8 @@
 """The tokenizer of a GGUF file through the `tokenizers` library alone (a few MB, not transformers).
 
-transformers converts a GGUF file's vocabulary into a fast tokenizer; that conversion runs once,
-in a child process, and its `tokenizer.json` is cached beside the other GGUF caches (keyed by the
-file's sha256, `far.llm.gguf.gguf_cache_path`). Every later run loads that file with `tokenizers`.
-A cached folder is checked as it is read (`read_tokenizer_cache`): one that is damaged, or that
-holds token ids beyond its own vocabulary, is converted again from the GGUF file, never used.
+transformers converts a GGUF file's vocabulary into a fast tokenizer once, in a child process; its
+`tokenizer.json` is cached by the file's sha256 (`far.llm.gguf.gguf_cache_path`) and later runs load it
+with `tokenizers`. A damaged cache, or one with token ids beyond its vocabulary, is converted again.
 
     >>> tokenizer = load_gguf_tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf")
     >>> tokenizer(" great", add_special_tokens=False)["input_ids"]

@@ -1,8 +1,7 @@
 """LoRA through Hugging Face PEFT: the `--method lora` runs, their two saved forms, and loading them back.
 
-LoRA is not re-implemented here: `add_lora` wraps a task model with `peft.get_peft_model` (the base
-frozen, low-rank adapters on the target modules, the fresh task head trained whole), `far.finetune`
-then trains whatever is trainable, and `save_lora` writes what a PEFT user expects:
+`add_lora` wraps a task model with `peft.get_peft_model` (the base frozen, the fresh task head trained
+whole), `far.finetune` trains what is trainable, and `save_lora` writes what a PEFT user expects:
 
     adapter/   adapter_config.json + adapter_model.safetensors (PEFT's own files: the adapters and the
                head), plus the task model's config.json and the tokenizer, so the folder says what it is
