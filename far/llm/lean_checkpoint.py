@@ -94,20 +94,26 @@ def restore_trained(model: LeanCausalLM, folder: Path, state: dict, dtype: torch
     Raises:
         ValueError: the checkpoint does not fit this model (which may then be split already: load a fresh one).
     """
-    saved = torch.load(folder / STATE_FILE, weights_only=True)
+    # Mapped, not read: the file's pages come in as each tensor is used, and AdamW's moments, written in place,
+    # become the process's own pages only then.
+    saved = torch.load(folder / STATE_FILE, weights_only=True, mmap=True)
     learners, weights = saved["learners"], saved["weights"]
     if learners and set(learners) != set(ffn_names(model)):
         raise ValueError(f"{folder} has learners for {len(learners)} FFNs, this model has {len(model.layers)}")
     if learners:
         split_ffns(model, learners, dtype)
-    set_trainable(model, state["ffn"], dtype, frozen_layers=state["frozen_layers"])
     modules = dict(model.named_modules())
+    for name, tensor in weights.items():
+        module = modules.get(name)
+        if not isinstance(module, CompactWeight) or module.stored.shape != tensor.shape:
+            shape = "no such weight" if module is None else f"its shape is {list(module.stored.shape)}"
+            raise ValueError(f"{folder} holds {name} of shape {list(tensor.shape)}; the model's: {shape}")
+    # The saved weights go in before the layout is marked, so that marking converts none of them to a copy in the
+    # trained dtype that the saved one would replace at once (a resumed run's peak would hold both).
+    for name, tensor in weights.items():
+        modules[name].stored = nn.Parameter(tensor, requires_grad=False)
+    set_trainable(model, state["ffn"], dtype, frozen_layers=state["frozen_layers"])
     trainable = {name for name, m in modules.items() if isinstance(m, CompactWeight) and m.trainable}
     if trainable != set(weights):
         raise ValueError(f"{folder} trains other weights than this model's layout marks trainable; resume the same run")
-    for name, tensor in weights.items():
-        if modules[name].stored.shape != tensor.shape:
-            raise ValueError(f"{folder} holds {name} of shape {list(tensor.shape)}; the model's is different")
-    for name, tensor in weights.items():
-        modules[name].stored = nn.Parameter(tensor, requires_grad=False)
     return saved["optimizer"]
