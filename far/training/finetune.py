@@ -259,75 +259,9 @@ def finetune(
     plan = plan_training(n_examples, options)
     precision = options.precision_for(model)
     plan = dataclasses.replace(plan, bf16=precision.bf16)
-    memory = None
-    if options.memory_budget is not None and getattr(getattr(model, "config", None), "model_type", None) in (
-        CAUSAL_LM_TYPES
-    ):
-        raise ValueError(ENCODERS_ONLY)
-    if options.memory_budget is not None:
-        # Freed tensors go back to the system from now on, so that the peak is what is live (far.training.memory).
-        release_freed_memory()
-        seq_len = longest_example(train_data, options.max_length)
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        memory = plan_run_memory(
-            options,
-            ModelShape.from_config(getattr(model, "config", None)),
-            base_mib=process_base_mib(
-                resident_mib(), model_bytes, imports_dynamo(plan.optimizer, plan.priming_optimizer)
-            ),
-            seq_len=seq_len,
-            primer_copy=base_weights is None,
-        )
-        logger.info("%s", memory.describe())
-        far_config = plan.far
-        if far_config is not None and memory.recompute_activations:
-            far_config = dataclasses.replace(far_config, recompute_activations=True)
-        plan = dataclasses.replace(
-            plan, far=far_config, frozen_from_start=plan.frozen_from_start or memory.early_frozen_embeddings
-        )
-        if memory.recompute_layers and not callable(getattr(model, "gradient_checkpointing_enable", None)):
-            raise MemoryBudgetError(
-                f"--memory-budget {options.memory_budget:g} MiB needs each layer recomputed in backward, and this "
-                "model has no gradient_checkpointing_enable(); give a larger budget",
-                memory.estimate_mib,
-            )
-    if plan.cache_frozen and plan.far is None and plan.freeze_layers >= len(find_layers(model, spec)):
-        raise ValueError(
-            f"freeze_layers={plan.freeze_layers} freezes every layer, so nothing above the cached bottom trains; "
-            "freeze fewer layers, or leave cache_frozen off"
-        )
-    if plan.eval_every is not None and eval_fn is None:
-        raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
-    if plan.far is not None or plan.freeze_ffn:
-        find_ffns(model, spec)  # a clear error for an architecture far does not know
-    if plan.far is not None and plan.far.attention_retention is not None:
-        find_attention(model)  # ... or whose heads it cannot split
-    checkpoint = None
-    if resume_from is not None:
-        checkpoint = read_checkpoint(resume_from)
-        changed = plan.mismatches(checkpoint.trainer_state["plan"])
-        if changed:
-            raise ValueError(
-                "resume_from needs the options of the run it continues; these differ: " + "; ".join(changed)
-            )
-        output_dir = checkpoint.run_dir if output_dir is None else output_dir
-        logger.info("resuming from %s (step %d of %d)", checkpoint.path, checkpoint.step, plan.total_steps)
-    else:
-        if (plan.far is not None or plan.freeze_ffn) and is_reconfigured(model):
-            raise ValueError(
-                "this model is already reconfigured by FAR; pass the plain model, or config=None to train it as it is"
-            )
-        if output_dir is not None and has_run(output_dir):
-            raise ValueError(
-                f"output_dir {str(output_dir)!r} already holds a run's checkpoints; continue it with "
-                "resume_from=output_dir (the far command: --resume), or choose another output_dir"
-            )
-    if plan.checkpoint_every is not None and output_dir is None:
-        raise ValueError("checkpoint_every needs an output_dir to write the checkpoints to")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            "the model has no trainable parameter (every requires_grad is False); there is nothing to train"
-        )
+    plan, memory = _plan_memory(model, plan, options, train_data, base_weights)
+    _check_model_for(model, plan, spec, eval_fn)
+    checkpoint, output_dir = _resume_or_start(model, plan, resume_from, output_dir)
 
     stream = BatchStream(
         train_data,
@@ -361,3 +295,82 @@ def finetune(
         if recompute_layers:  # the model goes back as it came
             model.gradient_checkpointing_disable()
     return result
+
+
+def _plan_memory(model: nn.Module, plan, options: TrainOptions, train_data, base_weights):
+    """With `options.memory_budget`: the memory plan (`far.training.budget`) and the plan it changes; else None."""
+    if options.memory_budget is None:
+        return plan, None
+    if getattr(getattr(model, "config", None), "model_type", None) in CAUSAL_LM_TYPES:
+        raise ValueError(ENCODERS_ONLY)
+    # Freed tensors go back to the system from now on, so that the peak is what is live (far.training.memory).
+    release_freed_memory()
+    seq_len = longest_example(train_data, options.max_length)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    memory = plan_run_memory(
+        options,
+        ModelShape.from_config(getattr(model, "config", None)),
+        base_mib=process_base_mib(resident_mib(), model_bytes, imports_dynamo(plan.optimizer, plan.priming_optimizer)),
+        seq_len=seq_len,
+        primer_copy=base_weights is None,
+    )
+    logger.info("%s", memory.describe())
+    far_config = plan.far
+    if far_config is not None and memory.recompute_activations:
+        far_config = dataclasses.replace(far_config, recompute_activations=True)
+    plan = dataclasses.replace(
+        plan, far=far_config, frozen_from_start=plan.frozen_from_start or memory.early_frozen_embeddings
+    )
+    if memory.recompute_layers and not callable(getattr(model, "gradient_checkpointing_enable", None)):
+        raise MemoryBudgetError(
+            f"--memory-budget {options.memory_budget:g} MiB needs each layer recomputed in backward, and this "
+            "model has no gradient_checkpointing_enable(); give a larger budget",
+            memory.estimate_mib,
+        )
+    return plan, memory
+
+
+def _check_model_for(model: nn.Module, plan, spec: FFNSpec | None, eval_fn) -> None:
+    """What the plan needs of the model and the call, checked before the model is touched."""
+    if plan.cache_frozen and plan.far is None and plan.freeze_layers >= len(find_layers(model, spec)):
+        raise ValueError(
+            f"freeze_layers={plan.freeze_layers} freezes every layer, so nothing above the cached bottom trains; "
+            "freeze fewer layers, or leave cache_frozen off"
+        )
+    if plan.eval_every is not None and eval_fn is None:
+        raise ValueError("eval_every needs an eval_fn(model) -> dict of metrics")
+    if plan.far is not None or plan.freeze_ffn:
+        find_ffns(model, spec)  # a clear error for an architecture far does not know
+    if plan.far is not None and plan.far.attention_retention is not None:
+        find_attention(model)  # ... or whose heads it cannot split
+
+
+def _resume_or_start(model: nn.Module, plan, resume_from, output_dir):
+    """The checkpoint a resumed run continues from (else None) and the run's output folder, both checked."""
+    checkpoint = None
+    if resume_from is not None:
+        checkpoint = read_checkpoint(resume_from)
+        changed = plan.mismatches(checkpoint.trainer_state["plan"])
+        if changed:
+            raise ValueError(
+                "resume_from needs the options of the run it continues; these differ: " + "; ".join(changed)
+            )
+        output_dir = checkpoint.run_dir if output_dir is None else output_dir
+        logger.info("resuming from %s (step %d of %d)", checkpoint.path, checkpoint.step, plan.total_steps)
+    else:
+        if (plan.far is not None or plan.freeze_ffn) and is_reconfigured(model):
+            raise ValueError(
+                "this model is already reconfigured by FAR; pass the plain model, or config=None to train it as it is"
+            )
+        if output_dir is not None and has_run(output_dir):
+            raise ValueError(
+                f"output_dir {str(output_dir)!r} already holds a run's checkpoints; continue it with "
+                "resume_from=output_dir (the far command: --resume), or choose another output_dir"
+            )
+    if plan.checkpoint_every is not None and output_dir is None:
+        raise ValueError("checkpoint_every needs an output_dir to write the checkpoints to")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            "the model has no trainable parameter (every requires_grad is False); there is nothing to train"
+        )
+    return checkpoint, output_dir
