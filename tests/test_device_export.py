@@ -2,7 +2,7 @@
 
 The central test is a parity test: three SGD steps with momentum in ExecuTorch land where the same
 three steps in torch eager land (learners within 1e-5, frozen tensors bit for bit), and the
-learners file the state becomes gives the device program's logits. Skipped without executorch. Exporting
+learners file the state becomes gives the device program's logits. Marked `device` (needs executorch). Exporting
 takes 7-13 CPU s (ExecuTorch's graph passes), so every test that reads the export is in the slow tier; the
 refusals made before exporting stay in the quick one.
 """
@@ -10,7 +10,6 @@ refusals made before exporting stay in the quick one.
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +31,7 @@ from far.device.runtime import DevicePrograms
 from far.device.state import read_state, write_state
 from far.models import load_model_and_tokenizer
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("executorch") is None,
-    reason="executorch is not installed (pip install 'far[device]', which pins executorch==1.5.1)",
-)
+pytestmark = pytest.mark.device
 
 BATCH, LENGTH, LR, MOMENTUM = 4, 16, 0.05, 0.9
 CONFIG = far.FARConfig(retention=0.25, selection="random", freeze_embeddings=True, freeze_layers=1)
