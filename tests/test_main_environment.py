@@ -2,7 +2,7 @@
 
 executorch (the device extra) depends on torchao, and transformers imports torchao with its model code where it
 is installed: four warnings on stderr (CUDA kernels that do not load on a CPU, an enum registration torch
-deprecates) and 0.3-0.7 s and about 80 MiB more for every command that loads a model. .ci/setup therefore installs
+deprecates), 0.3 CPU s and 13 MB more wherever a model loads (docs/device.md#setup). .ci/setup therefore installs
 the device extra into .venv-device only; this fails where anything else brings torchao into the main environment.
 """
 
