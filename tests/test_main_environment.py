@@ -2,8 +2,9 @@
 
 executorch (the device extra) depends on torchao, and transformers imports torchao with its model code where it
 is installed: four warnings on stderr (CUDA kernels that do not load on a CPU, an enum registration torch
-deprecates), 0.3 CPU s and 13 MB more wherever a model loads (docs/device.md#setup). .ci/setup therefore installs
-the device extra into .venv-device only; this fails where anything else brings torchao into the main environment.
+deprecates), 0.4 CPU s and 12 MiB more wherever a model loads (docs/device.md#setup). .ci/setup therefore
+installs the device extra into .venv-device only; this fails where anything else brings torchao into the main
+environment.
 """
 
 from __future__ import annotations
