@@ -36,7 +36,7 @@ NOT_RUN = {
 # Without the device extra (.venv), `far export --executorch` refuses, after checking its flags and --checkpoint,
 # with this; test_device_commands_run_as_written runs those commands in .venv-device.
 WITHOUT_EXECUTORCH = "--executorch needs executorch"
-# The documents whose commands write what docs/device.md's export reads (runs/reviews-minilm-far), and that one.
+# The document whose commands write what docs/device.md's export reads (runs/reviews-minilm-far), then that one.
 DEVICE_DOCUMENTS = ("docs/your-data.md", "docs/device.md")
 # `far` commands that are only parsed (every flag checked by the real parser), and why.
 PARSE_ONLY = {
@@ -153,7 +153,7 @@ def test_documented_commands_run_as_written(clone, capsys, monkeypatch):
 @pytest.mark.device
 def test_device_commands_run_as_written(clone, capsys, monkeypatch):
     """docs/device.md's commands, with executorch, after the commands that write what they read."""
-    lines = [line for line in documented_lines() if line.document in DEVICE_DOCUMENTS]
+    lines = [line for document in DEVICE_DOCUMENTS for line in documented_lines() if line.document == document]
     failures, seconds, _ = run_lines(lines, clone, capsys, monkeypatch)
     assert_no_failures(failures, seconds)
     assert any("--executorch" in where for where in seconds), seconds
