@@ -28,6 +28,30 @@ from transformers import (
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Tests marked `device` need the device extra (executorch), which .ci/setup installs into .venv-device only: the main
+# environment stays without torchao, which executorch brings and transformers then imports with its model code.
+HAS_EXECUTORCH = importlib.util.find_spec("executorch") is not None
+DEVICE_RUN = ".venv-device/bin/python -m pytest -q -m device"
+
+
+def pytest_configure(config):
+    selection = config.getoption("markexpr") or ""
+    if not HAS_EXECUTORCH and "device" in selection and "not device" not in selection:
+        raise pytest.UsageError(
+            f"-m {selection!r} selects the tests that need executorch, which {sys.executable} lacks: "
+            f"run them as {DEVICE_RUN} (bash .ci/setup makes .venv-device)"
+        )
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_EXECUTORCH:
+        return
+    skip = pytest.mark.skip(reason=f"needs the device extra (executorch): {DEVICE_RUN} runs it")
+    for item in items:
+        if item.get_closest_marker("device"):
+            item.add_marker(skip)
+
+
 # Tiny, but every dimension distinct so that a transposed or mis-sliced weight cannot go unseen.
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40, vocab_size=97)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import random
@@ -352,7 +351,7 @@ def test_model_loading_aliases_heads_and_seeds(tiny_model_dir, monkeypatch):
 
 
 @pytest.mark.slow  # a fresh process importing transformers' model code: 5-7 CPU s
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao (the device extra's) not installed")
+@pytest.mark.device  # torchao comes with the device extra's executorch
 def test_the_command_hides_the_cpu_warnings_torchao_brings_in_with_the_model_code():
     code = (
         "import sys\n"

@@ -2,15 +2,15 @@
 
 The central test is a parity test: three SGD steps with momentum in ExecuTorch land where the same
 three steps in torch eager land (learners within 1e-5, frozen tensors bit for bit), and the
-learners file the state becomes gives the device program's logits. Skipped without executorch. Exporting
-takes 7-13 CPU s (ExecuTorch's graph passes), so every test that reads the export is in the slow tier; the
+learners file the state becomes gives the device program's logits. The tests that export or train are marked
+`device` (they need executorch); the refusals made before exporting and the batch order run without it. Exporting
+takes 7-13 CPU s (ExecuTorch's graph passes), so most tests that read the export are in the slow tier; the
 refusals made before exporting stay in the quick one.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +31,6 @@ from far.device.order import epoch_order
 from far.device.runtime import DevicePrograms
 from far.device.state import read_state, write_state
 from far.models import load_model_and_tokenizer
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("executorch") is None,
-    reason="executorch is not installed (pip install 'far[device]', which pins executorch==1.5.1)",
-)
 
 BATCH, LENGTH, LR, MOMENTUM = 4, 16, 0.05, 0.9
 CONFIG = far.FARConfig(retention=0.25, selection="random", freeze_embeddings=True, freeze_layers=1)
@@ -98,6 +93,7 @@ def eager_steps(model: torch.nn.Module, examples: dict, epochs: int) -> tuple[to
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_the_folder_holds_both_programs_and_the_step_0_state(exported, far_model, tmp_path):
     manifest = read_manifest(exported)
     assert {p.name for p in exported.iterdir()} >= {"manifest.json", "train.pte", "bottom.pte", "tokenizer.json"}
@@ -116,6 +112,7 @@ def test_the_folder_holds_both_programs_and_the_step_0_state(exported, far_model
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_three_sgd_steps_in_executorch_match_torch_eager(exported, far_model, tokenizer, tmp_path):
     manifest = read_manifest(exported)
     result = device.train(exported, exported / "examples.safetensors", epochs=1, state_path=tmp_path / "s.safetensors")
@@ -140,6 +137,7 @@ def test_three_sgd_steps_in_executorch_match_torch_eager(exported, far_model, to
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_the_learners_file_gives_the_device_programs_logits(exported, tokenizer, tmp_path):
     manifest = read_manifest(exported)
     result = device.train(exported, exported / "examples.safetensors", epochs=1, state_path=tmp_path / "s.safetensors")
@@ -158,6 +156,7 @@ def test_the_learners_file_gives_the_device_programs_logits(exported, tokenizer,
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_a_state_file_of_another_base_is_refused_and_nothing_changes(exported, tokenizer, tmp_path):
     manifest = read_manifest(exported)
     state = read_state(exported / "state.safetensors", manifest)
@@ -173,6 +172,7 @@ def test_a_state_file_of_another_base_is_refused_and_nothing_changes(exported, t
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_a_stock_model_of_another_base_is_refused(exported, tokenizer, tmp_path):
     other = stock(tokenizer)
     with torch.no_grad():
@@ -184,6 +184,7 @@ def test_a_stock_model_of_another_base_is_refused(exported, tokenizer, tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "flipped"])
+@pytest.mark.device
 def test_a_damaged_state_file_is_refused_and_nothing_changes(exported, tmp_path, damage):
     data = (exported / "state.safetensors").read_bytes()
     path = tmp_path / "state.safetensors"
@@ -211,6 +212,7 @@ far.device.train(sys.argv[1], sys.argv[2], epochs=2, state_path=sys.argv[3], che
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_a_run_stopped_after_a_checkpoint_resumes_to_the_same_state(exported, tmp_path):
     examples = exported / "examples.safetensors"
     whole = device.train(exported, examples, epochs=2, state_path=tmp_path / "whole.safetensors")
@@ -234,6 +236,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_to_the_same_state(exported, tm
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_a_run_killed_mid_training_resumes_to_the_same_state(exported, tmp_path):
     examples = exported / "examples.safetensors"
     whole = device.train(exported, examples, epochs=2, state_path=tmp_path / "whole.safetensors")
@@ -276,6 +279,7 @@ def test_what_cannot_be_exported_is_refused_before_anything_is_written(tokenizer
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_examples_longer_than_the_program_are_refused_or_cut(exported, tokenizer, tmp_path):
     long = ["a very long review " * 10, "short"]
     with pytest.raises(ValueError, match=r"1 example\(s\) exceed the program's max_length of 16 tokens: 0 \("):
@@ -288,6 +292,7 @@ def test_examples_longer_than_the_program_are_refused_or_cut(exported, tokenizer
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_examples_from_a_csv_file(exported, tokenizer, tmp_path):
     csv = write_rows(tmp_path / "train.csv", [{"text": t, "label": y} for t, y in zip(TEXTS, LABELS, strict=True)])
     path = device.write_examples(csv, tokenizer, exported, tmp_path / "x.safetensors")
@@ -313,6 +318,7 @@ def test_the_batch_order_is_splitmix64_as_documented():
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_xnnpack_programs_take_the_same_steps(far_model, tokenizer, tmp_path):
     out = tmp_path / "out"
     device.export_executorch(
@@ -332,6 +338,7 @@ def test_xnnpack_programs_take_the_same_steps(far_model, tokenizer, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_without_a_frozen_bottom_the_program_takes_token_ids(tokenizer, tmp_path):
     config = far.FARConfig(retention=0.25, selection="random")
     model = far.reconfigure(stock(tokenizer), config)
@@ -350,6 +357,7 @@ def test_without_a_frozen_bottom_the_program_takes_token_ids(tokenizer, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_far_export_executorch_on_a_saved_checkpoint(tiny_model_dir, tmp_path):
 
     model = far.reconfigure(BertForSequenceClassification.from_pretrained(tiny_model_dir), CONFIG)
@@ -368,6 +376,7 @@ def test_far_export_executorch_on_a_saved_checkpoint(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_minilm_exports_and_trains_a_step(minilm_path, tmp_path):
     model, tokenizer = load_model_and_tokenizer(minilm_path, "classification", 2)
     far.reconfigure(model, far.FARConfig(retention=0.2, selection="random", freeze_embeddings=True, freeze_layers=2))
@@ -388,6 +397,7 @@ def test_minilm_exports_and_trains_a_step(minilm_path, tmp_path):
 
 @pytest.mark.slow  # the export it reads takes 7-13 CPU s (the device tests' tier)
 @FUZZ_COUNTS
+@pytest.mark.device
 def test_mutated_device_files_are_refused_with_device_file_error(exported, tmp_path, count):
     manifest = read_manifest(exported)
     # a state file carries a content digest, which catches nearly every change; an examples file does not, and
@@ -424,6 +434,7 @@ def test_mutated_device_files_are_refused_with_device_file_error(exported, tmp_p
     ],
     ids=["base", "task", "class-names"],
 )
+@pytest.mark.device
 def test_device_training_refuses_an_examples_file_written_for_another_export(
     exported, tokenizer, tmp_path, change, message
 ):

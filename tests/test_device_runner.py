@@ -38,7 +38,7 @@ from far.device.state import DeviceState, read_state, write_state
 from far.device.train import train as python_train
 from far.training.schedule import WarmupLinear
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.device]
 
 RUNNER_DIR = Path(__file__).resolve().parents[1] / "runtime" / "executorch"
 BATCH, LENGTH, N_EXAMPLES = 4, 12, 22  # 22 // 4 = 5 steps an epoch, 2 examples left over

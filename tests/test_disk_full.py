@@ -365,6 +365,7 @@ def device_export(tmp_path_factory, minilm_path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_device_training_on_a_full_disk_keeps_the_previous_state(small_disk, device_export):
     disk = small_disk("1m")
     state = disk / "state.safetensors"
@@ -378,6 +379,7 @@ def test_device_training_on_a_full_disk_keeps_the_previous_state(small_disk, dev
 
 
 @pytest.mark.slow
+@pytest.mark.device
 def test_far_export_executorch_into_a_full_disk_writes_nothing(small_disk, device_export, capsys):
     disk = small_disk("1m")  # the programs take about 4 MB
     out = disk / "device"

@@ -1,11 +1,14 @@
-"""`far export` names what it exports when --checkpoint is not a model folder, e.g. a GGUF causal LM's run."""
+"""`far export` names what it exports when --checkpoint is not a model folder (e.g. a GGUF causal LM's run), and how
+to get the device extra when --executorch finds no executorch."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from conftest import HAS_EXECUTORCH, tiny_model
 
+import far
 from far.cli.main import main
 
 
@@ -34,3 +37,14 @@ def test_a_folder_without_config_names_what_export_reads(tmp_path, capsys):
     assert main(["export", "--checkpoint", str(tmp_path / "empty"), "--merge", str(tmp_path / "plain")]) == 2
     err = capsys.readouterr().err
     assert "is not a model folder (no config.json in it)" in err and "runs/<task>-minilm-far/model" in err, err
+
+
+@pytest.mark.skipif(HAS_EXECUTORCH, reason="executorch is installed here (as in .venv-device): the export runs")
+def test_executorch_export_without_the_device_extra_names_how_to_get_it(tmp_path, capsys):
+    model = tiny_model("bert", num_labels=2)
+    far.reconfigure(model, far.FARConfig(retention=0.25, selection="random"))
+    far.save_pretrained(model, tmp_path / "ckpt")
+    assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--executorch", str(tmp_path / "device")]) == 2
+    err = capsys.readouterr().err
+    assert "--executorch needs executorch" in err and ".venv-device/bin/far" in err and "'.[device]'" in err, err
+    assert "Traceback" not in err and not (tmp_path / "device").exists()

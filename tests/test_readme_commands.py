@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from conftest import HAS_EXECUTORCH
 from test_documented_commands import FAR_PROGRAMS, ROOT, documented_lines, option_strings, parse_error
 
 from far.cli.main import main
@@ -30,7 +31,13 @@ NOT_RUN = {
     ". .venv/bin/activate": "the environment these tests run in",
     "pip install": "needs a network",
     ".venv/bin/python -m pytest": "the test suite itself",
+    ".venv-device/bin/python -m pytest": "the test suite itself, its tests that need the device extra",
 }
+# Without the device extra (.venv), `far export --executorch` refuses, after checking its flags and --checkpoint,
+# with this; test_device_commands_run_as_written runs those commands in .venv-device.
+WITHOUT_EXECUTORCH = "--executorch needs executorch"
+# The document whose commands write what docs/device.md's export reads (runs/reviews-minilm-far), then that one.
+DEVICE_DOCUMENTS = ("docs/your-data.md", "docs/device.md")
 # `far` commands that are only parsed (every flag checked by the real parser), and why.
 PARSE_ONLY = {
     "far glue --task sst2 --model gemma3-270m": "about a minute even shrunk (Gemma's 262k-token GGUF vocabulary); "
@@ -96,9 +103,10 @@ def run_far(argv: list[str], stdin: str, capsys, monkeypatch) -> tuple[int, str]
     return code, (printed.err.strip() or printed.out.strip())[-800:]
 
 
-def test_documented_commands_run_as_written(clone, capsys, monkeypatch):
+def run_lines(lines, clone, capsys, monkeypatch) -> tuple[list[str], dict[str, float], set[str]]:
+    """Run documented `lines` in order in `clone`: what failed, each far command's seconds, the table keys used."""
     failures, seconds, used, ran = [], {}, set(), set()
-    for line in documented_lines():
+    for line in lines:
         where = f"{line.document}: {line.text}"
         for pipeline in line.steps():
             *feeders, last = pipeline
@@ -121,10 +129,31 @@ def test_documented_commands_run_as_written(clone, capsys, monkeypatch):
                     used.add(key)
                     if code == 0 or KNOWN_FAILURES[key][0] not in said:
                         failures.append(f"{where}\n    no longer fails: remove it from KNOWN_FAILURES ({said[-300:]})")
+                elif "--executorch" in argv and not HAS_EXECUTORCH:
+                    if code != 2 or WITHOUT_EXECUTORCH not in said:
+                        failures.append(f"{where}\n    without executorch: exit {code}, not the refusal\n    {said}")
                 elif code != 0:
                     failures.append(f"{where}\n    far {' '.join(argv)}: exit {code}\n    {said}")
+    return failures, seconds, used
+
+
+def assert_no_failures(failures: list[str], seconds: dict[str, float]) -> None:
     slowest = sorted(seconds.items(), key=lambda item: -item[1])[:5]
     assert not failures, "\n".join(failures) + "\nslowest: " + "; ".join(f"{t:.0f} s {w}" for w, t in slowest)
+
+
+def test_documented_commands_run_as_written(clone, capsys, monkeypatch):
+    failures, seconds, used = run_lines(documented_lines(), clone, capsys, monkeypatch)
+    assert_no_failures(failures, seconds)
     stale = {*NOT_RUN, *PARSE_ONLY, *KNOWN_FAILURES} - used
     assert not stale, f"listed commands the documents no longer have: {stale}"
     assert len(seconds) >= 15, seconds
+
+
+@pytest.mark.device
+def test_device_commands_run_as_written(clone, capsys, monkeypatch):
+    """docs/device.md's commands, with executorch, after the commands that write what they read."""
+    lines = [line for document in DEVICE_DOCUMENTS for line in documented_lines() if line.document == document]
+    failures, seconds, _ = run_lines(lines, clone, capsys, monkeypatch)
+    assert_no_failures(failures, seconds)
+    assert any("--executorch" in where for where in seconds), seconds

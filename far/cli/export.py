@@ -10,6 +10,7 @@ far export --checkpoint minilm --learners user-42.safetensors --peft user-42-lor
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import far
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
-from far.device.lowering import XNNPACK_LEVELS, quietly
+from far.device.lowering import INSTALL_HINT, XNNPACK_LEVELS, quietly
 from far.device.plan import EXPORTABLE
 from far.methods.peft_adapter import save_peft_adapter
 from far.models import MODEL_ALIASES, is_causal_lm, load_trained_model
@@ -193,6 +194,8 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"--checkpoint {str(checkpoint)!r} holds a plain model, with no FAR learners to train on a device; "
                 "export a checkpoint saved from a reconfigured model, or add --learners FILE to apply a learners file"
             )
+        if importlib.util.find_spec("executorch") is None:
+            raise ValueError(f"--executorch needs executorch, which this environment lacks: {INSTALL_HINT}")
     elif args.learners_only.is_dir():
         raise ValueError(f"--learners-only {str(args.learners_only)!r} is a folder; name a .safetensors file")
     elif not has_far_layout(weight_files(checkpoint)):

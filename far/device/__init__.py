@@ -19,7 +19,8 @@
 >>> far.device.train("OUT", "OUT/train.safetensors", epochs=3)
 >>> far.device.to_learners("OUT", "OUT/state.safetensors", stock_model, "user.safetensors")
 
-Exporting and training need executorch (`pip install 'far[device]'`); nothing here imports it until used.
+Exporting and training need executorch (the `device` extra: .venv-device, which .ci/setup makes, or
+`pip install 'far[device]'`); nothing here imports it until used.
 """
 
 from __future__ import annotations

@@ -25,7 +25,10 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-INSTALL_HINT = "install far's device extra (pip install 'far[device]', which pins executorch==1.5.1)"
+INSTALL_HINT = (
+    "install far's device extra (pip install -e '.[device]', which pins executorch==1.5.1), or use .venv-device, "
+    "the environment bash .ci/setup makes with it (.venv-device/bin/far)"
+)
 XNNPACK_LEVELS = ("none", "matmul", "all")
 
 

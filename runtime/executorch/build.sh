@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Configure and build far_train and its C++ tests into runtime/executorch/build/ (run them: ctest --test-dir BUILD).
-#   bash runtime/executorch/build.sh [PYTHON]     PYTHON: an interpreter with executorch (default: the repo's .venv)
+#   bash runtime/executorch/build.sh [PYTHON]     PYTHON: an interpreter with executorch (default: the repo's .venv-device,
+#                                                 which .ci/setup makes with the device extra; else .venv)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 python="${1:-${PYTHON:-}}"
 if [ -z "$python" ]; then
-  if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python="$(command -v python3)"; fi
+  for env in .venv-device .venv; do
+    if [ -x "$root/$env/bin/python" ]; then python="$root/$env/bin/python"; break; fi
+  done
+  python="${python:-$(command -v python3)}"
 fi
 build="${FAR_TRAIN_BUILD_DIR:-$here/build}"
 for tool in cmake c++; do
