@@ -24,6 +24,7 @@ from torch import nn
 from far.device.lowering import forward_program, quietly, training_program, xnnpack_level
 from far.device.manifest import (
     BOTTOM,
+    CLASSIFICATION,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
@@ -98,6 +99,7 @@ def _manifest(
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "objective": CLASSIFICATION,
         "model_type": plan.model_type,
         "task": {
             "kind": "regression" if plan.regression else "classification",

@@ -248,6 +248,8 @@ def export_causal_lm(
                 "xnnpack": delegated,
                 "inputs": [tensor_spec(n, t.shape, str(t.dtype).removeprefix("torch.")) for n, t in inputs],
                 "outputs": outputs,
+                # the activations' memory the runtime allocates for the method: what grows with the batch
+                "planned_bytes": sum(lowered.executorch_program.execution_plan[0].non_const_buffer_sizes),
             }
         tokenizer.tokenizer.save(str(tmp / TOKENIZER))
         manifest["tokenizer"] = {
