@@ -135,6 +135,34 @@ def _inputs(plan: ExportPlan, batch_size: int, max_length: int) -> tuple[list[di
     return [hidden, tokens[1], labels], tokens
 
 
+def write_programs(tmp: Path, manifest: dict, programs: Mapping[str, tuple]) -> None:
+    """Write each lowered program into the folder being written, and record it in `manifest["programs"]`.
+
+    Args:
+        programs: `{role: (lowered program, XNNPACK level, input specs, output names)}`, role "train" or "bottom".
+    """
+    manifest["programs"] = {}
+    for role, (lowered, delegated, inputs, outputs) in programs.items():
+        file = TRAIN if role == "train" else BOTTOM
+        (tmp / file).write_bytes(lowered.buffer)
+        manifest["programs"][role] = {
+            "file": file,
+            "sha256": sha256_file(tmp / file),
+            "xnnpack": delegated,
+            "inputs": inputs,
+            "outputs": outputs,
+            # the memory the runtime plans for the method's activations: what grows with the batch
+            "planned_bytes": sum(lowered.executorch_program.execution_plan[0].non_const_buffer_sizes),
+        }
+
+
+def write_state_and_manifest(tmp: Path, manifest: dict, initial: Mapping) -> None:
+    """Write the step-0 state (`initial`, the trainable tensors in the program's order) and then the manifest."""
+    manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
+    write_state(tmp / STATE, DeviceState(tensors=dict(initial)), manifest)
+    write_json_into(tmp, MANIFEST, manifest)
+
+
 def export_executorch(
     model: nn.Module,
     tokenizer,
@@ -240,17 +268,7 @@ def export_executorch(
         programs["bottom"] = (bottom_program, "all" if bottom_xnnpack else "none", bottom_specs, ["hidden"])
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
-        manifest["programs"] = {}
-        for role, (lowered, delegated, inputs, outputs) in programs.items():
-            file = TRAIN if role == "train" else BOTTOM
-            (tmp / file).write_bytes(lowered.buffer)
-            manifest["programs"][role] = {
-                "file": file,
-                "sha256": sha256_file(tmp / file),
-                "xnnpack": delegated,
-                "inputs": inputs,
-                "outputs": outputs,
-            }
+        write_programs(tmp, manifest, programs)
         (tmp / TOKENIZER).write_text(tokenizer_text, encoding="utf-8")
         manifest["tokenizer"] = {
             "file": TOKENIZER,
@@ -259,10 +277,7 @@ def export_executorch(
             "pad_token_id": pad_id,
             "padding": "right, to max_length",
         }
-        initial = {n: values[n] for n in order}
-        manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
-        write_state(tmp / STATE, DeviceState(tensors=initial), manifest)
-        write_json_into(tmp, MANIFEST, manifest)
+        write_state_and_manifest(tmp, manifest, {n: values[n] for n in order})
     seconds["write"] = time.perf_counter() - start
     sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
     return ExportResult(out_dir, sizes, seconds)

@@ -29,24 +29,11 @@ from torch import Tensor
 
 from far.config import FARConfig
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
-from far.device.export import ExportResult, _check_out_dir, _micro_batch
+from far.device.export import ExportResult, _check_out_dir, _micro_batch, write_programs, write_state_and_manifest
 from far.device.lm_view import lm_views
 from far.device.lowering import forward_program, quietly, training_program
-from far.device.manifest import (
-    BOTTOM,
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST,
-    NEXT_TOKEN,
-    STATE,
-    TOKENIZER,
-    TRAIN,
-    sha256_file,
-    tensor_spec,
-    write_json_into,
-)
+from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, TOKENIZER, sha256_file, tensor_spec
 from far.device.optim import optimizer_settings
-from far.device.state import DeviceState, trainable_sha256, write_state
 from far.llm.lean_far import ffn_names, lean_layout, prime_and_split
 from far.llm.lean_model import LeanCausalLM
 from far.llm.text_steps import MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH, priming_loss
@@ -233,24 +220,14 @@ def export_causal_lm(
         "optimizer": settings,
         "trainable": [tensor_spec(n, values[n].shape, "float32") for n in order],
     }
+    ids_spec = tensor_spec("input_ids", ids.shape, "int64")
     programs = {
-        "train": (TRAIN, program, "none", [("hidden", hidden), ("input_ids", ids)], ["loss", "hits"]),
-        "bottom": (BOTTOM, bottom_program, "all" if bottom_xnnpack else "none", [("input_ids", ids)], ["hidden"]),
+        "train": (program, "none", [tensor_spec("hidden", hidden.shape, "float32"), ids_spec], ["loss", "hits"]),
+        "bottom": (bottom_program, "all" if bottom_xnnpack else "none", [ids_spec], ["hidden"]),
     }
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
-        manifest["programs"] = {}
-        for role, (file, lowered, delegated, inputs, outputs) in programs.items():
-            (tmp / file).write_bytes(lowered.buffer)
-            manifest["programs"][role] = {
-                "file": file,
-                "sha256": sha256_file(tmp / file),
-                "xnnpack": delegated,
-                "inputs": [tensor_spec(n, t.shape, str(t.dtype).removeprefix("torch.")) for n, t in inputs],
-                "outputs": outputs,
-                # the activations' memory the runtime allocates for the method: what grows with the batch
-                "planned_bytes": sum(lowered.executorch_program.execution_plan[0].non_const_buffer_sizes),
-            }
+        write_programs(tmp, manifest, programs)
         tokenizer.tokenizer.save(str(tmp / TOKENIZER))
         manifest["tokenizer"] = {
             "file": TOKENIZER,
@@ -259,10 +236,7 @@ def export_causal_lm(
             "pad_token_id": tokenizer.pad_token_id,
             "packing": "texts packed into chunks of max_length tokens, no padding (far.data.texts)",
         }
-        initial = {n: values[n] for n in order}
-        manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
-        write_state(tmp / STATE, DeviceState(tensors=initial), manifest)
-        write_json_into(tmp, MANIFEST, manifest)
+        write_state_and_manifest(tmp, manifest, {n: values[n] for n in order})
     seconds["write"] = time.perf_counter() - start
     logger.info("lowered and wrote the programs in %s", ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
