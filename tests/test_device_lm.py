@@ -26,6 +26,7 @@ from far.device.lm_export import export_causal_lm, plan_lm_export, reconfigure_f
 from far.device.manifest import MANIFEST, NEXT_TOKEN, DeviceFileError, read_manifest
 from far.device.optim import update
 from far.llm.backprop import LearnerGradients
+from far.llm.compact import DenseEmbedding
 from far.llm.lean_config import from_hf_config
 from far.llm.lean_far import set_trainable, split_ffns
 from far.llm.lean_model import from_state_dict
@@ -240,3 +241,17 @@ def test_a_reader_refuses_a_folder_of_the_other_objective(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "objective": "classification"}))
     with pytest.raises(DeviceFileError, match="trains a sequence classifier's labels.*--checkpoint DIR"):
         read_manifest(tmp_path, verify_programs=False, objective=NEXT_TOKEN)
+
+
+def test_the_loss_in_graph_is_the_sliced_loss_with_its_gradient(monkeypatch):
+    monkeypatch.setattr(next_token, "VOCAB_SLICE", SLICE)
+    generator = torch.Generator().manual_seed(0)
+    embedding = DenseEmbedding(torch.randn(VOCAB, 8, generator=generator), torch.float32)
+    targets = torch.randint(0, VOCAB, (10,), generator=generator)
+    hidden = torch.randn(10, 8, generator=generator, requires_grad=True)
+    expected = next_token.next_token_loss(hidden, targets, embedding, VOCAB)
+    (expected_grad,) = torch.autograd.grad(expected, hidden)
+    loss, hits = next_token.next_token_loss_in_graph(hidden, targets, embedding, VOCAB)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    assert torch.equal(loss, expected) and torch.allclose(grad, expected_grad, atol=1e-7)
+    assert int(hits) == int((hidden @ embedding.weight.t()).argmax(1).eq(targets).sum())
