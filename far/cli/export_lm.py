@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from far.device.export import _check_out_dir
+from far.device.export import check_out_dir
 from far.device.lm_export import export_causal_lm, priming_chunks, reconfigure_for_export
 from far.models import is_causal_lm, load_lean_lm
 from far.recipes.own_texts import TEXT_DEFAULTS
@@ -78,7 +78,7 @@ def check_lm_args(args: argparse.Namespace) -> None:
         raise ValueError("far has no default SGD rate for a causal LM's texts: give --lr with --optimizer sgd")
     if args.train_file is not None and not args.train_file.exists():
         raise ValueError(f"--train-file {str(args.train_file)!r} does not exist; name a folder or file of texts")
-    _check_out_dir(args.executorch, args.overwrite)
+    check_out_dir(args.executorch, args.overwrite)
 
 
 def export_lm(args: argparse.Namespace) -> int:

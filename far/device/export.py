@@ -53,7 +53,7 @@ class ExportResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _micro_batch(batch_size: object, micro_batch_size: object) -> int:
+def micro_batch(batch_size: object, micro_batch_size: object) -> int:
     """The programs' fixed batch: `micro_batch_size` (dividing `batch_size`), or `batch_size` itself."""
     for name, value in (("batch_size", batch_size), ("micro_batch_size", micro_batch_size)):
         if value is None and name == "micro_batch_size":
@@ -70,7 +70,8 @@ def _micro_batch(batch_size: object, micro_batch_size: object) -> int:
     return int(micro_batch_size)
 
 
-def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse, before anything is built, an output path that is a file or a folder holding files (unless overwrite)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{str(out_dir)!r} is a file; name a folder to write the export into")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
@@ -222,7 +223,7 @@ def export_executorch(
             nothing has been written.
     """
     out_dir = Path(out_dir)
-    micro = _micro_batch(batch_size, micro_batch_size)
+    micro = micro_batch(batch_size, micro_batch_size)
     schedule = dict(schedule or {})
     unknown = set(schedule) - {"warmup_steps", "total_steps", "offset"}
     if unknown:
@@ -239,7 +240,7 @@ def export_executorch(
         linear_schedule=bool(schedule),
     )
     level = xnnpack_level(xnnpack)
-    _check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite)
     plan = plan_export(model, max_length)
     tokenizer_text, pad_token, pad_id = _tokenizer_json(tokenizer)
     seconds: dict[str, float] = {}

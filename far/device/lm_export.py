@@ -29,7 +29,7 @@ from torch import Tensor
 
 from far.config import FARConfig
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
-from far.device.export import ExportResult, _check_out_dir, _micro_batch, write_programs, write_state_and_manifest
+from far.device.export import ExportResult, check_out_dir, micro_batch, write_programs, write_state_and_manifest
 from far.device.lm_view import lm_views
 from far.device.lowering import forward_program, quietly, training_program
 from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, TOKENIZER, sha256_file, tensor_spec
@@ -171,11 +171,11 @@ def export_causal_lm(
         ValueError: what cannot be exported, and why; nothing has been written.
     """
     out_dir = Path(out_dir)
-    micro = _micro_batch(batch_size, micro_batch_size)
+    micro = micro_batch(batch_size, micro_batch_size)
     settings = optimizer_settings(
         optimizer, lr, momentum=momentum, weight_decay=weight_decay, max_grad_norm=max_grad_norm
     )
-    _check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite)
     depth = plan_lm_export(model, max_length)
     if not isinstance(tokenizer, LeanTokenizer):
         raise ValueError(

@@ -148,8 +148,3 @@ def lm_views(model: LeanCausalLM, depth: int) -> tuple[LMBottom, LMTop]:
     """The bottom (layers below `depth`, forward only) and the trained top of `model`, sharing its frozen tensors."""
     embedding = _embedding(model.embed_tokens)
     return LMBottom(model, depth, embedding).eval(), LMTop(model, depth, embedding).train()
-
-
-def trainable_names(model: LeanCausalLM, depth: int) -> list[str]:
-    """The lean model's names of its trainable tensors (each `CompactWeight`'s `stored`), in module order."""
-    return [f"{name}.stored" for name, m in model.named_modules() if isinstance(m, CompactWeight) and m.trainable]
