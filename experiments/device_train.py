@@ -4,6 +4,7 @@
     python experiments/device_train.py --part memory    # far_train's whole-process peak RSS on CoLA, batch 32
     python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
     python experiments/device_train.py --part metric --task sst2
+    python experiments/device_train.py --part lm-export  # far export --executorch --model smollm2-135m, once
 
 The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
 and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
@@ -23,6 +24,9 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   file on the stock model and far's own evaluator scores it on the same dev set. Differences by design:
   the device program runs without dropout, and takes its batches in far.device's order at a fixed
   64 tokens.
+- lm-export: `far export --executorch OUT --model smollm2-135m` (far train's text defaults, learners by
+  magnitude) in a child process with one thread under /usr/bin/time -v: wall and CPU seconds, peak RSS, the
+  files' sizes and each program's planned memory (the manifest's `planned_bytes`). Needs no runner.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -340,9 +345,41 @@ def part_metric(
     )
 
 
+def part_lm_export(work: Path, model: str) -> None:
+    out = work / f"{model}-export"
+    shutil.rmtree(out, ignore_errors=True)
+    far = shutil.which("far") or str(Path(sys.executable).with_name("far"))
+    cmd = ["/usr/bin/time", "-v", far, "export", "--executorch", str(out), "--model", model]
+    env = {**os.environ, "FAR_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", done.stderr).group(1)) for k in ("User", "System"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    trained = sum(math.prod(spec["shape"]) for spec in manifest["trainable"])
+    write_result(
+        f"lm_export_{model}",
+        {
+            "export": " ".join(cmd[2:]),
+            "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1),
+            "peak_rss_mib": peak_rss_mib(done.stderr),
+            "sizes_bytes": {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()},
+            "planned_bytes": {role: p["planned_bytes"] for role, p in manifest["programs"].items()},
+            "trained_values": trained,
+            "layers": {"frozen": manifest["frozen_layers"], "all": manifest["num_layers"]},
+            "shape": {k: manifest[k] for k in ("batch_size", "micro_batch_size", "max_length")},
+            "printed": done.stdout,
+        },
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("step", "memory", "metric"))
+    parser.add_argument("--part", choices=("step", "memory", "metric", "lm-export"))
+    parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
@@ -364,6 +401,10 @@ def main() -> None:
         return
     if args.part is None:
         parser.error("--part is required")
+    if args.part == "lm-export":
+        args.work.mkdir(parents=True, exist_ok=True)
+        part_lm_export(args.work, args.model)
+        return
     if not RUNNER.is_file():
         raise SystemExit(f"no runner at {RUNNER}: bash runtime/executorch/build.sh")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

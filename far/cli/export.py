@@ -5,6 +5,7 @@ far export --checkpoint ckpt --learners-only user-42.safetensors
 far export --checkpoint ckpt --executorch OUT/ --batch-size 32 --max-length 64 --xnnpack matmul
 far export --checkpoint base/ --learners user-42.safetensors --executorch OUT/
 far export --checkpoint minilm --learners user-42.safetensors --peft user-42-lora/
+far export --model smollm2-135m --executorch OUT/ --train-file notes/
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import far
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
+from far.cli.export_lm import Default, DefaultText, check_lm_args, export_lm, fill_defaults
 from far.device.lowering import INSTALL_HINT, XNNPACK_LEVELS, quietly
 from far.device.plan import EXPORTABLE
 from far.methods.peft_adapter import save_peft_adapter
@@ -57,7 +59,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "that far.load_learners applies to the base model, or as ExecuTorch programs that train its learners "
         "on a device (docs/device.md).",
     )
-    parser.add_argument("--checkpoint", type=Path, required=True, metavar="DIR", help="FAR checkpoint folder")
+    parser.add_argument("--checkpoint", type=Path, metavar="DIR", help="FAR checkpoint folder (or --model)")
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help="with --executorch: a GGUF causal LM (smollm2-135m, gemma3-270m or a .gguf file), exported with FAR's "
+        "layout for text (docs/device.md)",
+    )
+    parser.add_argument(
+        "--train-file",
+        type=Path,
+        metavar="PATH",
+        help="with --model: texts (a folder of .txt/.md/.jsonl, as far train --train-file) whose first chunks "
+        "choose the learners by gradient priming (default: by weight magnitude, no texts)",
+    )
     out = parser.add_mutually_exclusive_group(required=True)
     out.add_argument("--merge", type=Path, metavar="OUT", help="write a plain Hugging Face folder (with tokenizer)")
     out.add_argument(
@@ -85,18 +100,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
     group = parser.add_argument_group("ExecuTorch (--executorch)")
-    group.add_argument("--batch-size", type=int, default=32, help="examples per optimizer step (default 32)")
+    group.add_argument(
+        "--batch-size",
+        type=int,
+        default=Default(32),
+        help="examples per optimizer step (default 32; --model: 4 chunks, as far train)",
+    )
     group.add_argument(
         "--micro-batch-size",
         type=int,
         help="the programs' fixed batch, dividing --batch-size: the same steps in less memory (default: "
-        f"{DEFAULT_MICRO_BATCH} where it divides --batch-size, else --batch-size)",
+        f"{DEFAULT_MICRO_BATCH} where it divides --batch-size, else --batch-size; --model: 1)",
     )
-    group.add_argument("--max-length", type=int, default=64, help="the programs' tokens per example (default 64)")
+    group.add_argument(
+        "--max-length",
+        type=int,
+        default=Default(64),
+        help="the programs' tokens per example (default 64; --model: 256, as far train)",
+    )
     group.add_argument(
         "--optimizer", choices=("adamw", "sgd"), default="adamw", help="the device's optimizer (default adamw)"
     )
-    group.add_argument("--lr", type=float, help="learning rate (default 1e-4 for adamw, as far train; 0.01 for sgd)")
+    group.add_argument(
+        "--lr",
+        type=float,
+        help="learning rate (default 1e-4 for adamw, as far train; 0.01 for sgd; --model: 3e-4 for adamw, as far "
+        "train on texts)",
+    )
     group.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum (default 0.9)")
     group.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default 0)")
     group.add_argument(
@@ -108,17 +138,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--schedule",
         choices=("linear", "constant"),
-        default="linear",
-        help="lr schedule: linear decay to zero over the device run (default, as far train) or constant",
+        default=DefaultText("linear"),
+        help="lr schedule: linear decay to zero over the device run (default, as far train) or constant (--model: "
+        "constant only, as far train on texts)",
     )
     group.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps of the linear schedule")
     group.add_argument(
         "--xnnpack",
         choices=XNNPACK_LEVELS,
-        default="matmul",
+        default=DefaultText("matmul"),
         help="delegate the training program's operators to XNNPACK: matmul (default: the matrix products, about "
         "half the plain step; a minute or two to export MiniLM), all (the fastest step; ten minutes or more to "
-        "export), none (seconds to export; the slowest step)",
+        "export), none (seconds to export; the slowest step; --model: none only)",
     )
     parser.set_defaults(func=run)
 
@@ -161,12 +192,26 @@ def _no_model_folder(checkpoint: Path, executorch: bool) -> str:
         return (
             f"--checkpoint {str(checkpoint)!r} is a GGUF causal LM's run ({held.get('model', 'a .gguf model')}), which "
             f"far export does not export: {supported}. A causal LM's run keeps what it trained in its own file, which "
-            "far generate --learners FILE (or far.models.load_lean_lm(model, trained=FILE)) applies to the GGUF model"
+            "far generate --learners FILE (or far.models.load_lean_lm(model, trained=FILE)) applies to the GGUF model. "
+            f"To train the causal LM on a device, export it with --model: far export --executorch OUT --model "
+            f"{held.get('model', 'MODEL.gguf')} (a run's own learners do not carry over yet)"
         )
     return f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it): {supported}"
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    if (args.checkpoint is None) == (args.model is None):
+        raise ValueError(
+            "name what to export: --checkpoint DIR (an encoder's FAR checkpoint) or, with --executorch, --model NAME "
+            "(a GGUF causal LM); one of them"
+        )
+    if args.train_file is not None and args.model is None:
+        raise ValueError("--train-file chooses a causal LM's learners from your texts: use it with --model NAME")
+    if args.model is not None:
+        check_lm_args(args)
+        if importlib.util.find_spec("executorch") is None:
+            raise ValueError(f"--executorch needs executorch, which this environment lacks: {INSTALL_HINT}")
+        return None
     checkpoint = args.checkpoint
     if args.peft is not None:
         if args.learners is None:
@@ -263,8 +308,11 @@ def _export_peft(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.learners is not None and args.executorch is None and args.peft is None:
         raise ValueError("--learners names the file to export: use it with --executorch OUT or --peft OUT")
+    fill_defaults(args)
     _check_args(args)
     lock.hold(args.peft or args.executorch or args.merge or args.learners_only)
+    if args.model is not None:
+        return export_lm(args)
     if args.peft is not None:
         return _export_peft(args)
     if args.executorch is not None:

@@ -24,6 +24,7 @@ from torch import nn
 from far.device.lowering import forward_program, quietly, training_program, xnnpack_level
 from far.device.manifest import (
     BOTTOM,
+    CLASSIFICATION,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
@@ -52,7 +53,7 @@ class ExportResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _micro_batch(batch_size: object, micro_batch_size: object) -> int:
+def micro_batch(batch_size: object, micro_batch_size: object) -> int:
     """The programs' fixed batch: `micro_batch_size` (dividing `batch_size`), or `batch_size` itself."""
     for name, value in (("batch_size", batch_size), ("micro_batch_size", micro_batch_size)):
         if value is None and name == "micro_batch_size":
@@ -69,7 +70,8 @@ def _micro_batch(batch_size: object, micro_batch_size: object) -> int:
     return int(micro_batch_size)
 
 
-def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse, before anything is built, an output path that is a file or a folder holding files (unless overwrite)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{str(out_dir)!r} is a file; name a folder to write the export into")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
@@ -98,6 +100,7 @@ def _manifest(
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "objective": CLASSIFICATION,
         "model_type": plan.model_type,
         "task": {
             "kind": "regression" if plan.regression else "classification",
@@ -131,6 +134,34 @@ def _inputs(plan: ExportPlan, batch_size: int, max_length: int) -> tuple[list[di
         return [*tokens, labels], None
     hidden = tensor_spec("hidden", (batch_size, max_length, plan.hidden_size), "float32")
     return [hidden, tokens[1], labels], tokens
+
+
+def write_programs(tmp: Path, manifest: dict, programs: Mapping[str, tuple]) -> None:
+    """Write each lowered program into the folder being written, and record it in `manifest["programs"]`.
+
+    Args:
+        programs: `{role: (lowered program, XNNPACK level, input specs, output names)}`, role "train" or "bottom".
+    """
+    manifest["programs"] = {}
+    for role, (lowered, delegated, inputs, outputs) in programs.items():
+        file = TRAIN if role == "train" else BOTTOM
+        (tmp / file).write_bytes(lowered.buffer)
+        manifest["programs"][role] = {
+            "file": file,
+            "sha256": sha256_file(tmp / file),
+            "xnnpack": delegated,
+            "inputs": inputs,
+            "outputs": outputs,
+            # the memory the runtime plans for the method's activations: what grows with the batch
+            "planned_bytes": sum(lowered.executorch_program.execution_plan[0].non_const_buffer_sizes),
+        }
+
+
+def write_state_and_manifest(tmp: Path, manifest: dict, initial: Mapping) -> None:
+    """Write the step-0 state (`initial`, the trainable tensors in the program's order) and then the manifest."""
+    manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
+    write_state(tmp / STATE, DeviceState(tensors=dict(initial)), manifest)
+    write_json_into(tmp, MANIFEST, manifest)
 
 
 def export_executorch(
@@ -192,7 +223,7 @@ def export_executorch(
             nothing has been written.
     """
     out_dir = Path(out_dir)
-    micro = _micro_batch(batch_size, micro_batch_size)
+    micro = micro_batch(batch_size, micro_batch_size)
     schedule = dict(schedule or {})
     unknown = set(schedule) - {"warmup_steps", "total_steps", "offset"}
     if unknown:
@@ -209,7 +240,7 @@ def export_executorch(
         linear_schedule=bool(schedule),
     )
     level = xnnpack_level(xnnpack)
-    _check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite)
     plan = plan_export(model, max_length)
     tokenizer_text, pad_token, pad_id = _tokenizer_json(tokenizer)
     seconds: dict[str, float] = {}
@@ -238,17 +269,7 @@ def export_executorch(
         programs["bottom"] = (bottom_program, "all" if bottom_xnnpack else "none", bottom_specs, ["hidden"])
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
-        manifest["programs"] = {}
-        for role, (lowered, delegated, inputs, outputs) in programs.items():
-            file = TRAIN if role == "train" else BOTTOM
-            (tmp / file).write_bytes(lowered.buffer)
-            manifest["programs"][role] = {
-                "file": file,
-                "sha256": sha256_file(tmp / file),
-                "xnnpack": delegated,
-                "inputs": inputs,
-                "outputs": outputs,
-            }
+        write_programs(tmp, manifest, programs)
         (tmp / TOKENIZER).write_text(tokenizer_text, encoding="utf-8")
         manifest["tokenizer"] = {
             "file": TOKENIZER,
@@ -257,10 +278,7 @@ def export_executorch(
             "pad_token_id": pad_id,
             "padding": "right, to max_length",
         }
-        initial = {n: values[n] for n in order}
-        manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
-        write_state(tmp / STATE, DeviceState(tensors=initial), manifest)
-        write_json_into(tmp, MANIFEST, manifest)
+        write_state_and_manifest(tmp, manifest, {n: values[n] for n in order})
     seconds["write"] = time.perf_counter() - start
     sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
     return ExportResult(out_dir, sizes, seconds)

@@ -89,6 +89,18 @@ def _addmm_to_mm_add():
     return AddmmToMmAdd()
 
 
+def _dense_empties(program) -> None:
+    """Rewrite, in place, `empty_permuted` with the identity order (SiLU's backward makes one) as a plain `empty`:
+    the same tensor, and an operator the runtime's kernels have."""
+    graph = program.graph_module.graph
+    for node in graph.nodes:
+        if node.target == torch.ops.aten.empty_permuted.default and list(node.args[1]) == list(
+            range(len(node.args[1]))
+        ):
+            node.target, node.args = torch.ops.aten.empty.memory_format, (node.args[0],)
+    program.graph_module.recompile()
+
+
 def _edge_config(exir):
     return exir.EdgeCompileConfig(_check_ir_validity=False)
 
@@ -125,6 +137,7 @@ def training_program(module: nn.Module, inputs: tuple, *, xnnpack: str = "none")
 
     exported = torch.export.export(module, inputs, strict=False)
     joint = _export_forward_backward(exported)
+    _dense_empties(joint)
     specs = joint.graph_signature.output_specs
     names = [spec.target for spec in specs if spec.kind.name == "GRADIENT_TO_PARAMETER"]
     if xnnpack_level(xnnpack) != "none":

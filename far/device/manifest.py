@@ -5,6 +5,11 @@ OUT/train.pte           the training program: forward, backward, gradients and t
 OUT/bottom.pte          the frozen bottom, forward only (present when the manifest says "bottom")
 OUT/tokenizer.json      the model's tokenizer (Hugging Face tokenizers format)
 OUT/state.safetensors   the trainable tensors at step 0 (`far.device.state`)
+
+A manifest's `objective` says what its programs train (`OBJECTIVES`): a sequence classifier's
+labels ("classification", also a manifest without the field) or a causal LM's next tokens
+("next_token", `far.device.lm_export`). Every reader names the objective it takes, and refuses
+a folder of the other.
 """
 
 from __future__ import annotations
@@ -26,16 +31,27 @@ MANIFEST, TRAIN, BOTTOM, TOKENIZER, STATE = (
 )
 
 
+# What an export's programs train, and where such a folder comes from (for the refusal of the wrong one).
+CLASSIFICATION, NEXT_TOKEN = "classification", "next_token"
+OBJECTIVES = {
+    CLASSIFICATION: "a sequence classifier's labels (far export --executorch OUT --checkpoint DIR)",
+    NEXT_TOKEN: "a causal LM's next tokens (far export --executorch OUT --model NAME)",
+}
+
+
 class DeviceFileError(ValueError):
     """A file of an export folder, or one made for it, that cannot be used: damaged, foreign or mismatched."""
 
 
-def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True) -> dict:
-    """The manifest of an export folder, checked: format, version, and the programs' sha256 if asked.
+def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True, objective: str = CLASSIFICATION) -> dict:
+    """The manifest of an export folder, checked: format, version, objective, and the programs' sha256 if asked.
+
+    Args:
+        objective: What the reader trains (a key of `OBJECTIVES`): a folder of another is refused.
 
     Raises:
-        DeviceFileError: not an export folder, an unknown version, or a program file that is not
-            the one the manifest records (changed or damaged since the export).
+        DeviceFileError: not an export folder, an unknown version, another objective, or a program
+            file that is not the one the manifest records (changed or damaged since the export).
     """
     out_dir = Path(out_dir)
     path = out_dir / MANIFEST
@@ -54,6 +70,13 @@ def read_manifest(out_dir: str | os.PathLike, *, verify_programs: bool = True) -
         raise DeviceFileError(
             f"{str(path)!r} has format version {manifest.get('format_version')!r}; this far reads version "
             f"{FORMAT_VERSION}: export the folder again with this far"
+        )
+    found = manifest.get("objective", CLASSIFICATION)
+    if found != objective:
+        what = OBJECTIVES.get(found) if isinstance(found, str) else None
+        raise DeviceFileError(
+            f"{str(out_dir)!r} is an export that trains {what or repr(found)[:80]}; this reader takes one that "
+            f"trains {OBJECTIVES[objective]}"
         )
     _check_fields(manifest, path)
     if verify_programs:
@@ -94,14 +117,21 @@ def _check_fields(manifest: dict, path: Path) -> None:
     for field in ("batch_size", "max_length", "vocab_size"):
         if not whole(manifest.get(field)):
             raise bad(field, f"must be a positive whole number, not {str(manifest.get(field))[:80]!r}")
-    task, optimizer = manifest.get("task"), manifest.get("optimizer")
-    if not isinstance(task, dict) or not whole(task.get("num_labels")) or not isinstance(task.get("kind"), str):
-        raise bad("task", "must hold kind and num_labels")
+    optimizer = manifest.get("optimizer")
     if not isinstance(optimizer, dict) or not isinstance(optimizer.get("name"), str):
         raise bad("optimizer", "must name the optimizer")
-    config = manifest.get("model_config", {})
-    if not isinstance(config, dict) or not whole(config.get("type_vocab_size", 2)):
-        raise bad("model_config", "must be the model's config, with a positive type_vocab_size")
+    if manifest.get("objective", CLASSIFICATION) == NEXT_TOKEN:
+        if "bottom" not in programs or not whole(manifest.get("frozen_layers")):
+            raise bad("programs", "must name the bottom program of the frozen layers (frozen_layers > 0)")
+        if not isinstance(manifest.get("lean_config"), dict):
+            raise bad("lean_config", "must be the causal LM's config")
+    else:
+        task = manifest.get("task")
+        if not isinstance(task, dict) or not whole(task.get("num_labels")) or not isinstance(task.get("kind"), str):
+            raise bad("task", "must hold kind and num_labels")
+        config = manifest.get("model_config", {})
+        if not isinstance(config, dict) or not whole(config.get("type_vocab_size", 2)):
+            raise bad("model_config", "must be the model's config, with a positive type_vocab_size")
     if not isinstance(manifest.get("base_fingerprint"), str):
         raise bad("base_fingerprint", "must be the base model's fingerprint")
     trainable = manifest.get("trainable")

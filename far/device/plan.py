@@ -107,7 +107,10 @@ class ExportPlan:
 def _not_exportable(kind: str | None) -> str:
     """Why a `kind` model cannot be exported."""
     if kind in CAUSAL_LM_TYPES:
-        return "it is a causal LM (far.architectures.CAUSAL_LM_TYPES), and the device trains sequence classifiers"
+        return (
+            "it is a causal LM (far.architectures.CAUSAL_LM_TYPES); a causal LM exports from far's lean runtime "
+            "(far.device.lm_export.export_causal_lm, far export --executorch OUT --model NAME)"
+        )
     if kind not in BUILTIN_SPECS:
         return "far does not know its layers (far.architectures has no spec for it)"
     return NOT_EXPORTABLE.get(kind, "far's export view has no layout for it")

@@ -110,10 +110,15 @@ class Attention(nn.Module):
             mask = j <= i
             if window is not None:
                 mask = mask & (i - j < window)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=c.query_scale, enable_gqa=True
-        )
+        out = self.attend(q, k, v, mask)  # (B, heads, T, head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """softmax(q k^T * scale) v over the keys `mask` allows (None: causally, aligned at the first token)."""
+        scale = self.config.query_scale
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )
 
 
 class MLP(nn.Module):

@@ -46,10 +46,36 @@ def scan_vocabulary(hidden: Tensor, targets: Tensor, embedding: nn.Module, vocab
         better = slice_max > best
         best = torch.where(better, slice_max, best)
         argmax = torch.where(better, slice_arg + start, argmax)
-        inside = (targets >= start) & (targets < stop)
-        rows = inside.nonzero().squeeze(1)
-        target_logit[rows] = logits[rows, targets[rows] - start]
+        inside, column = _in_slice(targets, start, stop)
+        target_logit = torch.where(inside, logits.gather(1, column[:, None]).squeeze(1), target_logit)
     return running_max + running_sum.log(), target_logit, argmax
+
+
+def _in_slice(targets: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
+    """Which targets lie in the slice [start, stop), and each one's column there (clamped into it for the others).
+
+    Masks rather than the indices of the rows inside: shapes that never depend on the data, which
+    `torch.export` needs (`far.device.lm_view` exports this loss).
+    """
+    inside = (targets >= start) & (targets < stop)
+    return inside, (targets - start).clamp(0, stop - start - 1)
+
+
+def vocabulary_gradient(hidden: Tensor, targets: Tensor, lse: Tensor, embedding: nn.Module, vocab_size: int) -> Tensor:
+    """The gradient of the summed cross-entropy in `hidden` (N, hidden): (softmax - one-hot) @ embedding, in slices.
+
+    Args:
+        lse: (N,) the log-sum-exp of each position's logits (`scan_vocabulary`).
+    """
+    grad_hidden = torch.zeros_like(hidden)
+    for start in range(0, vocab_size, VOCAB_SLICE):
+        stop = min(start + VOCAB_SLICE, vocab_size)
+        rows = embedding.rows(torch.arange(start, stop))  # (slice, hidden)
+        probs = torch.exp(hidden @ rows.t() - lse[:, None])  # (N, slice): softmax, this slice
+        inside, column = _in_slice(targets, start, stop)
+        probs.scatter_add_(1, column[:, None], -inside.to(probs.dtype)[:, None])  # minus the one-hot
+        grad_hidden.addmm_(probs, rows)
+    return grad_hidden
 
 
 class _NextTokenLoss(torch.autograd.Function):
@@ -66,15 +92,7 @@ class _NextTokenLoss(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
         hidden, targets, lse = ctx.saved_tensors
         scale = grad / hidden.shape[0]
-        grad_hidden = torch.zeros_like(hidden)
-        for start in range(0, ctx.vocab_size, VOCAB_SLICE):
-            stop = min(start + VOCAB_SLICE, ctx.vocab_size)
-            rows = ctx.embedding.rows(torch.arange(start, stop))  # (slice, hidden)
-            probs = torch.exp(hidden @ rows.t() - lse[:, None])  # (N, slice): softmax, this slice
-            inside = ((targets >= start) & (targets < stop)).nonzero().squeeze(1)
-            probs[inside, targets[inside] - start] -= 1.0
-            grad_hidden.addmm_(probs, rows)
-        return grad_hidden * scale, None, None, None
+        return vocabulary_gradient(hidden, targets, lse, ctx.embedding, ctx.vocab_size) * scale, None, None, None
 
 
 def next_token_loss(hidden: Tensor, targets: Tensor, embedding: nn.Module, vocab_size: int) -> Tensor:
@@ -86,3 +104,24 @@ def next_token_counts(hidden: Tensor, targets: Tensor, embedding: nn.Module, voc
     """Summed negative log-likelihood, correctly predicted tokens (arg-max), and positions: for perplexity."""
     lse, target_logit, argmax = scan_vocabulary(hidden, targets, embedding, vocab_size)
     return float((lse - target_logit).sum()), int((argmax == targets).sum()), int(targets.numel())
+
+
+def next_token_loss_in_graph(
+    hidden: Tensor, targets: Tensor, embedding: nn.Module, vocab_size: int
+) -> tuple[Tensor, Tensor]:
+    """`next_token_loss` without a custom autograd function, for a graph that torch.export differentiates.
+
+    Both passes over the vocabulary run forward, on `hidden` detached: the loss and its gradient in
+    `hidden`, `g`. The loss is returned as `loss + sum(hidden * g) - sum(hidden.detach() * g)`: the
+    same value (the two sums are the same numbers), and `g` as its gradient, so that backward reads
+    no vocabulary slice and nothing of (N, vocab) is kept for it.
+
+    Returns:
+        (mean cross-entropy, arg-max hits as an int64 count).
+    """
+    fixed = hidden.detach()
+    lse, target_logit, argmax = scan_vocabulary(fixed, targets, embedding, vocab_size)
+    grad = vocabulary_gradient(fixed, targets, lse, embedding, vocab_size) / hidden.shape[0]
+    zero = (hidden * grad).sum() - (fixed * grad).sum()  # exactly 0 (added last, it would round the loss)
+    loss = (lse - target_logit).mean() + zero
+    return loss, (argmax == targets).sum()
