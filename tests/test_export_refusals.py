@@ -3,6 +3,7 @@ to get the device extra when --executorch finds no executorch."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -48,3 +49,18 @@ def test_executorch_export_without_the_device_extra_names_how_to_get_it(tmp_path
     err = capsys.readouterr().err
     assert "--executorch needs executorch" in err and ".venv-device/bin/far" in err and "'.[device]'" in err, err
     assert "Traceback" not in err and not (tmp_path / "device").exists()
+
+
+def test_a_causal_lm_export_without_the_device_extra_names_how_to_get_it(tmp_path, capsys, monkeypatch):
+    import far.cli.export as export_command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        export_command.importlib.util, "find_spec", lambda n, *a: None if n == "executorch" else real(n, *a)
+    )
+    (tmp_path / "notes.txt").write_text("the cat sat on the mat. " * 50)
+    argv = ["export", "--model", "smollm2-135m", "--executorch", str(tmp_path / "device")]
+    assert main([*argv, "--train-file", str(tmp_path / "notes.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--executorch needs executorch" in err and ".venv-device/bin/far" in err, err
+    assert not (tmp_path / "device").exists()
