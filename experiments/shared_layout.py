@@ -13,7 +13,7 @@ per user counts the prime once over the users that share it: its run's CPU secon
 the number of users trained with it. The report (`shared_layout.json`) and its table (`shared_layout.md`) go to
 `--output`; the runs and the users' files to `--work`, which a stopped grid resumes from.
 
-    OMP_NUM_THREADS=1 FAR_DATA_DIR=/work/shared/data python experiments/shared_layout.py --rows 2000 --seeds 0 1 2
+    OMP_NUM_THREADS=1 FAR_DATA_DIR=../shared/data python experiments/shared_layout.py --users 2 --rows 500 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from harness import (
 )
 
 ARMS = ("full", "far", "layout")
+SHARED_BY = (1, 2, 10, 0)  # users sharing one prime, for the report (0: the layout run alone)
 
 
 def glue_dir() -> Path:
@@ -103,6 +104,11 @@ def summary(runs: list[dict], primes: dict[int, dict], sharing: int) -> dict:
         out[arm]["cpu_vs_full"] = out[arm]["cpu_seconds_per_user"] / full["cpu_seconds_per_user"]
         out[arm]["accuracy_vs_full"] = out[arm]["accuracy"]["mean"] - full["accuracy"]["mean"]
     out["prime_cpu_seconds"] = statistics.mean(p["process_cpu_seconds"] for p in primes.values())
+    # The layout arm's cost per user were the prime shared by more users (0: the run alone, the prime left out).
+    run_cpu, prime_cpu = out["layout"]["run_cpu_seconds"], out["prime_cpu_seconds"]
+    out["layout"]["cpu_vs_full_shared_by"] = {
+        n: (run_cpu + (prime_cpu / n if n else 0.0)) / full["cpu_seconds_per_user"] for n in SHARED_BY
+    }
     return out
 
 
@@ -117,7 +123,8 @@ def markdown(report: dict) -> str:
     names = {
         "full": "full fine-tuning",
         "far": "FAR, own priming (`--method far`)",
-        "layout": f"FAR, shared layout (`--layout`; the prime's {s['prime_cpu_seconds']:.0f} s over {users} users)",
+        "layout": f"FAR, shared layout (`--layout`; the prime's {s['prime_cpu_seconds']:.0f} s over {users} "
+        f"user{'s' if users != 1 else ''})",
     }
     for arm in ARMS:
         a = s[arm]
@@ -126,6 +133,11 @@ def markdown(report: dict) -> str:
             f"| {a['cpu_seconds_per_user']:.0f} | {a['cpu_vs_full']:.2f} | {', '.join(map(str, a['priming_steps']))} "
             f"| {a['runs']} |"
         )
+    full = s["full"]["cpu_seconds_per_user"]
+    for n, ratio in s["layout"]["cpu_vs_full_shared_by"].items():
+        if n != users:
+            shared = f"the prime over {n} users" if n else "the run alone, the prime left out"
+            lines.append(f"| FAR, shared layout ({shared}) | as above | | {ratio * full:.0f} | {ratio:.2f} | 0 | |")
     return "\n".join(lines) + "\n"
 
 
