@@ -136,7 +136,7 @@ def markdown(report: dict) -> str:
     full = s["full"]["cpu_seconds_per_user"]
     for n, ratio in s["layout"]["cpu_vs_full_shared_by"].items():
         if n != users:
-            shared = f"the prime over {n} users" if n else "the run alone, the prime left out"
+            shared = f"the prime over {n} user{'s' if n != 1 else ''}" if n else "the run alone, the prime left out"
             lines.append(f"| FAR, shared layout ({shared}) | as above | | {ratio * full:.0f} | {ratio:.2f} | 0 | |")
     return "\n".join(lines) + "\n"
 
