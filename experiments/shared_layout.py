@@ -13,7 +13,7 @@ per user counts the prime once over the users that share it: its run's CPU secon
 the number of users trained with it. The report (`shared_layout.json`) and its table (`shared_layout.md`) go to
 `--output`; the runs and the users' files to `--work`, which a stopped grid resumes from.
 
-    OMP_NUM_THREADS=1 FAR_DATA_DIR=../shared/data python experiments/shared_layout.py --users 2 --rows 500 --seeds 0 1 2
+    OMP_NUM_THREADS=1 FAR_DATA_DIR=../shared/data python experiments/shared_layout.py --users 3 --rows 500 --seeds 0 1 2
 """
 
 from __future__ import annotations
