@@ -139,6 +139,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "grouped": grouped_grid,
     "grouped-vs-not": grouped_vs_not,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
+    "shared-layout": copied(
+        "shared_layout/shared_layout.md",
+        "AMD EPYC, 2 cores (`avx2 avx512f avx512_bf16`, no AMX), torch 2.13.0, one thread per run, shared with other "
+        "jobs (only CPU seconds compare)",
+    ),
 }
 
 

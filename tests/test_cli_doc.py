@@ -11,7 +11,7 @@ import pytest
 from far.cli.main import COMMANDS, build_parser
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
-TRAINING = ("train", "glue", "squad")  # their own section, and the shared training flags'
+TRAINING = ("train", "glue", "squad", "prime")  # their own section, and the shared training flags'
 SHARED = "Shared training flags"
 
 

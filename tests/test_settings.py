@@ -37,7 +37,7 @@ def options(**given) -> TrainOptions:
 def test_every_option_the_settings_hold_reaches_the_training_options():
     shared = {f.name for f in dataclasses.fields(TrainOptions)} & {f.name for f in dataclasses.fields(RunSettings)}
     hyperparameters = {"lr", "epochs", "max_steps", "batch_size", "max_length", "warmup"}
-    built = {"optimizer", "freeze_embeddings", "freeze_layers", "precision", "memory_budget", "cache_frozen"}
+    built = {"optimizer", "freeze_embeddings", "freeze_layers", "precision", "memory_budget", "cache_frozen", "layout"}
     assert shared - hyperparameters - built == set(CHANGED)
     default = options()
     for name, value in CHANGED.items():

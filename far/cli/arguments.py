@@ -109,6 +109,15 @@ def _add_model_and_method(parser: argparse.ArgumentParser) -> None:
         "random: 0.4; MeZO + FAR on a GGUF causal LM: 0.1, all in the top third of the layers)",
     )
     parser.add_argument(
+        "--layout",
+        default=None,
+        metavar="FILE",
+        help="a layout that far prime wrote for this base and task: train with its learners and frozen depth from "
+        "the first step, no priming (--method far; it sets the configuration, so no --preset, --retention, "
+        "--freeze-layers or --freeze-embeddings beside it); a layout for another base is refused before anything "
+        "is written",
+    )
+    parser.add_argument(
         "--attention-retention",
         type=float,
         default=None,

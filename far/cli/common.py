@@ -21,6 +21,7 @@ from far.models import resolve_model
 from far.recipes.configuration import FLAGS, choose_configuration
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import RunSettings
+from far.saving.shared_layout import read_shared_layout
 from far.training.budget import (
     BASE_MIB,
     DATASETS_MIB,
@@ -89,8 +90,9 @@ def configured(args: argparse.Namespace, memory_budget: float | None) -> dict:
     """The run's configuration fields and the `Configuration` they make, from the flags as given
     (`far.recipes.configuration`: --method far with none of them is FAR's automatic configuration)."""
     given = {name: getattr(args, name) for name in FLAGS}
+    layout = None if getattr(args, "layout", None) is None else read_shared_layout(args.layout)
     fields, configuration = choose_configuration(
-        given, preset=args.preset, method=args.method, model=args.model, memory_budget=memory_budget
+        given, preset=args.preset, method=args.method, model=args.model, memory_budget=memory_budget, layout=layout
     )
     return {**fields, "configuration": configuration}
 

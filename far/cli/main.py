@@ -23,7 +23,7 @@ import far
 from far.hardware import fit_threads
 
 # modules of far.cli, in help order
-COMMANDS = ("demo", "train", "predict", "generate", "glue", "squad", "eval", "export")
+COMMANDS = ("demo", "train", "predict", "generate", "glue", "squad", "prime", "eval", "export")
 
 
 def command_in(argv: Sequence[str]) -> str | None:

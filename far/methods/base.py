@@ -14,6 +14,7 @@ things, always in this order, and never branches on the method's name itself:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,12 +101,21 @@ class Method:
         """The model to train (the same one, or a wrapper of it) and fields for the run's record."""
         return model, {}
 
-    def save(self, model: nn.Module, tokenizer: Any, output_dir: Path, model_dir: Path) -> Saved:
-        """Write the trained model to `model_dir` (and, for a reconfigured model, its learners file)."""
+    def save(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        output_dir: Path,
+        model_dir: Path,
+        *,
+        learners_metadata: Mapping[str, str] | None = None,
+    ) -> Saved:
+        """Write the trained model to `model_dir` (and, for a reconfigured model, its learners file, with
+        `learners_metadata` in its metadata: the shared layout the run trained with)."""
         save_model(model, tokenizer, model_dir)
         saved = Saved(files={"model": str(model_dir)})
         if far.is_reconfigured(model):
-            learners = far.save_learners(model, output_dir / LEARNERS_FILE)
+            learners = far.save_learners(model, output_dir / LEARNERS_FILE, metadata=learners_metadata)
             saved.files["learners"] = LEARNERS_FILE
             saved.sizes.update(learners_file_bytes=learners.stat().st_size, model_bytes=model_bytes(model))
         return saved

@@ -246,7 +246,8 @@ class Lora(Method):
         model = add_lora(model, lora or LoraSettings(), base_model=base_model)
         return model, {"lora": lora_record(model)}
 
-    def save(self, model: nn.Module, tokenizer: Any, output_dir: Path, model_dir: Path) -> Saved:
+    def save(self, model: nn.Module, tokenizer: Any, output_dir: Path, model_dir: Path, **_: Any) -> Saved:
+        # No learners file, so nothing for Method.save's learners_metadata to go in.
         # The adapter first: saving the merged model merges the adapters into the base in place.
         saved = save_lora(model, tokenizer, adapter_dir=output_dir / ADAPTER_DIR, model_dir=model_dir)
         return Saved(

@@ -10,6 +10,8 @@ A training command's four configuration flags (`--retention`, `--freeze-embeddin
 - `--retention` given says the whole configuration flag by flag: the other three are off unless
   given (`--retention 0.4` is the paper's fixed retention, nothing else frozen).
 - `--preset auto|paper` names a configuration; a flag given beside it changes that field only.
+- `--layout FILE` (a layout `far prime` wrote) sets the configuration whole ("layout"): its config, the frozen
+  bottom's output kept where it freezes one; a configuration flag beside it is refused.
 - Other methods, and a GGUF causal LM (whose lean runtime has its own default,
   `far.llm.lean_far`), take the flags as given.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from far.config import AUTO, PRESETS, UNSET, FARConfig
 from far.methods import METHODS
 from far.models import is_causal_lm
+from far.saving.shared_layout import SharedLayout
 
 # The run's configuration fields (RunSettings' names) and their flags.
 FLAGS = {
@@ -96,6 +99,24 @@ def _check_preset(preset: str, *, primes: bool, method: str, model: str, memory_
         )
 
 
+def _layout_fields(given: Mapping[str, object], layout: SharedLayout, preset: str | None, method: str) -> dict:
+    """The configuration fields of a run trained with a shared layout: the layout's; a flag beside it is refused."""
+    flags = [FLAGS[k] for k in ("retention", "freeze_embeddings", "freeze_layers") if given.get(k) is not None]
+    if method != "far" or preset is not None or flags:
+        beside = " ".join(flags + ([] if preset is None else ["--preset"]))
+        raise ValueError(
+            "--layout sets FAR's surgery as far prime chose it: use it with --method far"
+            + (f", and drop {beside}" if beside else "")
+        )
+    config, cache = layout.config, given.get("cache_frozen")
+    return {
+        "retention": config.retention,
+        "freeze_embeddings": config.freeze_embeddings,
+        "freeze_layers": config.freeze_layers,
+        "cache_frozen": config.freezes_depth if cache is None else cache,
+    }
+
+
 def choose_configuration(
     given: Mapping[str, object],
     *,
@@ -103,6 +124,7 @@ def choose_configuration(
     method: str,
     model: str,
     memory_budget: float | None = None,
+    layout: SharedLayout | None = None,
 ) -> tuple[dict, Configuration]:
     """The run's four configuration fields (as `RunSettings` takes them) and the `Configuration` they make.
 
@@ -110,6 +132,7 @@ def choose_configuration(
         given: `FLAGS`' fields as the command line gave them, None where not given.
         preset: `--preset`: "auto", "paper" or None.
         method, model, memory_budget: The run's `--method`, `--model` and `--memory-budget`.
+        layout: `--layout`, read: its configuration, whole.
 
     Raises:
         ValueError: a preset where it cannot apply (a method without FAR's priming, a GGUF causal LM,
@@ -119,6 +142,9 @@ def choose_configuration(
     if unknown:
         raise ValueError(f"unknown configuration field(s) {unknown}; they are {', '.join(FLAGS)}")
     given = {**UNGIVEN, **given}
+    if layout is not None:
+        why = f"--layout {layout.path}: the learners and depth far prime chose, no priming step"
+        return _layout_fields(given, layout, preset, method), Configuration("layout", why)
     surgery = METHODS[method].far_config(0.4)  # the method's surgery, if it has one
     primes = surgery is not None and surgery.selection != "random"
     causal_lm = is_causal_lm(model)
@@ -169,9 +195,11 @@ def configuration_record(settings: object, frozen_layers: object, far_config: FA
     lean runtime's default; else the settings')."""
     chosen = getattr(settings, "configuration", None) or configuration_of(settings)
     far_config = getattr(settings, "far", None) if far_config is UNSET else far_config
-    return chosen.record(
+    record = chosen.record(
         None if far_config is None else far_config.retention,
         frozen_layers=frozen_layers,
         freeze_embeddings=settings.freeze_embeddings if far_config is None else far_config.freeze_embeddings,
         cache_frozen=settings.cache_frozen,
     )
+    layout = getattr(settings, "shared_layout", None)
+    return record if layout is None else {**record, "layout": layout.describe()}

@@ -20,7 +20,7 @@ from far.recipes.settings import FILE_DEFAULTS, RunSettings, train_and_eval_spli
 from far.recipes.task_model import COLUMNS_KEY, held_out, task_model
 
 
-def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
+def text_files_run(settings: RunSettings, files: TextFiles, *, check_output: bool = True) -> TrainingRun:
     """A run on the user's own files (`load_text_files`): classification or regression, scored on the validation file.
 
     The saved model's config holds the class names (`id2label` / `label2id`) and the text and label
@@ -31,7 +31,8 @@ def text_files_run(settings: RunSettings, files: TextFiles) -> TrainingRun:
         >>> record = train_and_report(text_files_run(RunSettings(method="far"), files))
     """
     hparams = settings.hyperparameters(FILE_DEFAULTS)
-    settings.check_output(files.name)
+    if check_output:  # False: a run that writes no output folder (`far prime`)
+        settings.check_output(files.name)
     labels = files.labels
     train_raw, dev_raw = train_and_eval_splits(settings, files.train, files.validation)
     columns = {COLUMNS_KEY: {"text": list(files.text_columns), "label": files.label_column}}

@@ -33,6 +33,7 @@ import far
 from far.models import resolve_model
 from far.recipes.configuration import configuration_record
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
+from far.saving.shared_layout import layout_metadata
 from far.saving.stock import stock_reader
 from far.storage.atomic import write_json
 from far.training.plan import plan_training
@@ -176,7 +177,10 @@ def train_and_report(run: TrainingRun) -> dict:
     if result.log_path:
         files["step_log"] = Path(result.log_path).name
     model_dir = settings.model_path(out)
-    saved = settings.method_spec.save(model, run.tokenizer, out, model_dir) if model_dir and run.tokenizer else None
+    saved = None
+    if model_dir and run.tokenizer:  # a learners file records the layout it was trained with
+        extra = layout_metadata(settings.shared_layout)
+        saved = settings.method_spec.save(model, run.tokenizer, out, model_dir, learners_metadata=extra)
     files.update(saved.files if saved else {})
     far_config = settings.far
     record = {

@@ -101,11 +101,13 @@ def squad_evaluator(
     )
 
 
-def glue_run(settings: RunSettings, task_name: str) -> TrainingRun:
-    """A GLUE task's run with an encoder model: fine-tune on its train split, score its dev split."""
+def glue_run(settings: RunSettings, task_name: str, *, check_output: bool = True) -> TrainingRun:
+    """A GLUE task's run with an encoder model: fine-tune on its train split, score its dev split (`check_output`
+    False: a run that writes no output folder, as `far prime`'s)."""
     task = GLUE_TASKS[task_name]
     hparams = settings.hyperparameters(GLUE_DEFAULTS)
-    settings.check_output(task.name)
+    if check_output:
+        settings.check_output(task.name)
     splits = load_glue(task.name, settings.data_dir)
     train_raw, dev_raw = train_and_eval_splits(settings, splits["train"], splits["validation"])
     model, tokenizer, method_record = task_model(

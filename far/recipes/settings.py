@@ -27,6 +27,7 @@ from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
 from far.recipes.configuration import Configuration
 from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.saving.safetensors_file import DTYPES
+from far.saving.shared_layout import SharedLayout, read_shared_layout
 from far.training.budget import ENCODERS_ONLY
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
@@ -134,6 +135,8 @@ class RunSettings:
     overwrite: bool = False  # replace the run that output_dir holds (far.recipes.outputs)
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
+    # A layout file that `far prime` wrote: the run splits the model with its learners at step 0, no priming.
+    layout: str | None = None
     # Which configuration the fields above make and why, as the command line chose it (far.recipes.configuration);
     # None: as the fields say. metrics.json records it.
     configuration: Configuration | None = field(default=None, compare=False)
@@ -141,6 +144,7 @@ class RunSettings:
     # asks of far.finetune, all but the task's hyper-parameters (`train_options` adds them).
     far: FARConfig | None = field(init=False, repr=False, compare=False)
     options: TrainOptions = field(init=False, repr=False, compare=False)
+    shared_layout: SharedLayout | None = field(init=False, repr=False, compare=False)  # `layout`, read and verified
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -158,7 +162,9 @@ class RunSettings:
             attention_retention=self.attention_retention,
             freeze_layers=self.freeze_layers,
         )  # FARConfig checks retention
-        object.__setattr__(self, "far", far_config)
+        shared = None if self.layout is None else self._shared_layout()
+        object.__setattr__(self, "shared_layout", shared)
+        object.__setattr__(self, "far", far_config if shared is None else shared.config)
         self.lora_settings()  # LoraSettings checks rank, alpha, dropout
         if self.validation_from_train is not None and not 0.0 < self.validation_from_train < 1.0:
             raise ValueError(
@@ -182,6 +188,17 @@ class RunSettings:
         # The options check the rest (priming, the frozen-bottom cache, ...); the task's hyper-parameters are theirs.
         object.__setattr__(self, "options", self._options())
 
+    def _shared_layout(self) -> SharedLayout:
+        """The layout file, read and verified; the run's surgery is then the layout's."""
+        if self.method != "far" or is_causal_lm(self.model):
+            raise ValueError(
+                "--layout trains an encoder with FAR's surgery as far prime chose it: use it with --method far and an "
+                "encoder model"
+            )
+        if self.attention_retention is not None:
+            raise ValueError("--layout sets the surgery, attention included: drop --attention-retention")
+        return read_shared_layout(self.layout)
+
     def _options(self) -> TrainOptions:
         as_asked = {name: getattr(self, name) for name in _AS_ASKED}
         return TrainOptions(
@@ -193,6 +210,7 @@ class RunSettings:
             freeze_layers=self.freeze_layers if self.far is None else None,
             freeze_ffn=self.method_spec.freezes_ffn,
             precision=None if self.bf16 else self.precision,  # --bf16 asks for bf16, whatever --precision says
+            layout=self.shared_layout,
             **as_asked,
         )
 
@@ -283,7 +301,7 @@ _AS_ASKED = tuple(
     f.name
     for f in fields(TrainOptions)
     if f.name in {g.name for g in fields(RunSettings)}
-    and f.name not in {*HYPERPARAMETERS, "optimizer", "freeze_embeddings", "freeze_layers", "precision"}
+    and f.name not in {*HYPERPARAMETERS, "optimizer", "freeze_embeddings", "freeze_layers", "precision", "layout"}
 )
 
 

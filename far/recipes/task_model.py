@@ -10,6 +10,7 @@ from torch import nn
 
 from far.models import check_max_length, load_model_and_tokenizer
 from far.recipes.settings import RunSettings
+from far.saving.shared_layout import check_layout
 
 # The model config's record of the columns it was trained on, so that `far predict` reads the same ones.
 COLUMNS_KEY = "far_columns"
@@ -27,6 +28,8 @@ def task_model(
         settings.model, *head, seed=settings.seed, runtime=settings.encoder_runtime, **options
     )
     check_max_length(model, max_length)
+    if settings.shared_layout is not None:  # a layout for another base or shape: refused before anything is written
+        check_layout(model, settings.shared_layout)
     for key, value in (config or {}).items():
         setattr(model.config, key, value)
     model, record = settings.method_spec.apply(model, base_model=settings.model, lora=settings.lora_settings())

@@ -69,7 +69,13 @@ def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
 
 
 @torch.no_grad()
-def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | None = None) -> Path:
+def save_learners(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    spec: FFNSpec | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
     """Write only what FAR training changed to one safetensors file, atomically.
 
     The file holds every FFN's learner weights and biases with their original node indices, plus
@@ -80,6 +86,8 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         path: Where to write, e.g. `"user-42.safetensors"`; an existing file is replaced only
             once the new one is complete.
         spec: FFN layout for architectures that are not built in.
+        metadata: More entries for the file's metadata (str -> str, under names of their own), e.g. the
+            digest of the shared layout the run trained with (`far.saving.shared_layout.layout_metadata`).
 
     Returns:
         The path written.
@@ -121,6 +129,7 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         tensors[name] = model.get_parameter(name)
     # Own, contiguous CPU copies: safetensors refuses shared storage and the model may be on GPU.
     tensors = {k: t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()}
+    extra = dict(metadata or {})
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -135,6 +144,10 @@ def save_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
     if hasattr(hf_config, "to_diff_dict"):  # the head's size, labels and problem type travel with the file
         recorded = {**hf_config.to_diff_dict(), **head_fields(model)}
         metadata[_MODEL_CONFIG_KEY] = json.dumps(recorded, sort_keys=True, default=str)
+    taken = sorted(set(extra) & {*metadata, CONTENT_KEY})
+    if taken or not all(isinstance(v, str) for v in extra.values()):
+        raise ValueError(f"metadata must map new names to strings; {taken or 'a value'} cannot be written")
+    metadata.update(extra)
     metadata[CONTENT_KEY] = content_sha256(metadata, tensors)
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)

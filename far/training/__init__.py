@@ -22,6 +22,7 @@ lazy_face(
         "far.training.gradient_priming": ("ffn_parameter_names", "gradient_scores", "prime_and_reconfigure"),
         "far.training.memory": ("page_out_after_forward", "release_freed_memory", "to_private_memory"),
         "far.training.mezo": ("MeZO",),
+        "far.training.prime": ("prime_layout",),
         "far.training.result": ("FinetuneResult",),
         "far.training.schedule": ("WarmupLinear", "warmup_linear"),
     },

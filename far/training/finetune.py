@@ -15,6 +15,7 @@ from transformers import default_data_collator
 from far.architectures import CAUSAL_LM_TYPES, FFNSpec, find_attention, find_ffns
 from far.config import PRESETS, UNSET, FARConfig
 from far.freezing import find_layers
+from far.saving.shared_layout import SharedLayout, check_layout, read_shared_layout
 from far.surgery.state import is_reconfigured
 from far.training.batches import BatchStream, longest_example
 from far.training.budget import (
@@ -125,6 +126,8 @@ def finetune(
     max_length: int = 128,
     eval_batch_size: int = 64,
     base_weights: Callable[[str], Tensor] | None = None,
+    layout: str | os.PathLike | SharedLayout | None = None,
+    stop_after_priming: bool = False,
     **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
@@ -230,6 +233,12 @@ def finetune(
         base_weights: `base_weights(parameter_name)` -> the value the model was loaded with, read from
             its file (`far.saving.stock_reader`): priming then keeps no copy of the FFNs (a third of
             an encoder's weights) and reads them back to score nodes and to reset what it freezes.
+        layout: A layout primed once and shared (`far prime`, `far.training.prime_layout`; a path or a read
+            `far.saving.shared_layout.SharedLayout`): the model is split with its learners and frozen depth at
+            step 0, with no priming step; its config is the run's (leave `config` out), `cache_frozen` on where
+            it freezes a depth. A layout for another base or shape is refused before the model is touched.
+        stop_after_priming: Run the priming phase only: the model ends reconfigured with what priming chose,
+            untrained beyond it (what `far.training.prime_layout` writes out).
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -251,6 +260,12 @@ def finetune(
     for name, fn in (("collate_fn", collate_fn), ("loss_fn", loss_fn), ("eval_fn", eval_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+    if isinstance(layout, (str, os.PathLike)):
+        layout = read_shared_layout(layout)
+    if isinstance(layout, SharedLayout):
+        check_layout(model, layout, spec)  # another base, another shape: refused before anything changes
+        config = layout.config if config is UNSET else config
+        cache_frozen = layout.config.freezes_depth if cache_frozen is None else cache_frozen
     config, cache_frozen = named_config(
         config, cache_frozen, seed=seed, freeze_embeddings=freeze_embeddings, memory_budget=memory_budget
     )

@@ -18,6 +18,7 @@ from far.config import AUTO
 from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
 from far.hardware import peak_rss_bytes
 from far.priming import Primer, trainable_embeddings
+from far.saving.shared_layout import apply_layout
 from far.seeds import derive_seed
 from far.selection import layer_changes
 from far.storage.atomic import atomic_file
@@ -59,12 +60,10 @@ def _freeze_embeddings(model: nn.Module) -> None:
 
 
 class Loop:
-    """One run of `far.finetune`: the engine's runner (`far.training.engine`) for a transformers or lean encoder
-    model. Use `Loop(...).run(checkpoint_or_None)`.
+    """One run of `far.finetune`, the engine's runner (`far.training.engine`) for an encoder: `Loop(...).run(None)`.
 
-    Phases: steps `[0, priming_steps)` train the whole model with the priming optimizer; right
-    after the last of them the model is reconfigured and a fresh optimizer is built over its
-    trainable tensors for the remaining steps.
+    Steps `[0, priming_steps)` train the whole model with the priming optimizer; right after the last of them
+    the model is reconfigured and a fresh optimizer is built over its trainable tensors for the steps left.
     """
 
     def __init__(
@@ -98,16 +97,15 @@ class Loop:
         self.checkpoint: Path | None = None
         self.final_loss: float | None = None
         self._started = self._prior_seconds = 0.0
-        self._resume_from: Checkpoint | None = None
-        self._batches: Any = None  # the stream's step batches, from the first step on
+        self._resume_from, self._batches = None, None  # a Checkpoint; the stream's step batches from the first on
 
     def run(self, resume: Checkpoint | None = None) -> FinetuneResult:
         plan, was_training = self.plan, self.model.training
         self._started = time.perf_counter()
         self._resume_from = resume
         cadence = Cadence(
-            plan.total_steps,
-            evaluate=self.eval_fn is not None,
+            plan.priming_steps if plan.options.stop_after_priming else plan.total_steps,
+            evaluate=self.eval_fn is not None and not plan.options.stop_after_priming,
             eval_every=plan.eval_every,
             log_every=plan.log_every,
             checkpoint_every=None if self.output_dir is None else plan.checkpoint_every,
@@ -172,6 +170,9 @@ class Loop:
             self._freeze_up_front()
             # Snapshot of the FFNs (and heads, when they are to be split) before priming moves them.
             self.primer = self._primer()
+        elif plan.options.layout is not None:  # a shared layout's learners: the surgery at step 0, no priming
+            apply_layout(model, plan.options.layout, self.spec)
+            self._note_surgery()
         else:  # random selection: no scores needed
             reconfigure(model, plan.far, spec=self.spec)
             self._note_surgery()
@@ -180,8 +181,7 @@ class Loop:
         return 0
 
     def _freeze_up_front(self) -> None:
-        """Priming leaves alone what the surgery freezes anyway (`plan.frozen_from_start`)."""
-        plan = self.plan
+        plan = self.plan  # priming leaves alone what the surgery freezes anyway (`plan.frozen_from_start`)
         if plan.frozen_from_start:
             if plan.far.freeze_embeddings:
                 _freeze_embeddings(self.model)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from far.config import AUTO, UNSET, FARConfig, as_config
+from far.saving.shared_layout import SharedLayout
 from far.selection import needs_scores
 from far.training.precision import Precision, check_precision, choose_precision
 
@@ -193,9 +194,14 @@ class TrainOptions:
     memory_budget: float | None = None
     max_length: int = 128
     eval_batch_size: int = 64
+    # A layout primed once and shared (far.saving.shared_layout): its learners at step 0, no priming step.
+    layout: SharedLayout | None = None
+    # Run the priming phase only, and end with the surgery it chooses (far.training.prime_layout).
+    stop_after_priming: bool = False
 
     def __post_init__(self) -> None:
         self._check_surgery()
+        self._check_layout()
         for name in (
             "freeze_embeddings",
             "freeze_ffn",
@@ -204,6 +210,7 @@ class TrainOptions:
             "cache_frozen",
             "group_by_length",
             "progress",
+            "stop_after_priming",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -263,6 +270,20 @@ class TrainOptions:
             raise ValueError(f"the memory budget must be a positive number of MiB, got {budget!r}")
         set_("max_length", check_int("max_length", self.max_length, 1))
         set_("eval_batch_size", check_int("eval_batch_size", self.eval_batch_size, 1))
+
+    def _check_layout(self) -> None:
+        layout = self.layout
+        if layout is None and self.stop_after_priming and not self.primes:
+            raise ValueError("stop_after_priming runs FAR's priming alone: give a config that primes, e.g. 'auto'")
+        if layout is not None and not isinstance(layout, SharedLayout):
+            raise TypeError(f"layout must be a path or a far.saving.shared_layout.SharedLayout, got {layout!r}")
+        if layout is not None and self.config != layout.config:
+            raise ValueError(
+                f"a layout sets the surgery ({layout.config}), and the config given differs ({self.config}): leave "
+                "config out (on the command line: --retention, --preset, --freeze-layers, --freeze-embeddings)"
+            )
+        if layout is not None and (self.memory_budget is not None or self.stop_after_priming):
+            raise ValueError("a layout skips priming: it takes no memory budget (--memory-budget), nor a priming")
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
@@ -344,7 +365,7 @@ class TrainOptions:
     def primes(self) -> bool:
         """Whether the run has a priming phase: FAR ranks nodes by priming's change, and random selection
         needs none unless `freeze_layers="auto"` reads the scores to choose the depth."""
-        return self.config is not None and needs_scores(self.config)
+        return self.config is not None and needs_scores(self.config) and self.layout is None
 
     @property
     def frozen_from_start(self) -> bool:

@@ -18,6 +18,7 @@ _BEFORE_THE_OPTION = {
     "cache_frozen": False,
     "gradient_priming_steps": 0,
     "group_by_length": False,
+    "layout_digest": None,
 }
 
 
@@ -81,6 +82,8 @@ class TrainingPlan:
     # Gradient priming (TrainOptions.priming_scores="gradient"): the batches of this many first steps are
     # scored before step 0, without an update; priming_steps is then 0 and every step trains the split model.
     gradient_priming_steps: int = 0
+    # The content sha256 of the shared layout the run splits the model with at step 0 (None: none).
+    layout_digest: str | None = None
 
     def __getattr__(self, name: str) -> object:
         # Only called for names that are not the plan's own: the options asked for as they are.
@@ -154,4 +157,5 @@ def plan_training(n_examples: int, options: TrainOptions) -> TrainingPlan:
         bf16=options.bf16,
         frozen_from_start=options.frozen_from_start,
         gradient_priming_steps=gradient_priming_steps,
+        layout_digest=None if options.layout is None else options.layout.digest,
     )
