@@ -192,6 +192,11 @@ METRIC_TASKS = {
 }
 
 
+def run_epochs(record: dict) -> float:
+    """A metric file's epochs, from its planned steps (far's steps per epoch count the last, short batch)."""
+    return record["plan"]["total_steps"] / -(-record["train_examples"] // 32)
+
+
 def host_cell(host: dict, metric: str) -> str:
     """A host arm's metric in points and the precision its training ran in (as its file records it)."""
     precision = host.get("trained", {}).get("precision", {}).get("name", "precision not recorded")
@@ -206,8 +211,10 @@ def device_metric() -> str:
         without = load(f"device_train/metric_{task}_host_no_dropout.json")
         files += [f"device_train/metric_{task}.json", f"device_train/metric_{task}_host_no_dropout.json"]
         commands += [f"python {record['command']}", f"python {without['command']}"]
-        n, plan = record["train_examples"], record["plan"]
-        epochs = plan["total_steps"] / -(-n // 32)  # far's steps per epoch count the last, short batch
+        n = record["train_examples"]
+        epochs = f"{run_epochs(record):g}"
+        if "plan" in without and run_epochs(without) != run_epochs(record):
+            epochs += f" (no dropout: {run_epochs(without):g})"
         device = record["device"]
         if device is None:
             device_cells = ["not run", "", ""]
@@ -215,7 +222,7 @@ def device_metric() -> str:
             gap = 100 * (device["metrics"][metric] - without["host"]["metrics"][metric])
             device_cells = [f"**{100 * device['metrics'][metric]:.2f}**", signed(gap),
                             f"{record['learners_file_bytes'] / 1e6:.1f} MB"]  # fmt: skip
-        rows.append([label.format(n=n), f"{epochs:g}", host_cell(record["host"], metric),
+        rows.append([label.format(n=n), epochs, host_cell(record["host"], metric),
                      host_cell(without["host"], metric), *device_cells])  # fmt: skip
         points = [100 * load(f"{seeds}{seed}/metrics.json")["metrics"][metric] for seed in range(3)]
         listed = ", ".join(f"{point:.2f}" for point in points)
