@@ -17,8 +17,9 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   exported), alternating, `--rounds` each; medians of the steps after the first.
 - memory: CoLA's training set written for exports of batch 32 in micro-batches of 32, 8 and 4;
   far_train trains `--steps` steps under /usr/bin/time -v.
-- metric: `far glue --task T` with the settings above runs in this process (far.finetune, checkpoint at
-  the end of priming); the checkpoint there (priming done, FFNs split) is exported, and far_train
+- metric: `far glue --task T` with the settings above runs in this process in fp32, the device program's
+  precision (far.finetune, checkpoint at the end of priming; its result goes on file before the device
+  stage starts); the checkpoint there (priming done, FFNs split) is exported, and far_train
   trains the rest of the run's steps with the rest of its schedule; the state comes back as a learners
   file on the stock model and far's own evaluator scores it on the same dev set. Differences by design:
   the device program runs without dropout, and takes its batches in far.device's order at a fixed
