@@ -18,8 +18,9 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   exported), alternating, `--rounds` each; medians of the steps after the first.
 - memory: CoLA's training set written for exports of batch 32 in micro-batches of 32, 8 and 4;
   far_train trains `--steps` steps under /usr/bin/time -v.
-- metric: `far glue --task T` with the settings above runs in this process (far.finetune, checkpoint at
-  the end of priming); the checkpoint there (priming done, FFNs split) is exported, and far_train
+- metric: `far glue --task T` with the settings above runs in this process in fp32, the device program's
+  precision (far.finetune, checkpoint at the end of priming; its result goes on file before the device
+  stage starts); the checkpoint there (priming done, FFNs split) is exported, and far_train
   trains the rest of the run's steps with the rest of its schedule; the state comes back as a learners
   file on the stock model and far's own evaluator scores it on the same dev set. Differences by design:
   the device program runs without dropout, and takes its batches in far.device's order at a fixed
@@ -282,6 +283,7 @@ def part_metric(
         epochs=epochs,
         progress=False,
         priming_scores="change",
+        precision="fp32",  # the device program computes in fp32; "auto" would pick bf16 on an avx512_bf16 CPU
         data_dir=str(locate_data_dir(None)),
         **FAR_CONFIG,
     )
@@ -307,13 +309,20 @@ def part_metric(
     )
     host_cpu_s = time.process_time() - start
     host_metrics = run.evaluator(run.model)
+    plan_record = {"total_steps": plan.total_steps, "priming_steps": plan.priming_steps, "warmup": plan.warmup_steps}
     print(json.dumps({"host": host_metrics, "cpu_s": round(host_cpu_s, 1), "dropout": host_dropout}), flush=True)
+    host_record = {
+        "metrics": host_metrics,
+        "cpu_s": round(host_cpu_s, 1),
+        "dropout": host_dropout,
+        "trained": result.to_dict(),
+    }
+    record = {"task": task, "train_examples": len(run.train_data), "plan": plan_record, "host": host_record}
     if not host_dropout:
-        write_result(
-            f"metric_{task}_host_no_dropout",
-            {"task": task, "host": {"metrics": host_metrics, "cpu_s": round(host_cpu_s, 1), "dropout": False}},
-        )
+        write_result(f"metric_{task}_host_no_dropout", record)
         return
+    # The host's result goes on file first: a device stage cut short (the slowest part) leaves it there.
+    write_result(f"metric_{task}", {**record, "device": None})
 
     # The run at the end of priming: FFNs split, learners chosen, priming's changes kept.
     switch = read_checkpoint(host_dir / "checkpoints" / f"step-{plan.priming_steps}")
@@ -332,17 +341,9 @@ def part_metric(
     far.load_learners(stock, learners)
     device_metrics = run.evaluator(stock)
     print(json.dumps({"device": device_metrics, **device}), flush=True)
-    write_result(
-        f"metric_{task}",
-        {
-            "task": task,
-            "train_examples": n,
-            "plan": {"total_steps": plan.total_steps, "priming_steps": plan.priming_steps, "warmup": plan.warmup_steps},
-            "host": {"metrics": host_metrics, "cpu_s": round(host_cpu_s, 1), "trained": result.to_dict()},
-            "device": {"metrics": device_metrics, "export": info, **device},
-            "learners_file_bytes": learners.stat().st_size,
-        },
-    )
+    device_record = {"metrics": device_metrics, "precision": "fp32", "xnnpack": xnnpack, "export": info, **device}
+    record = {**record, "train_examples": n, "device": device_record}
+    write_result(f"metric_{task}", {**record, "learners_file_bytes": learners.stat().st_size})
 
 
 def part_lm_export(work: Path, model: str) -> None:

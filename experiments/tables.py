@@ -22,6 +22,7 @@ from table_sources import ROOT, copied
 from tables_llm import (
     clock_curve,
     device_memory,
+    device_metric,
     device_step,
     fewshot,
     lean_learners,
@@ -70,6 +71,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "own-texts-optimizers": own_texts_optimizers,
     "device-step": device_step,
     "device-memory": device_memory,
+    "device-metric": device_metric,
     "lora-sources": lora_sources,
     "far-or-lora": far_or_lora,
     "fewshot": fewshot,

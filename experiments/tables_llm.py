@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from table_sources import MACHINE_B, RESULTS, load, machine, rate, signed, source, table
+from table_sources import MACHINE_B, RESULTS, load, machine, mean_std, rate, signed, source, table
 
 OWN_TEXTS_ARMS = {
     "adamw": "SmolLM2-135M, **AdamW on FAR's learners** (3e-4, the default)",
@@ -172,6 +172,71 @@ def device_memory() -> str:
         table(header, rows)
         + "\n"
         + source(["device_train/memory.json"], device_machine(record), [f"python {record['command']}"])
+    )
+
+
+# Per task: the row's label, the metric, and the committed 3-seed host runs whose spread the table quotes as noise.
+METRIC_TASKS = {
+    "sst2": (
+        "SST-2 (first {n:,} sentences; 872 dev)",
+        "accuracy",
+        "replicate_far/grouped/runs/sst2-far-auto+depth-1+cache-s",
+        "FAR auto with 1 frozen layer, 8,000 sentences, 1 epoch",
+    ),
+    "cola": (
+        "CoLA ({n:,} sentences; 1,043 dev; MCC)",
+        "matthews_correlation",
+        "replicate_far/runs/cola-far-0.2+frozen-emb-s",
+        "FAR r=0.2, 3 epochs",
+    ),
+}
+
+
+def run_epochs(record: dict) -> float:
+    """A metric file's epochs, from its planned steps (far's steps per epoch count the last, short batch)."""
+    return record["plan"]["total_steps"] / -(-record["train_examples"] // 32)
+
+
+def host_cell(host: dict, metric: str) -> str:
+    """A host arm's metric in points and the precision its training ran in (as its file records it)."""
+    precision = host.get("trained", {}).get("precision", {}).get("name", "precision not recorded")
+    return f"{100 * host['metrics'][metric]:.2f} ({precision})"
+
+
+def device_metric() -> str:
+    """docs/device.md: far_train's model against far train's, per task, from device_train's metric files."""
+    rows, files, commands, noise = [], [], [], []
+    for task, (label, metric, seeds, runs) in METRIC_TASKS.items():
+        record = load(f"device_train/metric_{task}.json")
+        without = load(f"device_train/metric_{task}_host_no_dropout.json")
+        files += [f"device_train/metric_{task}.json", f"device_train/metric_{task}_host_no_dropout.json"]
+        commands += [f"python {record['command']}", f"python {without['command']}"]
+        n = record["train_examples"]
+        epochs = f"{run_epochs(record):g}"
+        if "plan" in without and run_epochs(without) != run_epochs(record):
+            epochs += f" (no dropout: {run_epochs(without):g})"
+        device = record["device"]
+        if device is None:
+            device_cells = ["not run", "", ""]
+        else:
+            gap = 100 * (device["metrics"][metric] - without["host"]["metrics"][metric])
+            device_cells = [f"**{100 * device['metrics'][metric]:.2f}**", signed(gap),
+                            f"{record['learners_file_bytes'] / 1e6:.1f} MB"]  # fmt: skip
+        rows.append([label.format(n=n), epochs, host_cell(record["host"], metric),
+                     host_cell(without["host"], metric), *device_cells])  # fmt: skip
+        points = [100 * load(f"{seeds}{seed}/metrics.json")["metrics"][metric] for seed in range(3)]
+        listed = ", ".join(f"{point:.2f}" for point in points)
+        noise.append(f"{label.split(' (')[0]} {mean_std(points)} ({runs}: seeds {listed}; "
+                     f"`experiments/results/{seeds}{{0,1,2}}`)")  # fmt: skip
+    header = ["task (training data; dev)", "epochs", "far train, dropout (its default)", "far train, no dropout",
+              "device (far_train, fp32)", "device − far train without dropout", "learners file"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\nOne seed (0) per arm. The host's spread over 3 seeds in committed runs of nearby configurations (frozen "
+        + "embeddings, max length 128, fp32, far's default dropout), the noise to expect: "
+        + "; ".join(noise)
+        + ".\n\n"
+        + source(files, device_machine(record), commands)
     )
 
 

@@ -44,3 +44,37 @@ def test_a_table_names_its_files_machine_and_command(tables):
 def test_an_unknown_marker_is_refused(tables):
     with pytest.raises(SystemExit, match="unknown table 'nope'"):
         tables.rewrite("<!-- table:nope -->\n<!-- /table:nope -->")
+
+
+def test_device_metric_compares_the_device_with_the_host_without_dropout(tables, monkeypatch):
+    writer = tables.device_metric
+    real = writer.__globals__["load"]  # tables_llm's own reader of the result files
+
+    def host(metric, value, precision="fp32"):
+        return {"metrics": {metric: value}, "trained": {"precision": {"name": precision}}}
+
+    fake = {
+        "device_train/metric_sst2.json": {
+            "command": "device_train.py --task sst2", "machine": "AMD EPYC; avx512_bf16", "cores": 2,
+            "train_examples": 4000, "plan": {"total_steps": 375}, "learners_file_bytes": 15_781_756,
+            "host": host("accuracy", 0.80), "device": {"metrics": {"accuracy": 0.83}},
+        },
+        "device_train/metric_sst2_host_no_dropout.json": {"command": "nd", "host": host("accuracy", 0.815)},
+        "device_train/metric_cola.json": {
+            "command": "device_train.py --task cola", "machine": "AMD EPYC; avx512_bf16", "cores": 2,
+            "train_examples": 8551, "plan": {"total_steps": 804}, "host": host("matthews_correlation", 0.25),
+            "device": None,
+        },
+        "device_train/metric_cola_host_no_dropout.json": {
+            "command": "nd", "host": {"metrics": {"matthews_correlation": 0.2}},
+        },
+    }  # fmt: skip
+    monkeypatch.setitem(writer.__globals__, "load", lambda relative: fake.get(relative) or real(relative))
+    written = writer()
+    assert (
+        "| SST-2 (first 4,000 sentences; 872 dev) | 3 | 80.00 (fp32) | 81.50 (fp32) | **83.00** | +1.50 | 15.8 MB |"
+        in written
+    )
+    # a device stage that did not finish, and a host file that does not record its precision, say so
+    assert "| 3 | 25.00 (fp32) | 20.00 (precision not recorded) | not run |  |  |" in written
+    assert "Machine: AMD EPYC, 2 cores (avx512_bf16), one thread" in written
