@@ -44,7 +44,7 @@ def _number(name: str, value: object, low: float, high: float | None = None, *, 
     return float(value)
 
 
-def _count(name: str, value: object, low: int = 0) -> int:
+def check_count(name: str, value: object, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
     return value
@@ -96,9 +96,9 @@ def optimizer_settings(
         None if max_grad_norm is None else _number("max_grad_norm", max_grad_norm, 0.0, strict_low=True)
     )
     if linear_schedule:
-        warmup = _count("warmup_steps", warmup_steps)
-        offset = _count("schedule_offset", schedule_offset)
-        if total_steps is not None and _count("total_steps", total_steps, 1) <= max(warmup, offset):
+        warmup = check_count("warmup_steps", warmup_steps)
+        offset = check_count("schedule_offset", schedule_offset)
+        if total_steps is not None and check_count("total_steps", total_steps, 1) <= max(warmup, offset):
             raise ValueError(
                 f"total_steps={total_steps} must exceed warmup_steps={warmup} and schedule_offset={offset}, or be "
                 "None (the run's own length)"
