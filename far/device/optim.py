@@ -3,7 +3,7 @@
 The runtime hands back the gradients of the trainable tensors and lets the caller write the tensors,
 so the update is run here on the named tensors, by torch's own optimizers (`torch.optim.SGD` and
 `torch.optim.AdamW`, single-tensor, as the host's training loop builds them), with their state kept
-in the state file's slots:
+in the state file's slots, the saved form of `far.training.optim` that the host's checkpoints share:
 
 - `sgd`: torch.optim.SGD (momentum, dampening, weight decay, Nesterov); slot `momentum` (torch's
   `momentum_buffer`).
@@ -30,9 +30,10 @@ from torch import Tensor
 from torch.nn.utils import clip_grad_norm_
 from torch.optim import SGD, AdamW, Optimizer
 
+from far.training.optim import SLOT_NAMES, load_named_state, named_state
 from far.training.schedule import WarmupLinear
 
-SLOTS = {"sgd": ("momentum",), "adamw": ("exp_avg", "exp_avg_sq")}
+SLOTS = {kind: tuple(SLOT_NAMES[kind].values()) for kind in ("sgd", "adamw")}  # the state file's slots
 
 
 def _number(name: str, value: object, low: float, high: float | None = None, *, strict_low: bool = False) -> float:
@@ -120,10 +121,6 @@ def lr_at(settings: Mapping, step: int, run_steps: int) -> float:
     return lr * WarmupLinear(total, int(schedule["warmup_steps"]), offset)(step)
 
 
-# The state file's slot name of each torch.optim state entry, per optimizer.
-_TORCH_STATE = {"sgd": {"momentum_buffer": "momentum"}, "adamw": {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}}
-
-
 def _torch_optimizer(settings: Mapping, params: list[Tensor], lr: float) -> Optimizer:
     wd = float(settings["weight_decay"])
     if settings["name"] == "sgd":
@@ -162,21 +159,12 @@ def update(
         if settings.get("max_grad_norm") is not None:
             clip_grad_norm_(tensors, float(settings["max_grad_norm"]), foreach=False)
         optimizer = _torch_optimizer(settings, tensors, lr)
-        kept = _TORCH_STATE[settings["name"]]
-        for slot in SLOTS[settings["name"]]:
-            slots.setdefault(slot, {})
-        for name, tensor in zip(names, tensors, strict=True):
-            held = {key: slots[slot][name] for key, slot in kept.items() if name in slots[slot]}
-            if settings["name"] == "adamw":
-                zeros = {key: torch.zeros_like(tensor) for key in kept if key not in held}
-                optimizer.state[tensor] = {"step": torch.tensor(float(step)), **held, **zeros}
-            elif held:
-                optimizer.state[tensor] = held
+        held = {f"{slot}:{name}": t for slot, values in slots.items() for name, t in values.items()}
+        load_named_state(optimizer, names, held, step)
         optimizer.step()
-        for name, tensor in zip(names, tensors, strict=True):
-            for key, slot in kept.items():
-                if key in optimizer.state[tensor]:
-                    slots[slot][name] = optimizer.state[tensor][key]
+        for key, tensor in named_state(optimizer, names)[0].items():
+            slot, _, name = key.partition(":")
+            slots.setdefault(slot, {})[name] = tensor
     finally:
         for tensor in tensors:
             tensor.grad = None
