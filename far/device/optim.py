@@ -21,8 +21,6 @@ dict, as the manifest stores them (`optimizer_settings` builds and checks one).
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 
 import torch
@@ -31,24 +29,10 @@ from torch.nn.utils import clip_grad_norm_
 from torch.optim import SGD, AdamW, Optimizer
 
 from far.training.optim import SLOT_NAMES, load_named_state, named_state
+from far.training.options import check_float, check_int
 from far.training.schedule import WarmupLinear
 
 SLOTS = {kind: tuple(SLOT_NAMES[kind].values()) for kind in ("sgd", "adamw")}  # the state file's slots
-
-
-def _number(name: str, value: object, low: float, high: float | None = None, *, strict_low: bool = False) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if strict_low else value >= low) and (high is None or value < high)
-    if not ok:
-        bound = f"> {low}" if strict_low else f">= {low}"
-        raise ValueError(f"{name} must be a number {bound}{'' if high is None else f' and < {high}'}, got {value!r}")
-    return float(value)
-
-
-def check_count(name: str, value: object, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return value
 
 
 def optimizer_settings(
@@ -84,22 +68,23 @@ def optimizer_settings(
     """
     if name not in SLOTS:
         raise ValueError(f"the device optimizer must be one of {sorted(SLOTS)}, got {name!r}")
-    settings: dict = {"name": name, "lr": _number("lr", lr, 0.0, strict_low=True)}
-    settings["weight_decay"] = _number("weight_decay", weight_decay, 0.0)
+    settings: dict = {"name": name, "lr": check_float("lr", lr, low=0.0, strict=True)}
+    settings["weight_decay"] = check_float("weight_decay", weight_decay, low=0.0)
     if name == "sgd":
-        settings |= {"momentum": _number("momentum", momentum, 0.0, 1.0), "dampening": 0.0, "nesterov": False}
+        settings["momentum"] = check_float("momentum", momentum, low=0.0, high=1.0)
+        settings |= {"dampening": 0.0, "nesterov": False}
     else:
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        settings["betas"] = [_number("betas[0]", betas[0], 0.0, 1.0), _number("betas[1]", betas[1], 0.0, 1.0)]
-        settings["eps"] = _number("eps", eps, 0.0, strict_low=True)
+        settings["betas"] = [check_float(f"betas[{i}]", betas[i], low=0.0, high=1.0) for i in (0, 1)]
+        settings["eps"] = check_float("eps", eps, low=0.0, strict=True)
     settings["max_grad_norm"] = (
-        None if max_grad_norm is None else _number("max_grad_norm", max_grad_norm, 0.0, strict_low=True)
+        None if max_grad_norm is None else check_float("max_grad_norm", max_grad_norm, low=0.0, strict=True)
     )
     if linear_schedule:
-        warmup = check_count("warmup_steps", warmup_steps)
-        offset = check_count("schedule_offset", schedule_offset)
-        if total_steps is not None and check_count("total_steps", total_steps, 1) <= max(warmup, offset):
+        warmup = check_int("warmup_steps", warmup_steps, 0)
+        offset = check_int("schedule_offset", schedule_offset, 0)
+        if total_steps is not None and check_int("total_steps", total_steps, 1) <= max(warmup, offset):
             raise ValueError(
                 f"total_steps={total_steps} must exceed warmup_steps={warmup} and schedule_offset={offset}, or be "
                 "None (the run's own length)"

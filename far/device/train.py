@@ -25,12 +25,13 @@ from torch import Tensor
 
 from far.device.examples import read_examples
 from far.device.manifest import STATE, DeviceFileError, read_manifest
-from far.device.optim import check_count, lr_at, update
+from far.device.optim import lr_at, update
 from far.device.order import epoch_order
 from far.device.runtime import DevicePrograms
 from far.device.state import DeviceState, read_state, trainable_sha256, write_state
 from far.training.engine import Cadence, Start
 from far.training.engine import train as run_engine
+from far.training.options import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _start(manifest: Mapping, state_path: Path, resume: bool, seed: int | None, 
                     f"{str(state_path)!r} holds this export's training state at step {step}; pass resume=True to go "
                     "on from it, or another state_path to start over"
                 )
-        return DeviceState(tensors={}, order_seed=check_count("seed", 0 if seed is None else seed))
+        return DeviceState(tensors={}, order_seed=check_int("seed", 0 if seed is None else seed, 0))
     state = read_state(state_path, manifest)
     if seed is not None and seed != state.order_seed:
         raise ValueError(f"seed={seed} differs from the resumed run's order seed {state.order_seed}; leave seed unset")
@@ -203,8 +204,8 @@ def train(
     """
     out_dir = Path(out_dir)
     state_path = out_dir / STATE if state_path is None else Path(state_path)
-    check_count("epochs", epochs)
-    check_count("checkpoint_every", checkpoint_every)
+    check_int("epochs", epochs, 0)
+    check_int("checkpoint_every", checkpoint_every, 0)
     manifest = read_manifest(out_dir)
     data, examples_sha = read_examples(examples, manifest)
     state = _start(manifest, state_path, resume, seed, examples_sha)
@@ -216,7 +217,7 @@ def train(
         )
     total = epochs * (n // (micro * accumulate))
     if max_steps is not None:
-        total = min(total, check_count("max_steps", max_steps, 1))
+        total = min(total, check_int("max_steps", max_steps, 1))
     if state.step >= total:
         logger.info("the state is at step %d (epoch %d): %d step(s) are done already", state.step, state.epoch, total)
         return TrainResult(state_path, state.step)
