@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +197,18 @@ def test_a_damaged_state_file_is_refused_and_nothing_changes(exported, tmp_path,
     with pytest.raises(DeviceFileError, match="truncated or damaged" if damage == "truncated" else "is damaged"):
         device.train(exported, exported / "examples.safetensors", state_path=path, resume=True)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors"]
+
+
+@pytest.mark.slow
+def test_sgd_without_momentum_trains_and_saves_a_state_without_optimizer_slots(exported, tmp_path):
+    out = tmp_path / "plain-sgd"
+    shutil.copytree(exported, out)
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["optimizer"]["momentum"] = 0.0  # the same programs: the update is the runner's
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    result = device.train(out, out / "examples.safetensors", epochs=1, state_path=tmp_path / "s.safetensors")
+    state = read_state(result.state_path, read_manifest(out))
+    assert result.step == state.step == 3 and state.slots == {}
 
 
 CHILD = """
