@@ -44,6 +44,7 @@ class TrainResult:
     step: int  # optimizer steps taken in all, this call's included
     losses: list[float] = field(default_factory=list)  # this call's, one per step
     seconds: float = 0.0
+    evaluations: list[dict] = field(default_factory=list)  # {"step", "loss", "accuracy"} with eval_examples
 
 
 class ProgramRunner:
@@ -54,6 +55,7 @@ class ProgramRunner:
         data: The examples (`read_examples`), `examples_sha` their file's sha256.
         state: Where the run starts (the export's initial state, or a resumed one).
         total: The run's optimizer steps in all.
+        held_out: Examples to score (`evaluate`), or None.
     """
 
     def __init__(
@@ -65,8 +67,9 @@ class ProgramRunner:
         state: DeviceState,
         state_path: Path,
         total: int,
+        held_out: Mapping[str, Tensor] | None = None,
     ) -> None:
-        self.manifest, self.data, self.examples_sha = manifest, data, examples_sha
+        self.manifest, self.data, self.examples_sha, self.held_out = manifest, data, examples_sha, held_out
         self.state, self.state_path, self.total = state, state_path, total
         self.micro, self.accumulate = int(manifest["micro_batch_size"]), int(manifest["accumulate"])
         self.per_epoch = data["labels"].shape[0] // (self.micro * self.accumulate)
@@ -118,7 +121,19 @@ class ProgramRunner:
         """No switch: the program is FAR's model after the surgery."""
 
     def evaluate(self, done: int) -> dict[str, float]:
-        return {}
+        """The mean loss (and accuracy) on the held-out examples' whole micro-batches, in file order.
+
+        The training program's forward scores them; the gradients it also computes are not used.
+        """
+        n, micro, scores = self.held_out["labels"].shape[0], self.micro, {"loss": 0.0, "accuracy": 0.0}
+        for start in range(0, n - n % micro, micro):
+            batch = {key: value[start : start + micro] for key, value in self.held_out.items()}
+            loss, logits = self.programs.forward_backward(batch)
+            scores["loss"] += loss / (n // micro)
+            scores["accuracy"] += float((logits.argmax(-1) == batch["labels"]).double().mean()) / (n // micro)
+        if self.manifest["task"]["kind"] == "regression":
+            del scores["accuracy"]
+        return scores
 
     def measures(self) -> dict[str, float]:
         return {"elapsed": round(time.perf_counter() - self.started, 3)}
@@ -173,6 +188,8 @@ def train(
     seed: int | None = None,
     max_steps: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    eval_examples: str | os.PathLike | None = None,
+    eval_every: int = 0,
 ) -> TrainResult:
     """Train an export folder's learners on `examples` for `epochs`, in ExecuTorch, and save the state.
 
@@ -190,6 +207,9 @@ def train(
         max_steps: Stop after this many optimizer steps in all, if fewer than `epochs` make (a
             device run that finishes a host run's schedule).
         on_step: Called as `on_step(step, loss)` after each step (and its checkpoint, if any).
+        eval_examples: An examples file written for this export, scored at the end of the run (and every
+            `eval_every` steps) by the training program's forward: mean loss and, for classification,
+            accuracy over its whole micro-batches (the examples past the last whole one are not scored).
 
     Returns:
         A `TrainResult`.
@@ -206,8 +226,12 @@ def train(
     state_path = out_dir / STATE if state_path is None else Path(state_path)
     check_int("epochs", epochs, 0)
     check_int("checkpoint_every", checkpoint_every, 0)
+    check_int("eval_every", eval_every, 0)
     manifest = read_manifest(out_dir)
     data, examples_sha = read_examples(examples, manifest)
+    held_out = None if eval_examples is None else read_examples(eval_examples, manifest)[0]
+    if held_out is not None and held_out["labels"].shape[0] < int(manifest["micro_batch_size"]):
+        raise ValueError(f"eval_examples hold fewer examples than one micro-batch of {manifest['micro_batch_size']}")
     state = _start(manifest, state_path, resume, seed, examples_sha)
     n, micro, accumulate = data["labels"].shape[0], int(manifest["micro_batch_size"]), int(manifest["accumulate"])
     if n // (micro * accumulate) == 0:
@@ -221,17 +245,21 @@ def train(
     if state.step >= total:
         logger.info("the state is at step %d (epoch %d): %d step(s) are done already", state.step, state.epoch, total)
         return TrainResult(state_path, state.step)
-    runner = ProgramRunner(out_dir, manifest, data, examples_sha, state, state_path, total)
+    runner = ProgramRunner(out_dir, manifest, data, examples_sha, state, state_path, total, held_out)
     # checkpoint_every=0: the state is written at the end only (the engine checkpoints at a multiple, and the last).
-    cadence = Cadence(total, evaluate=False, checkpoint_every=checkpoint_every or total)
+    every = checkpoint_every or total
+    cadence = Cadence(total, evaluate=held_out is not None, eval_every=eval_every, checkpoint_every=every)
     losses: list[float] = []
+    evaluations: list[dict] = []
 
     def each_step(record: dict) -> None:
         losses.append(record["loss"])
+        if "eval" in record:
+            evaluations.append({"step": record["step"], **record["eval"]})
         if on_step is not None:
             on_step(record["step"], record["loss"])
 
     run_engine(runner, cadence, None, progress=False, on_step=each_step)
     seconds = time.perf_counter() - runner.started
     logger.info("trained %d step(s) in %.1f s; state at step %d in %s", len(losses), seconds, total, state_path)
-    return TrainResult(state_path, total, losses, seconds)
+    return TrainResult(state_path, total, losses, seconds, evaluations)
