@@ -45,7 +45,7 @@ from far.storage.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_pro
 from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 from far.training.adamw import FusedAdamW
-from far.training.optim import load_named_state, named_state, optimizer_kind, trainable_parameters
+from far.training.optim import load_named_state, named_state, optimizer_kind
 from far.training.schedule import RunSchedule
 
 FORMAT = 3  # 2: split projections stored node-major (one row per node); 3: optimizer.safetensors
@@ -225,7 +225,7 @@ def load_model_state(model: nn.Module, checkpoint: Checkpoint, spec: FFNSpec | N
 
 
 def _save_optimizer(path: Path, optimizer: Optimizer | FusedAdamW, model: nn.Module) -> None:
-    named = {id(p): name for name, p in trainable_parameters(model)}
+    named = {id(p): name for name, p in model.named_parameters()}  # tied tensors once, by their first name
     names = [named[id(p)] for group in optimizer.param_groups for p in group["params"]]
     tensors, step = named_state(optimizer, names)
     rest = {key: value for key, value in optimizer.state_dict().items() if key != "state"}  # param_groups, MeZO's
