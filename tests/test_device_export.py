@@ -11,6 +11,8 @@ refusals made before exporting stay in the quick one.
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +198,40 @@ def test_a_damaged_state_file_is_refused_and_nothing_changes(exported, tmp_path,
     with pytest.raises(DeviceFileError, match="truncated or damaged" if damage == "truncated" else "is damaged"):
         device.train(exported, exported / "examples.safetensors", state_path=path, resume=True)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors"]
+
+
+@pytest.mark.slow
+def test_sgd_without_momentum_trains_and_saves_a_state_without_optimizer_slots(exported, tmp_path):
+    out = tmp_path / "plain-sgd"
+    shutil.copytree(exported, out)
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["optimizer"]["momentum"] = 0.0  # the same programs: the update is the runner's
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    result = device.train(out, out / "examples.safetensors", epochs=1, state_path=tmp_path / "s.safetensors")
+    state = read_state(result.state_path, read_manifest(out))
+    assert result.step == state.step == 3 and state.slots == {}
+
+
+@pytest.mark.slow
+def test_eval_examples_are_scored_as_the_trained_model_scores_them_and_training_is_unchanged(
+    exported, tokenizer, tmp_path
+):
+    examples, manifest = exported / "examples.safetensors", read_manifest(exported)
+    plain = device.train(exported, examples, epochs=1, state_path=tmp_path / "plain.safetensors")
+    state_path = tmp_path / "scored.safetensors"
+    result = device.train(exported, examples, epochs=1, state_path=state_path, eval_examples=examples, eval_every=2)
+    assert result.losses == plain.losses and [e["step"] for e in result.evaluations] == [2, 3]
+    a, b = read_state(plain.state_path, manifest), read_state(state_path, manifest)
+    assert all(torch.equal(a.tensors[name], b.tensors[name]) for name in a.tensors)
+    model = far.load_learners(
+        stock(tokenizer), device.to_learners(exported, state_path, stock(tokenizer), tmp_path / "user.safetensors")
+    ).eval()
+    data, _ = read_examples(examples, manifest)
+    with torch.no_grad():
+        outputs = [model(**{k: v[i : i + BATCH] for k, v in data.items()}) for i in range(0, len(TEXTS), BATCH)]
+    accuracy = torch.cat([o.logits.argmax(-1) for o in outputs]).eq(data["labels"]).double().mean()
+    assert result.evaluations[-1]["loss"] == pytest.approx(sum(float(o.loss) for o in outputs) / len(outputs), abs=1e-5)
+    assert result.evaluations[-1]["accuracy"] == pytest.approx(float(accuracy))
 
 
 CHILD = """

@@ -86,7 +86,7 @@ KILLS = {  # (optimizer, where, at which call, the step it resumes from)
     "after-the-switch-checkpoint": ("adamw", "after_checkpoint", 3, 3),
     "mid-step": ("adamw", "loss", 9, 4),  # the first of step 5's two batches
     "during-priming": ("adamw", "loss", 5, 2),  # step 3, the last priming step
-    "mid-checkpoint-write": ("mezo", "mid_checkpoint", 14, 4),  # inside step 5's checkpoint
+    "mid-checkpoint-write": ("mezo", "mid_checkpoint", 10, 4),  # inside step 5's checkpoint (2 torch.save each)
 }
 
 

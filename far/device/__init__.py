@@ -11,7 +11,7 @@
     optim.py      the device's optimizers: torch.optim's AdamW and SGD on named tensors, clipping, schedule
     state.py      the training state file (trainable tensors, optimizer state, position), checked on reading
     runtime.py    the programs through ExecuTorch's Python bindings
-    train.py      `train`: micro-batches, the optimizer's step, checkpoints, resume
+    train.py      `train`: `ProgramRunner`, the training engine's runner for the programs (micro-batches, the update)
     learners.py   `to_learners`: a state as an ordinary learners file for the stock model
     lm_view.py    a lean causal LM's export view: its own modules, made traceable, and the sliced next-token loss
     lm_export.py  `export_causal_lm`: a lean causal LM's FAR layout as a folder that trains on text

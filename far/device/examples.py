@@ -20,13 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
 from far.data.files import DEFAULT_LABEL_COLUMN, resolve_text_columns
 from far.data.table import DataFileError, read_table
-from far.device.manifest import TOKENIZER, DeviceFileError, read_manifest, sha256_file
+from far.device.manifest import TOKENIZER, DeviceFileError, read_manifest, read_safetensors, sha256_file
 from far.storage.atomic import atomic_file
 
 FORMAT, FORMAT_VERSION = "far.device.examples", "1"
@@ -179,14 +178,7 @@ def read_examples(path: str | os.PathLike, manifest: Mapping) -> tuple[dict[str,
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no examples file at {str(path)!r}; write one with far.device.write_examples")
-    try:
-        with safe_open(path, framework="pt") as f:
-            metadata = f.metadata() or {}
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-    except Exception as error:
-        raise DeviceFileError(
-            f"{str(path)!r} is not a readable safetensors file (truncated or damaged?): {error}"
-        ) from error
+    metadata, tensors = read_safetensors(path)
     if metadata.get("format") != FORMAT or metadata.get("format_version") != FORMAT_VERSION:
         raise DeviceFileError(f"{str(path)!r} is not a far.device examples file; write it with write_examples")
     n_labels = str(manifest["task"]["num_labels"])

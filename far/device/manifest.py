@@ -18,6 +18,9 @@ import json
 import os
 from pathlib import Path
 
+from safetensors import safe_open
+from torch import Tensor
+
 from far.storage.atomic import file_sha256 as sha256_file  # the name the export's readers use
 
 FORMAT = "far.device"
@@ -144,6 +147,17 @@ def _check_fields(manifest: dict, path: Path) -> None:
         for spec in trainable
     ):
         raise bad("trainable", "must list each tensor's name, shape and dtype")
+
+
+def read_safetensors(path: Path, advice: str = "") -> tuple[dict[str, str], dict[str, Tensor]]:
+    """(metadata, tensors) of a safetensors file (nothing is ever unpickled); a DeviceFileError if unreadable."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            return f.metadata() or {}, {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as error:  # SafetensorError and OSError alike
+        raise DeviceFileError(
+            f"{str(path)!r} is not a readable safetensors file (truncated or damaged?): {error}{advice}"
+        ) from error
 
 
 def program_sha256(manifest: dict) -> str:

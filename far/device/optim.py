@@ -3,7 +3,7 @@
 The runtime hands back the gradients of the trainable tensors and lets the caller write the tensors,
 so the update is run here on the named tensors, by torch's own optimizers (`torch.optim.SGD` and
 `torch.optim.AdamW`, single-tensor, as the host's training loop builds them), with their state kept
-in the state file's slots:
+in the state file's slots, the saved form of `far.training.optim` that the host's checkpoints share:
 
 - `sgd`: torch.optim.SGD (momentum, dampening, weight decay, Nesterov); slot `momentum` (torch's
   `momentum_buffer`).
@@ -21,8 +21,6 @@ dict, as the manifest stores them (`optimizer_settings` builds and checks one).
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 
 import torch
@@ -30,24 +28,11 @@ from torch import Tensor
 from torch.nn.utils import clip_grad_norm_
 from torch.optim import SGD, AdamW, Optimizer
 
+from far.training.optim import SLOT_NAMES, load_named_state, named_state
+from far.training.options import check_float, check_int
 from far.training.schedule import WarmupLinear
 
-SLOTS = {"sgd": ("momentum",), "adamw": ("exp_avg", "exp_avg_sq")}
-
-
-def _number(name: str, value: object, low: float, high: float | None = None, *, strict_low: bool = False) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if strict_low else value >= low) and (high is None or value < high)
-    if not ok:
-        bound = f"> {low}" if strict_low else f">= {low}"
-        raise ValueError(f"{name} must be a number {bound}{'' if high is None else f' and < {high}'}, got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: object, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return value
+SLOTS = {kind: tuple(SLOT_NAMES[kind].values()) for kind in ("sgd", "adamw")}  # the state file's slots
 
 
 def optimizer_settings(
@@ -83,22 +68,23 @@ def optimizer_settings(
     """
     if name not in SLOTS:
         raise ValueError(f"the device optimizer must be one of {sorted(SLOTS)}, got {name!r}")
-    settings: dict = {"name": name, "lr": _number("lr", lr, 0.0, strict_low=True)}
-    settings["weight_decay"] = _number("weight_decay", weight_decay, 0.0)
+    settings: dict = {"name": name, "lr": check_float("lr", lr, low=0.0, strict=True)}
+    settings["weight_decay"] = check_float("weight_decay", weight_decay, low=0.0)
     if name == "sgd":
-        settings |= {"momentum": _number("momentum", momentum, 0.0, 1.0), "dampening": 0.0, "nesterov": False}
+        settings["momentum"] = check_float("momentum", momentum, low=0.0, high=1.0)
+        settings |= {"dampening": 0.0, "nesterov": False}
     else:
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        settings["betas"] = [_number("betas[0]", betas[0], 0.0, 1.0), _number("betas[1]", betas[1], 0.0, 1.0)]
-        settings["eps"] = _number("eps", eps, 0.0, strict_low=True)
+        settings["betas"] = [check_float(f"betas[{i}]", betas[i], low=0.0, high=1.0) for i in (0, 1)]
+        settings["eps"] = check_float("eps", eps, low=0.0, strict=True)
     settings["max_grad_norm"] = (
-        None if max_grad_norm is None else _number("max_grad_norm", max_grad_norm, 0.0, strict_low=True)
+        None if max_grad_norm is None else check_float("max_grad_norm", max_grad_norm, low=0.0, strict=True)
     )
     if linear_schedule:
-        warmup = _count("warmup_steps", warmup_steps)
-        offset = _count("schedule_offset", schedule_offset)
-        if total_steps is not None and _count("total_steps", total_steps, 1) <= max(warmup, offset):
+        warmup = check_int("warmup_steps", warmup_steps, 0)
+        offset = check_int("schedule_offset", schedule_offset, 0)
+        if total_steps is not None and check_int("total_steps", total_steps, 1) <= max(warmup, offset):
             raise ValueError(
                 f"total_steps={total_steps} must exceed warmup_steps={warmup} and schedule_offset={offset}, or be "
                 "None (the run's own length)"
@@ -118,10 +104,6 @@ def lr_at(settings: Mapping, step: int, run_steps: int) -> float:
     offset = int(schedule["offset"])
     total = offset + run_steps if schedule["total_steps"] is None else int(schedule["total_steps"])
     return lr * WarmupLinear(total, int(schedule["warmup_steps"]), offset)(step)
-
-
-# The state file's slot name of each torch.optim state entry, per optimizer.
-_TORCH_STATE = {"sgd": {"momentum_buffer": "momentum"}, "adamw": {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}}
 
 
 def _torch_optimizer(settings: Mapping, params: list[Tensor], lr: float) -> Optimizer:
@@ -162,21 +144,12 @@ def update(
         if settings.get("max_grad_norm") is not None:
             clip_grad_norm_(tensors, float(settings["max_grad_norm"]), foreach=False)
         optimizer = _torch_optimizer(settings, tensors, lr)
-        kept = _TORCH_STATE[settings["name"]]
-        for slot in SLOTS[settings["name"]]:
-            slots.setdefault(slot, {})
-        for name, tensor in zip(names, tensors, strict=True):
-            held = {key: slots[slot][name] for key, slot in kept.items() if name in slots[slot]}
-            if settings["name"] == "adamw":
-                zeros = {key: torch.zeros_like(tensor) for key in kept if key not in held}
-                optimizer.state[tensor] = {"step": torch.tensor(float(step)), **held, **zeros}
-            elif held:
-                optimizer.state[tensor] = held
+        held = {f"{slot}:{name}": t for slot, values in slots.items() for name, t in values.items()}
+        load_named_state(optimizer, names, held, step)
         optimizer.step()
-        for name, tensor in zip(names, tensors, strict=True):
-            for key, slot in kept.items():
-                if key in optimizer.state[tensor]:
-                    slots[slot][name] = optimizer.state[tensor][key]
+        for key, tensor in named_state(optimizer, names)[0].items():
+            slot, _, name = key.partition(":")
+            slots.setdefault(slot, {})[name] = tensor
     finally:
         for tensor in tensors:
             tensor.grad = None

@@ -23,11 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from far.device.manifest import DeviceFileError, program_sha256
+from far.device.manifest import DeviceFileError, program_sha256, read_safetensors
 from far.device.optim import SLOTS
 from far.saving.digests import hash_tensors
 from far.storage.atomic import atomic_file
@@ -123,15 +122,8 @@ def read_state(path: str | os.PathLike, manifest: Mapping) -> DeviceState:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state file at {str(path)!r}")
-    try:
-        with safe_open(path, framework="pt") as f:  # safetensors: nothing is ever unpickled
-            metadata = f.metadata() or {}
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-    except Exception as error:  # SafetensorError and OSError alike
-        raise DeviceFileError(
-            f"{str(path)!r} is not a readable safetensors file (truncated or damaged?): {error}; resume from an "
-            "intact state file, or start again from the export's state.safetensors"
-        ) from error
+    advice = "; resume from an intact state file, or start again from the export's state.safetensors"
+    metadata, tensors = read_safetensors(path, advice)
     if metadata.get("format") != FORMAT or metadata.get("format_version") != FORMAT_VERSION:
         raise DeviceFileError(
             f"{str(path)!r} is not a far.device training state of version {FORMAT_VERSION} (format "

@@ -1,12 +1,13 @@
-"""`train`: the learners of an export folder trained through ExecuTorch's Python bindings.
+"""`train`: the learners of an export folder trained through ExecuTorch's Python bindings, on far's engine.
 
-Each step runs, for each of the export's `accumulate` micro-batches, the bottom program (if any)
-and the training program's forward and backward, averages their gradients, then updates the
-program's own trainable tensors with the manifest's optimizer (`far.device.optim`: SGD with
-momentum or AdamW, clipping, schedule). The runtime's own SGD (`get_sgd_optimizer`) keeps its
-momentum where it cannot be saved, so the update is done here, with the optimizer's state in the
-state file. Batches follow `far.device.order`; a state file (`far.device.state`) is written every
-`checkpoint_every` steps and at the end, atomically, and `resume=True` goes on from one: a run
+`ProgramRunner` is the engine's `Runner` (`far.training.engine`) for an ExecuTorch training program.
+Its step runs, for each of the export's `accumulate` micro-batches, the bottom program (if any) and
+the training program's forward and backward, averages their gradients, then updates the program's
+own trainable tensors with the manifest's optimizer (`far.device.optim`: SGD with momentum or AdamW,
+clipping, schedule). The runtime's own SGD (`get_sgd_optimizer`) keeps its momentum where it cannot
+be saved, so the update is done here, with the optimizer's state in the state file. Batches follow
+`far.device.order`. The engine takes the steps and writes the state file (`far.device.state`,
+atomically) every `checkpoint_every` steps and at the end; `resume=True` goes on from one: a run
 killed at any moment and resumed ends with the same state as one never interrupted.
 """
 
@@ -28,6 +29,9 @@ from far.device.optim import lr_at, update
 from far.device.order import epoch_order
 from far.device.runtime import DevicePrograms
 from far.device.state import DeviceState, read_state, trainable_sha256, write_state
+from far.training.engine import Cadence, Start
+from far.training.engine import train as run_engine
+from far.training.options import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +44,113 @@ class TrainResult:
     step: int  # optimizer steps taken in all, this call's included
     losses: list[float] = field(default_factory=list)  # this call's, one per step
     seconds: float = 0.0
+    evaluations: list[dict] = field(default_factory=list)  # {"step", "loss", "accuracy"} with eval_examples
 
 
-def _check_count(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return value
+class ProgramRunner:
+    """The engine's runner for an export folder's programs, from `state` to step `total`, saving to `state_path`.
+
+    Args:
+        out_dir, manifest: The export folder and its manifest.
+        data: The examples (`read_examples`), `examples_sha` their file's sha256.
+        state: Where the run starts (the export's initial state, or a resumed one).
+        total: The run's optimizer steps in all.
+        held_out: Examples to score (`evaluate`), or None.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        manifest: Mapping,
+        data: Mapping[str, Tensor],
+        examples_sha: str,
+        state: DeviceState,
+        state_path: Path,
+        total: int,
+        held_out: Mapping[str, Tensor] | None = None,
+    ) -> None:
+        self.manifest, self.data, self.examples_sha, self.held_out = manifest, data, examples_sha, held_out
+        self.state, self.state_path, self.total = state, state_path, total
+        self.micro, self.accumulate = int(manifest["micro_batch_size"]), int(manifest["accumulate"])
+        self.per_epoch = data["labels"].shape[0] // (self.micro * self.accumulate)
+        self.programs = DevicePrograms(out_dir, manifest)
+        self.slots = {slot: {n: t.clone() for n, t in values.items()} for slot, values in state.slots.items()}
+        self._order: tuple[int, Tensor] | None = None  # (epoch, its order)
+        self.started = time.perf_counter()
+
+    def begin(self) -> Start:
+        state = self.state
+        # The program starts at the export's values; a state elsewhere is copied in after a first call
+        # (the program's tensors are reachable only from its outputs).
+        if state.tensors and trainable_sha256(state.tensors) != self.manifest["state"]["initial_sha256"]:
+            self.programs.forward_backward(self._micro_batches(state.step)[0])
+            self.programs.load(state.tensors)
+        return Start(state.step, resumed=state.step > 0)
+
+    def _micro_batches(self, step: int) -> list[dict[str, Tensor]]:
+        epoch, batch = divmod(step, self.per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            n = self.data["labels"].shape[0]
+            self._order = epoch, torch.from_numpy(epoch_order(self.state.order_seed, epoch, n))
+        size = self.micro * self.accumulate
+        rows = self._order[1][batch * size : (batch + 1) * size]
+        parts = [rows[part * self.micro : (part + 1) * self.micro] for part in range(self.accumulate)]
+        return [{key: value[part] for key, value in self.data.items()} for part in parts]
+
+    def step(self, step: int) -> dict:
+        programs, accumulate = self.programs, self.accumulate
+        loss, grads = 0.0, None
+        for inputs in self._micro_batches(step):  # gradients are micro-batch means: their mean is the batch's
+            loss += programs.forward_backward(inputs)[0] / accumulate
+            if accumulate == 1:
+                grads = programs.gradients()
+            elif grads is None:
+                grads = {name: g.clone() for name, g in programs.gradients().items()}
+            else:
+                for name, g in programs.gradients().items():
+                    grads[name].add_(g)
+        if accumulate > 1:
+            for g in grads.values():
+                g.div_(accumulate)
+        settings = self.manifest["optimizer"]
+        lr = lr_at(settings, step, self.total)
+        update(settings, programs.parameters(), grads, self.slots, step, lr)
+        return {"step": step + 1, "loss": loss, "lr": lr}
+
+    def switch(self, done: int, record: dict) -> None:
+        """No switch: the program is FAR's model after the surgery."""
+
+    def evaluate(self, done: int) -> dict[str, float]:
+        """The mean loss (and accuracy) on the held-out examples' whole micro-batches, in file order.
+
+        The training program's forward scores them; the gradients it also computes are not used.
+        """
+        n, micro, scores = self.held_out["labels"].shape[0], self.micro, {"loss": 0.0, "accuracy": 0.0}
+        for start in range(0, n - n % micro, micro):
+            batch = {key: value[start : start + micro] for key, value in self.held_out.items()}
+            loss, logits = self.programs.forward_backward(batch)
+            scores["loss"] += loss / (n // micro)
+            scores["accuracy"] += float((logits.argmax(-1) == batch["labels"]).double().mean()) / (n // micro)
+        if self.manifest["task"]["kind"] == "regression":
+            del scores["accuracy"]
+        return scores
+
+    def measures(self) -> dict[str, float]:
+        return {"elapsed": round(time.perf_counter() - self.started, 3)}
+
+    def save(self, done: int) -> None:
+        epoch, batch = divmod(done, self.per_epoch)
+        params, names = self.programs.parameters(), self.programs.names
+        state = DeviceState(
+            tensors={name: params[name] for name in names},
+            slots={slot: {name: values[name] for name in names} for slot, values in self.slots.items()},
+            step=done,
+            epoch=epoch,
+            batch=batch,
+            order_seed=self.state.order_seed,
+            examples_sha256=self.examples_sha,
+        )
+        write_state(self.state_path, state, self.manifest)
 
 
 def _start(manifest: Mapping, state_path: Path, resume: bool, seed: int | None, examples_sha: str) -> DeviceState:
@@ -61,7 +166,7 @@ def _start(manifest: Mapping, state_path: Path, resume: bool, seed: int | None, 
                     f"{str(state_path)!r} holds this export's training state at step {step}; pass resume=True to go "
                     "on from it, or another state_path to start over"
                 )
-        return DeviceState(tensors={}, order_seed=_check_count("seed", 0 if seed is None else seed, 0))
+        return DeviceState(tensors={}, order_seed=check_int("seed", 0 if seed is None else seed, 0))
     state = read_state(state_path, manifest)
     if seed is not None and seed != state.order_seed:
         raise ValueError(f"seed={seed} differs from the resumed run's order seed {state.order_seed}; leave seed unset")
@@ -83,6 +188,8 @@ def train(
     seed: int | None = None,
     max_steps: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    eval_examples: str | os.PathLike | None = None,
+    eval_every: int = 0,
 ) -> TrainResult:
     """Train an export folder's learners on `examples` for `epochs`, in ExecuTorch, and save the state.
 
@@ -100,6 +207,9 @@ def train(
         max_steps: Stop after this many optimizer steps in all, if fewer than `epochs` make (a
             device run that finishes a host run's schedule).
         on_step: Called as `on_step(step, loss)` after each step (and its checkpoint, if any).
+        eval_examples: An examples file written for this export, scored at the end of the run (and every
+            `eval_every` steps) by the training program's forward: mean loss and, for classification,
+            accuracy over its whole micro-batches (the examples past the last whole one are not scored).
 
     Returns:
         A `TrainResult`.
@@ -114,88 +224,42 @@ def train(
     """
     out_dir = Path(out_dir)
     state_path = out_dir / STATE if state_path is None else Path(state_path)
-    _check_count("epochs", epochs, 0)
-    _check_count("checkpoint_every", checkpoint_every, 0)
+    check_int("epochs", epochs, 0)
+    check_int("checkpoint_every", checkpoint_every, 0)
+    check_int("eval_every", eval_every, 0)
     manifest = read_manifest(out_dir)
     data, examples_sha = read_examples(examples, manifest)
+    held_out = None if eval_examples is None else read_examples(eval_examples, manifest)[0]
+    if held_out is not None and held_out["labels"].shape[0] < int(manifest["micro_batch_size"]):
+        raise ValueError(f"eval_examples hold fewer examples than one micro-batch of {manifest['micro_batch_size']}")
     state = _start(manifest, state_path, resume, seed, examples_sha)
     n, micro, accumulate = data["labels"].shape[0], int(manifest["micro_batch_size"]), int(manifest["accumulate"])
-    size = micro * accumulate  # examples per optimizer step
-    per_epoch = n // size
-    if per_epoch == 0:
+    if n // (micro * accumulate) == 0:
         raise ValueError(
-            f"{n} examples make no batch of {size} ({accumulate} micro-batch(es) of the programs' fixed {micro}); "
-            "give more examples"
+            f"{n} examples make no batch of {micro * accumulate} ({accumulate} micro-batch(es) of the programs' "
+            f"fixed {micro}); give more examples"
         )
-    total = epochs * per_epoch
+    total = epochs * (n // (micro * accumulate))
     if max_steps is not None:
-        total = min(total, _check_count("max_steps", max_steps, 1))
+        total = min(total, check_int("max_steps", max_steps, 1))
     if state.step >= total:
         logger.info("the state is at step %d (epoch %d): %d step(s) are done already", state.step, state.epoch, total)
         return TrainResult(state_path, state.step)
-    settings = manifest["optimizer"]
-    programs = DevicePrograms(out_dir, manifest)
-    # The program starts at the export's values; a state elsewhere is copied in after a first call.
-    pending = bool(state.tensors) and trainable_sha256(state.tensors) != manifest["state"]["initial_sha256"]
-    slots = {slot: {name: t.clone() for name, t in values.items()} for slot, values in state.slots.items()}
-    step, losses, order, order_epoch = state.step, [], None, -1
-    start = time.perf_counter()
-    while step < total:
-        epoch, batch = divmod(step, per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = torch.from_numpy(epoch_order(state.order_seed, epoch, n)), epoch
-        rows = order[batch * size : (batch + 1) * size]
-        loss, grads = 0.0, None
-        for part in range(accumulate):  # gradients are means over each micro-batch: their mean is the batch's
-            inputs = {key: value[rows[part * micro : (part + 1) * micro]] for key, value in data.items()}
-            part_loss, _ = programs.forward_backward(inputs)
-            if pending:  # that call only made the program's tensors reachable: load the state, run again
-                programs.load(state.tensors)
-                pending = False
-                part_loss, _ = programs.forward_backward(inputs)
-            loss += part_loss / accumulate
-            if accumulate == 1:
-                grads = programs.gradients()
-            elif grads is None:
-                grads = {name: g.clone() for name, g in programs.gradients().items()}
-            else:
-                for name, g in programs.gradients().items():
-                    grads[name].add_(g)
-        if accumulate > 1:
-            for g in grads.values():
-                g.div_(accumulate)
-        update(settings, programs.parameters(), grads, slots, step, lr_at(settings, step, total))
-        step += 1
-        losses.append(loss)
-        if checkpoint_every and step % checkpoint_every == 0 and step < total:
-            _save(state_path, programs, slots, step, per_epoch, state.order_seed, examples_sha, manifest)
+    runner = ProgramRunner(out_dir, manifest, data, examples_sha, state, state_path, total, held_out)
+    # checkpoint_every=0: the state is written at the end only (the engine checkpoints at a multiple, and the last).
+    every = checkpoint_every or total
+    cadence = Cadence(total, evaluate=held_out is not None, eval_every=eval_every, checkpoint_every=every)
+    losses: list[float] = []
+    evaluations: list[dict] = []
+
+    def each_step(record: dict) -> None:
+        losses.append(record["loss"])
+        if "eval" in record:
+            evaluations.append({"step": record["step"], **record["eval"]})
         if on_step is not None:
-            on_step(step, loss)
-    _save(state_path, programs, slots, step, per_epoch, state.order_seed, examples_sha, manifest)
-    seconds = time.perf_counter() - start
-    logger.info("trained %d step(s) in %.1f s; state at step %d in %s", len(losses), seconds, step, state_path)
-    return TrainResult(state_path, step, losses, seconds)
+            on_step(record["step"], record["loss"])
 
-
-def _save(
-    path: Path,
-    programs: DevicePrograms,
-    slots: Mapping[str, Mapping[str, Tensor]],
-    step: int,
-    per_epoch: int,
-    seed: int,
-    examples_sha: str,
-    manifest: Mapping,
-) -> None:
-    epoch, batch = divmod(step, per_epoch)
-    params = programs.parameters()
-    state = DeviceState(
-        tensors={name: params[name] for name in programs.names},
-        slots={slot: {name: values[name] for name in programs.names} for slot, values in slots.items()},
-        step=step,
-        epoch=epoch,
-        batch=batch,
-        order_seed=seed,
-        examples_sha256=examples_sha,
-    )
-    write_state(path, state, manifest)
+    run_engine(runner, cadence, None, progress=False, on_step=each_step)
+    seconds = time.perf_counter() - runner.started
+    logger.info("trained %d step(s) in %.1f s; state at step %d in %s", len(losses), seconds, total, state_path)
+    return TrainResult(state_path, total, losses, seconds, evaluations)

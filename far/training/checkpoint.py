@@ -4,13 +4,18 @@ Layout under `output_dir/checkpoints/`::
 
     step-<N>/model.safetensors   the model's tensors (a FAR model's learner/frozen blocks and node order)
     step-<N>/far.json            the FARConfig (or null) and the names of the trainable tensors
-    step-<N>/optimizer.pt        optimizer state      } torch.save; read back with
-    step-<N>/scheduler.pt        LR scheduler state   } torch.load(weights_only=True)
+    step-<N>/optimizer.safetensors  optimizer state, in far.training.optim's saved form (the device's state
+                                 file's): `<slot>:<name>` tensors; metadata `optimizer`, `step`, the tensors'
+                                 `names` in the optimizer's order, `state_dict` (JSON: param_groups, MeZO's counters)
+    step-<N>/scheduler.pt        LR scheduler state   } torch.save; read back with
+                                                      } torch.load(weights_only=True)
     step-<N>/rng.pt              torch's CPU (and CUDA) RNG state (dropout)
     step-<N>/trainer_state.json  step, the run's plan, seconds spent so far
     step-<N>/primer.safetensors  during priming only: the Primer's pre-priming snapshot
     step-<N>/manifest.json       size and sha256 of every file above
     latest                       the name of the newest complete step folder
+
+Checkpoints of format 2 hold `optimizer.pt` (torch.save of `state_dict()`) instead; they load as well.
 
 A folder appears whole or not at all, and `latest` is replaced only once its folder is complete
 (`far.storage.step_folders`), so a process killed mid-write never leaves a broken latest checkpoint.
@@ -40,10 +45,12 @@ from far.storage.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_pro
 from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 from far.training.adamw import FusedAdamW
+from far.training.optim import load_named_state, named_state, optimizer_kind
 from far.training.schedule import RunSchedule
 
-FORMAT = 2  # 2: split projections stored node-major (one row per node)
-_FILES = ("model.safetensors", "far.json", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json")
+FORMAT = 3  # 2: split projections stored node-major (one row per node); 3: optimizer.safetensors
+_FILES = ("model.safetensors", "far.json", "scheduler.pt", "rng.pt", "trainer_state.json")
+_OPTIMIZER, _OPTIMIZER_PT = "optimizer.safetensors", "optimizer.pt"  # format 3, format 2
 _PRIMER = "primer.safetensors"
 logger = logging.getLogger(__name__)
 
@@ -77,7 +84,7 @@ def save_checkpoint(
     def write(folder: Path) -> None:
         save_model_file(model, folder / "model.safetensors")  # tied tensors are stored once
         (folder / "far.json").write_text(json.dumps(layout, indent=1))
-        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        _save_optimizer(folder / _OPTIMIZER, optimizer, model)
         torch.save(scheduler.state_dict(), folder / "scheduler.pt")
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():  # dropout on a GPU draws from its own generators
@@ -147,7 +154,8 @@ def verify_checkpoint(folder: Path) -> str | None:
     """What a checkpoint folder is if not intact ("incomplete (...)", "corrupted (...)"), or None."""
     if not folder.is_dir():
         return "missing"
-    missing = [f for f in _FILES if not (folder / f).is_file()]
+    optimizer = _OPTIMIZER if (folder / _OPTIMIZER).is_file() else _OPTIMIZER_PT
+    missing = [f for f in (*_FILES, optimizer) if not (folder / f).is_file()]
     if missing:
         return f"incomplete (missing {', '.join(missing)})"
     return manifest_problem(folder, required=False)  # folders written before manifests: their files' presence only
@@ -160,9 +168,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if problem is not None:
         raise ValueError(f"the checkpoint {str(folder)!r} is {problem}")
     state = json.loads((folder / "trainer_state.json").read_text())
-    if state.get("format") != FORMAT:
+    if state.get("format") not in (2, FORMAT):
         raise ValueError(
-            f"the checkpoint {str(folder)!r} has format {state.get('format')!r}; this far reads format {FORMAT}"
+            f"the checkpoint {str(folder)!r} has format {state.get('format')!r}; this far reads formats 2 and {FORMAT}"
         )
     layout = json.loads((folder / "far.json").read_text())
     config = None if layout["far"] is None else FARConfig(**layout["far"])
@@ -216,12 +224,35 @@ def load_model_state(model: nn.Module, checkpoint: Checkpoint, spec: FFNSpec | N
         p.requires_grad_(name in trainable)
 
 
+def _save_optimizer(path: Path, optimizer: Optimizer | FusedAdamW, model: nn.Module) -> None:
+    named = {id(p): name for name, p in model.named_parameters()}  # tied tensors once, by their first name
+    names = [named[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    tensors, step = named_state(optimizer, names)
+    rest = {key: value for key, value in optimizer.state_dict().items() if key != "state"}  # param_groups, MeZO's
+    metadata = {"format": "far.optimizer", "optimizer": optimizer_kind(optimizer), "step": str(step)}
+    metadata |= {"names": json.dumps(names), "state_dict": json.dumps(rest)}
+    save_file({key: t.contiguous() for key, t in tensors.items()}, str(path), metadata=metadata)
+
+
+def _load_optimizer(folder: Path, optimizer: Optimizer | FusedAdamW) -> None:
+    if not (folder / _OPTIMIZER).is_file():  # format 2
+        optimizer.load_state_dict(torch.load(folder / _OPTIMIZER_PT, weights_only=True))
+        return
+    with safe_open(str(folder / _OPTIMIZER), framework="pt") as f:
+        metadata, tensors = f.metadata(), {key: f.get_tensor(key) for key in f.keys()}
+    kind = optimizer_kind(optimizer)
+    if metadata["optimizer"] != kind:
+        raise ValueError(f"the checkpoint {str(folder)!r} holds a {metadata['optimizer']} state, not {kind}'s")
+    names, saved = json.loads(metadata["names"]), json.loads(metadata["state_dict"])
+    load_named_state(optimizer, names, tensors, int(metadata["step"]), saved)
+
+
 def load_training_state(
     checkpoint: Checkpoint, optimizer: Optimizer | FusedAdamW, scheduler: LRScheduler | RunSchedule
 ) -> None:
     """Load the optimizer, scheduler and RNG states (torch.load with weights_only=True)."""
     folder = checkpoint.path
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    _load_optimizer(folder, optimizer)
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng = torch.load(folder / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])

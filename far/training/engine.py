@@ -6,7 +6,8 @@ atomic checkpoint and the progress bar. A runner owns the model: how a step is t
 (micro-batches, accumulation, clipping and the schedule inside), how it is scored, what a checkpoint
 keeps and how a run goes on from one. The runners: `far.training.loop.Loop` (a transformers or lean
 encoder model, `far.finetune`), `far.llm.text_runner.TextRunner` (the lean GGUF causal LM on a
-user's texts) and `far.llm.prompt_runner.PromptRunner` (the same model trained by prompts).
+user's texts), `far.llm.prompt_runner.PromptRunner` (the same model trained by prompts) and
+`far.device.train.ProgramRunner` (an ExecuTorch training program, through its Python bindings).
 
     >>> cadence = Cadence(total_steps=100, eval_every=50, checkpoint_every=25)
     >>> train(runner, cadence, Path("runs/x/log.jsonl"), progress=False)

@@ -1,7 +1,17 @@
-"""The optimizers `far.finetune` builds: always over the model's trainable tensors only."""
+"""The optimizers `far.finetune` builds, always over the model's trainable tensors only, and their saved state.
+
+An optimizer's state has one saved form, the host's checkpoints' (`far.training.checkpoint`) and the
+device's state file's (`far.device.state`) alike: for each trained tensor `<name>`, tensors
+`<slot>:<name>` in its dtype, the slots named by `SLOT_NAMES` (torch.optim's state key -> slot), and
+one step counter, the optimizer steps taken (AdamW's bias corrections count from it; torch keeps it
+per tensor, as a float32 tensor). A state saved by one side loads in the other (tests/test_optimizer_state.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import torch
 from torch import Tensor, nn
 from torch.optim import SGD, AdamW, Optimizer
 
@@ -65,3 +75,55 @@ def build_optimizer(
     if name == "mezo":
         return MeZO(groups, lr=lr, eps=mezo_eps, n_directions=mezo_directions, seed=seed)
     raise ValueError(f"unknown optimizer {name!r}; use 'adamw', 'sgd' or 'mezo'")
+
+
+SLOT_NAMES = {
+    "sgd": {"momentum_buffer": "momentum"},
+    "adamw": {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
+    "mezo": {},  # its directions come from a seed and a step count: no tensor state
+}
+
+
+def optimizer_kind(optimizer: Optimizer | FusedAdamW) -> str:
+    """The `SLOT_NAMES` key of an optimizer: "adamw", "sgd" or "mezo"."""
+    for kind, classes in (("adamw", (AdamW, FusedAdamW)), ("sgd", (SGD,)), ("mezo", (MeZO,))):
+        if isinstance(optimizer, classes):
+            return kind
+    raise ValueError(f"no saved form for a {type(optimizer).__name__}; far saves AdamW, SGD and MeZO states")
+
+
+def named_state(optimizer: Optimizer | FusedAdamW, names: Sequence[str]) -> tuple[dict[str, Tensor], int]:
+    """The optimizer's state in the saved form: `({"<slot>:<name>": tensor}, steps taken)`.
+
+    Args:
+        names: The name of each of the optimizer's tensors, in its order (its groups' in turn).
+    """
+    kind, tensors, step = optimizer_kind(optimizer), {}, 0
+    for number, entry in optimizer.state_dict()["state"].items():
+        for key, value in entry.items():
+            if key == "step":
+                step = max(step, int(value))
+            elif key in SLOT_NAMES[kind]:
+                tensors[f"{SLOT_NAMES[kind][key]}:{names[number]}"] = value
+    return tensors, step
+
+
+def load_named_state(
+    optimizer: Optimizer | FusedAdamW,
+    names: Sequence[str],
+    tensors: Mapping[str, Tensor],
+    step: int,
+    saved: Mapping | None = None,
+) -> None:
+    """Go on from a state in the saved form (`named_state`'s, or the device's state file's).
+
+    Args:
+        saved: The rest of the saved `state_dict()` (param_groups, MeZO's counters); None keeps the optimizer's.
+    """
+    kind, state = optimizer_kind(optimizer), {}
+    for number, name in enumerate(names):
+        slots = SLOT_NAMES[kind].items()
+        entry = {key: tensors[f"{slot}:{name}"] for key, slot in slots if f"{slot}:{name}" in tensors}
+        if entry:
+            state[number] = {"step": torch.tensor(float(step)), **entry} if kind == "adamw" else entry
+    optimizer.load_state_dict({**(optimizer.state_dict() if saved is None else saved), "state": state})

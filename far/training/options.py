@@ -63,11 +63,14 @@ def check_int(name: str, value: object, minimum: int, hint: str = "") -> int:
     return int(value)
 
 
-def check_float(name: str, value: object, *, low: float, hint: str, strict: bool = False) -> float:
-    """`value` as a float, refused unless finite and >= `low` (> with `strict`)."""
+def check_float(
+    name: str, value: object, *, low: float, hint: str = "", strict: bool = False, high: float | None = None
+) -> float:
+    """`value` as a float, refused unless finite, >= `low` (> with `strict`) and < `high` (if given)."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-    if not ok or (value <= low if strict else value < low):
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}; {hint}")
+    if not ok or (value <= low if strict else value < low) or (high is not None and value >= high):
+        bound = f"{'>' if strict else '>='} {low}{'' if high is None else f' and < {high}'}"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}{'; ' + hint if hint else ''}")
     return float(value)
 
 
