@@ -42,6 +42,7 @@ from tables_runs import (
     grouped_vs_not,
     one_thread_cola,
     one_thread_tasks,
+    phase_costs,
     practitioner,
     replication,
 )
@@ -140,6 +141,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "portable": portable,
     "grouped": grouped_grid,
     "grouped-vs-not": grouped_vs_not,
+    "phase-costs": phase_costs,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
     "shared-layout": copied(
         "shared_layout/shared_layout.md",

@@ -331,3 +331,32 @@ def demo_grouping() -> str:
         ["demo_grouping/"], "AMD EPYC, 2 cores (`avx512_bf16`), one thread, beside other jobs",
         [f"OMP_NUM_THREADS=1 far demo --data-dir ../shared/data --seed S --{flag}" for flag in GROUP_FLAGS],
     )  # fmt: skip
+
+
+def phase_costs() -> str:
+    """Where the default's process time goes, phase by phase, beside full fine-tuning's: the committed grouped runs'
+    own clocks (priming, training with the kept bottom's fill inside its first epoch, evaluation) and the rest of
+    the process (loading, tokenising, writing), each as a share of the process's wall time."""
+    grouped = load("replicate_far/grouped/grouped.json")
+    rows = []
+    for task in ("cola", "sst2", "stsb"):
+        name, _ = TASK_NAMES[task]
+        for method, label in (("full", "full fine-tuning"), ("far-auto+depth-1+cache", "FAR's default (auto, K=1)")):
+            runs = sorted((RESULTS / "replicate_far/grouped/runs").glob(f"{task}-{method}-s*/metrics.json"))
+            records = [load(str(path.relative_to(RESULTS))) for path in runs]
+            wall = sum(r["process_seconds"] for r in records)
+            phases = {
+                "priming": sum(r["priming_seconds"] for r in records),
+                "training": sum(r["training_seconds"] for r in records),
+                "evaluation": sum(r["eval_seconds"] for r in records),
+            }
+            phases["rest of the process"] = wall - sum(r["total_seconds"] for r in records)
+            cpu = sum(r["process_cpu_seconds"] for r in records) / len(records)
+            shares = [f"{100 * seconds / wall:.1f}%" for seconds in phases.values()]
+            rows.append([name, label, str(len(records)), f"{cpu:.0f}", *shares])
+    header = ["task", "arm", "seeds", "process CPU s (mean)", "priming", "training", "evaluation", "rest"]
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["replicate_far/grouped/runs/*/metrics.json"], machine(grouped), [grouped["command"]])
+    )
