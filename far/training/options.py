@@ -1,10 +1,8 @@
 """`TrainOptions`: how `far.finetune` trains, built and checked once, and the rules read from it.
 
-Everything a run is asked for except the model, the data, the callables and the paths travels as one
-frozen dataclass that checks its own fields when built (the `FARConfig` pattern): `far.finetune`
-builds it from its keywords, a recipe builds it from its settings (`RunSettings.train_options`), and
-the rules that more than one caller needs are read from it (`primes`, `frozen_from_start`), so the
-command line's memory plan and the trainer's cannot disagree.
+Everything a run is asked for but the model, data, callables and paths, as one frozen dataclass that checks its
+fields when built (the `FARConfig` pattern); `far.finetune` builds it from its keywords, a recipe from its settings
+(`RunSettings.train_options`), and the rules several callers need are read from it (`primes`, `frozen_from_start`).
 
     >>> options = TrainOptions(FARConfig(0.2, freeze_embeddings=True), optimizer="mezo", max_steps=100)
     >>> options.primes, options.frozen_from_start
