@@ -74,7 +74,8 @@ def test_unknown_method_fails_before_any_run(replicate_far):
 def test_extra_data_tasks_read_their_own_folder_and_stay_out_of_the_default_grid(replicate_far, tmp_path, monkeypatch):
     monkeypatch.delenv(replicate_far.EXTRA_DATA_ENV, raising=False)
     assert replicate_far.task_args("cola") == ["glue", "--task", "cola"]  # the shared data, as committed
-    assert replicate_far.task_args("mrpc", tmp_path) == ["glue", "--task", "mrpc", "--data-dir", str(tmp_path)]
+    mrpc = replicate_far.TASKS["mrpc"]["args"]
+    assert replicate_far.task_args("mrpc", tmp_path) == [*mrpc, "--data-dir", str(tmp_path)]
     default = replicate_far.task_args("qnli")
     assert default[-2:] == ["--data-dir", str(replicate_far.DEFAULT_EXTRA_DATA)]
     monkeypatch.setenv(replicate_far.EXTRA_DATA_ENV, str(tmp_path))
