@@ -39,6 +39,7 @@ from tables_runs import (
     demo_grouping,
     grouped_grid,
     grouped_vs_not,
+    new_tasks,
     one_thread_cola,
     one_thread_tasks,
     practitioner,
@@ -138,6 +139,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "portable": portable,
     "grouped": grouped_grid,
     "grouped-vs-not": grouped_vs_not,
+    "new-tasks": new_tasks,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
 }
 
