@@ -92,6 +92,8 @@ TASK_NAMES = {
     "sst2": ("SST-2", "accuracy"),
     "stsb": ("STS-B", "Pearson"),
     "squad": ("SQuAD", "F1"),
+    "mrpc": ("MRPC", "accuracy"),
+    "qnli": ("QNLI", "accuracy"),
 }
 
 

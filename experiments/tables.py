@@ -40,6 +40,7 @@ from tables_runs import (
     demo_grouping,
     grouped_grid,
     grouped_vs_not,
+    new_tasks,
     one_thread_cola,
     one_thread_tasks,
     phase_costs,
@@ -142,6 +143,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "grouped": grouped_grid,
     "grouped-vs-not": grouped_vs_not,
     "phase-costs": phase_costs,
+    "new-tasks": new_tasks,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
     "shared-layout": copied(
         "shared_layout/shared_layout.md",

@@ -87,6 +87,61 @@ def grouped_grid() -> str:
     )
 
 
+NEW_TASKS = "replicate_far/new_tasks"
+
+NEW_TASK_ARMS = [("full", "full fine-tuning"), ("far-default", "FAR's automatic configuration (`--method far`)")]
+
+
+def new_tasks() -> str:
+    """Full fine-tuning and `far glue --method far` alone on MRPC and QNLI, tasks no rule was chosen on."""
+    grid = load(f"{NEW_TASKS}/new_tasks.json")
+    rows = []
+    for task, arms in grid["summary"].items():
+        full = arms["full"]
+        name, metric = TASK_NAMES[task]
+        for method, label in NEW_TASK_ARMS:
+            if method not in arms:
+                continue
+            arm = arms[method]
+            seeds = range(arm["metric"]["n"])
+            per_seed = [100 * (a - f) for a, f in zip(arm["metric"]["values"], full["metric"]["values"], strict=False)]
+            runs = [load(f"{NEW_TASKS}/runs/{task}-{method}-s{seed}/metrics.json") for seed in seeds]
+            others = [key for key in runs[0]["metrics"] if key != metric.lower()]  # MRPC's F1 beside accuracy
+            other = ", ".join(f"{k.upper()} {100 * sum(r['metrics'][k] for r in runs) / len(runs):.2f}" for k in others)
+            cpu = arm["process_cpu_seconds"]["mean"]
+            rows.append(
+                [
+                    f"{name}, {metric}" if method == "full" else "",
+                    label,
+                    str(arm["metric"]["n"]),
+                    pm(arm["metric"]),
+                    "" if method == "full" else signed(100 * (arm["metric"]["mean"] - full["metric"]["mean"])),
+                    "" if method == "full" else " ".join(signed(d, 1) for d in per_seed),
+                    other,
+                    " ".join(str(run["frozen_layers"]) for run in runs),
+                    f"{cpu:.0f} ± {arm['process_cpu_seconds']['std']:.0f}",
+                    f"{cpu / full['process_cpu_seconds']['mean']:.2f}",
+                    f"{arm['peak_rss_bytes'] / MIB:,.0f}",
+                    params(arm["trainable_parameters"]),
+                ]
+            )
+    header = [
+        "task",
+        "arm",
+        "seeds",
+        "metric (mean ± std)",
+        "vs full's mean",
+        "vs full, seed by seed",
+        "other metric (mean)",
+        "frozen layers, by seed",
+        "process CPU s",
+        "/ full's mean",
+        "peak RSS MiB",
+        "trainable",
+    ]
+    return table(header, rows) + "\n" + source([f"{NEW_TASKS}/new_tasks.json"], machine(grid), [grid["command"]])
+
+
 def seeds_cell(values: list[float], cpu: list[float], full_cpu: list[float], ratio: bool) -> str:
     """'mean ± std, CPU s (ratio to full's)' over the seeds given (the mean alone for one seed)."""
     mean = sum(values) / len(values)

@@ -137,3 +137,12 @@ def test_shared_glue_data(data_dir):
     assert (len(stsb["train"]), len(stsb["validation"])) == (5749, 1500)
     assert set(cola["validation"]["label"]) == {0, 1}
     assert 0.0 <= min(stsb["train"]["label"]) and max(stsb["train"]["label"]) <= 5.0
+
+
+def test_mrpc_with_glue_byte_order_mark(tmp_path):
+    # GLUE's MRPC files (download_glue_data.py) start with the MSR file's UTF-8 byte order mark
+    head = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    path = tmp_path / "dev.tsv"
+    path.write_text("\ufeff" + head + "\n1\t702876\t702977\tA man sings .\tA man is singing .\n", encoding="utf-8")
+    split = read_glue_tsv(path, "mrpc")
+    assert split[0] == {"sentence1": "A man sings .", "sentence2": "A man is singing .", "label": 1, "idx": 0}

@@ -71,6 +71,22 @@ def test_unknown_method_fails_before_any_run(replicate_far):
         replicate_far.method_args("fast")
 
 
+def test_extra_data_tasks_read_their_own_folder_and_stay_out_of_the_default_grid(replicate_far, tmp_path, monkeypatch):
+    monkeypatch.delenv(replicate_far.EXTRA_DATA_ENV, raising=False)
+    assert replicate_far.task_args("cola") == ["glue", "--task", "cola"]  # the shared data, as committed
+    mrpc = replicate_far.TASKS["mrpc"]["args"]
+    assert replicate_far.task_args("mrpc", tmp_path) == [*mrpc, "--data-dir", str(tmp_path)]
+    default = replicate_far.task_args("qnli")
+    assert default[-2:] == ["--data-dir", str(replicate_far.DEFAULT_EXTRA_DATA)]
+    monkeypatch.setenv(replicate_far.EXTRA_DATA_ENV, str(tmp_path))
+    assert replicate_far.task_args("qnli")[-1] == str(tmp_path)
+    seen = []
+    monkeypatch.setattr(replicate_far, "run_one", lambda task, *args: seen.append(task) or {})
+    monkeypatch.setattr(replicate_far, "write_summary", lambda *args, **kwargs: None)
+    replicate_far.main(["--methods", "full", "--seeds", "0", "--output", str(tmp_path / "grid")])
+    assert seen == ["cola", "sst2", "stsb", "squad"]
+
+
 def test_earlier_grids_stand_in_for_missing_runs_first_folder_first(replicate_far, tmp_path):
     def write(folder: str, run: str, metric: float) -> None:
         path = tmp_path / folder / "runs" / run / "metrics.json"

@@ -173,13 +173,14 @@ def read_glue_tsv(path: str | os.PathLike, task: str | GlueTask) -> datasets.Dat
     """Read one GLUE TSV file (train or dev layout) into a `datasets.Dataset` in the hub's form.
 
     Rows with too few fields are skipped with a warning (GLUE's QQP has a few); a label outside the
-    task's classes is an error that names the file and line.
+    task's classes is an error that names the file and line. A UTF-8 byte order mark (GLUE's MRPC files
+    start with one) is dropped.
     """
     import datasets
 
     spec = task if isinstance(task, GlueTask) else get_task(task)
     path = Path(path)
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     if not rows:
         raise ValueError(f"{path} is empty; expected GLUE {spec.folder} data")
