@@ -200,6 +200,7 @@ def test_a_damaged_state_file_is_refused_and_nothing_changes(exported, tmp_path,
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors"]
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_sgd_without_momentum_trains_and_saves_a_state_without_optimizer_slots(exported, tmp_path):
     out = tmp_path / "plain-sgd"
@@ -212,6 +213,7 @@ def test_sgd_without_momentum_trains_and_saves_a_state_without_optimizer_slots(e
     assert result.step == state.step == 3 and state.slots == {}
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_eval_examples_are_scored_as_the_trained_model_scores_them_and_training_is_unchanged(
     exported, tokenizer, tmp_path

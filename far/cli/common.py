@@ -21,7 +21,7 @@ from far.models import resolve_model
 from far.recipes.configuration import FLAGS, choose_configuration
 from far.recipes.report import METRICS_FILE, TrainingRun, train_and_report
 from far.recipes.settings import RunSettings
-from far.saving.shared_layout import read_shared_layout
+from far.saving.layout_file import read_shared_layout
 from far.training.budget import (
     BASE_MIB,
     DATASETS_MIB,

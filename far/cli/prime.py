@@ -22,7 +22,7 @@ from far.cli.train import DEFAULT_LABEL_COLUMN
 from far.data.locate import GLUE_LAYOUT, locate_data_dir
 from far.models import is_causal_lm
 from far.recipes.settings import GLUE_DEFAULTS
-from far.saving.shared_layout import check_layout_output
+from far.saving.layout_file import check_layout_output
 
 # Training flags that say where a run writes or how it goes on: far prime writes the layout alone.
 _NOT_HERE = {

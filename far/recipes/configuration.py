@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from far.config import AUTO, PRESETS, UNSET, FARConfig
 from far.methods import METHODS
 from far.models import is_causal_lm
-from far.saving.shared_layout import SharedLayout
+from far.saving.layout_file import SharedLayout
 
 # The run's configuration fields (RunSettings' names) and their flags.
 FLAGS = {

@@ -11,7 +11,7 @@ import far
 from far.models import resolve_model
 from far.recipes.configuration import configuration_record
 from far.recipes.report import TrainingRun
-from far.saving.shared_layout import SharedLayout
+from far.saving.layout_file import SharedLayout
 from far.saving.stock import stock_reader
 from far.training.prime import prime_layout
 

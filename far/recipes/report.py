@@ -33,7 +33,7 @@ import far
 from far.models import resolve_model
 from far.recipes.configuration import configuration_record
 from far.recipes.settings import RECORDED_OPTIONS, RunSettings
-from far.saving.shared_layout import layout_metadata
+from far.saving.layout_file import layout_metadata
 from far.saving.stock import stock_reader
 from far.storage.atomic import write_json
 from far.training.plan import plan_training

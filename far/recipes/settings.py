@@ -26,8 +26,8 @@ from far.methods import METHODS, LoraSettings, Method
 from far.models import DEFAULT_MODEL, RUNTIMES, is_causal_lm, lean_runtime_fits
 from far.recipes.configuration import Configuration
 from far.recipes.outputs import check_output_dir, claim_output_dir
+from far.saving.layout_file import SharedLayout, read_shared_layout
 from far.saving.safetensors_file import DTYPES
-from far.saving.shared_layout import SharedLayout, read_shared_layout
 from far.training.budget import ENCODERS_ONLY
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 

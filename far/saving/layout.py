@@ -29,6 +29,7 @@ from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import FARConfig
 from far.freezing import find_layers, layer_index
 from far.layers import SplitLinear
+from far.saving.layout_file import LAYOUT_FORMAT, LAYOUT_FORMAT_VERSION
 from far.selection import learner_count
 from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import reconfigure_with_learners
@@ -37,7 +38,6 @@ from far.surgery.state import get_config, is_reconfigured, learners, learners_fr
 # The tensors of a state dict that say which nodes are learners (the rest are weights).
 LAYOUT_SUFFIXES = (".node_order", ".learner_weight")
 LAYOUT_FILE = "far_layout.safetensors"  # beside plain weights: learner indices and the FARConfig
-LAYOUT_FORMAT, LAYOUT_FORMAT_VERSION = "far.layout", "1"
 
 
 def read_layout(files: Iterable[str | os.PathLike]) -> dict[str, Tensor]:

@@ -28,30 +28,29 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor, nn
+from torch import nn
 
 from far.architectures import FFNSpec, find_ffns, model_type
-from far.config import FARConfig
 from far.saving.fingerprint import FINGERPRINT_VERSION, base_fingerprint
-from far.saving.layout import LAYOUT_FORMAT, LAYOUT_FORMAT_VERSION
-from far.saving.safetensors_file import CONTENT_KEY, content_sha256, read_verified
+from far.saving.layout_file import (  # noqa: F401 - the file's side, named here too
+    LAYOUT_FORMAT,
+    LAYOUT_FORMAT_VERSION,
+    SUFFIX,
+    LayoutFileError,
+    SharedLayout,
+    check_layout_output,
+    layout_metadata,
+    read_shared_layout,
+)
+from far.saving.safetensors_file import CONTENT_KEY, content_sha256
 from far.storage.atomic import atomic_file
 from far.surgery.inputs import check_learners
 from far.surgery.reconfigure import reconfigure_with_learners
 from far.surgery.state import STATE_ATTRIBUTE, FARState, get_config, learners, node_groups
-
-_SUFFIX = ".learner_indices"
-_WRITER = "far prime (far.training.prime_layout)"
-_REQUIRED = ("far_config", "model_type", "nodes", "frozen_layers", "base_fingerprint", "record")
-
-
-class LayoutFileError(ValueError):
-    """A shared layout that cannot be used: unreadable, corrupted, not written by `far prime`, or for another base."""
 
 
 def head_parameters(model: nn.Module) -> list[str]:
@@ -68,55 +67,6 @@ def backbone_fingerprint(model: nn.Module, spec: FFNSpec | None = None) -> str:
     ffns = find_ffns(model, spec)
     every_node = {name: torch.empty(0, dtype=torch.int64) for name in ffns}  # no learner: every row is hashed
     return base_fingerprint(model, ffns, every_node, head_parameters(model), version=FINGERPRINT_VERSION)
-
-
-@dataclass(frozen=True)
-class SharedLayout:
-    """A shared layout as read from its file (`read_shared_layout`): the learners, the config and the metadata."""
-
-    path: str
-    learners: Mapping[str, Tensor]
-    config: FARConfig
-    metadata: Mapping[str, str]
-
-    @property
-    def digest(self) -> str:
-        """The file's content sha256: what a run trained with it records."""
-        return self.metadata[CONTENT_KEY]
-
-    @property
-    def base_fingerprint(self) -> str:
-        return self.metadata["base_fingerprint"]
-
-    @property
-    def frozen_layers(self) -> int:
-        return int(self.metadata["frozen_layers"])
-
-    @property
-    def nodes(self) -> dict[str, int]:
-        return json.loads(self.metadata["nodes"])
-
-    @property
-    def record(self) -> dict:
-        return json.loads(self.metadata["record"])
-
-    def describe(self) -> dict:
-        """{path, digest}: what metrics.json and a learners file say of the layout a run trained with."""
-        return {"path": self.path, "digest": self.digest}
-
-
-def check_layout_output(path: str | os.PathLike, overwrite: bool) -> Path:
-    """Refuse, writing nothing, a path where a layout cannot go: an existing file without `overwrite`, a folder."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(
-            f"{str(path)!r} is a folder; give the layout a file name, e.g. {str(path / 'l.safetensors')!r}"
-        )
-    if path.exists() and not overwrite:
-        raise ValueError(
-            f"{str(path)!r} exists; nothing was changed. Add --overwrite to replace it, or another --output"
-        )
-    return path
 
 
 @torch.no_grad()
@@ -144,7 +94,7 @@ def write_shared_layout(
     groups = node_groups(model, spec)
     depth = state.frozen_layers
     config = dataclasses.replace(config, freeze_layers=depth if config.freeze_layers is not None else None)
-    tensors = {f"{name}{_SUFFIX}": idx.to("cpu", torch.int64).contiguous() for name, idx in chosen.items()}
+    tensors = {f"{name}{SUFFIX}": idx.to("cpu", torch.int64).contiguous() for name, idx in chosen.items()}
     metadata = {
         "format": LAYOUT_FORMAT,
         "format_version": LAYOUT_FORMAT_VERSION,
@@ -161,37 +111,6 @@ def write_shared_layout(
     with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
     return Path(path)
-
-
-def _check_format(path: Path, metadata: Mapping[str, str]) -> None:
-    if metadata.get("format") != LAYOUT_FORMAT or metadata.get("format_version") != LAYOUT_FORMAT_VERSION:
-        raise LayoutFileError(
-            f"{str(path)!r} is not a FAR layout (format={metadata.get('format')!r}, version "
-            f"{metadata.get('format_version')!r}); write one with {_WRITER}"
-        )
-    missing = [key for key in (*_REQUIRED, CONTENT_KEY) if key not in metadata]
-    if missing:
-        raise LayoutFileError(
-            f"{str(path)!r} is a layout saved beside a model's weights, without {', '.join(missing)}: it cannot be "
-            f"checked against a base. Write a layout to share with {_WRITER}"
-        )
-
-
-def read_shared_layout(path: str | os.PathLike) -> SharedLayout:
-    """The layout in `path`, its contents verified against their sha256; raises `LayoutFileError` (a ValueError)
-    for a file that is unreadable, corrupted or not written by `far prime`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no layout file at {str(path)!r}; write one with {_WRITER}")
-    metadata, tensors = read_verified(path, _check_format, LayoutFileError, writer=_WRITER)
-    try:
-        config = FARConfig(**json.loads(metadata["far_config"]))
-        json.loads(metadata["nodes"])
-        int(metadata["frozen_layers"])
-    except (TypeError, ValueError) as error:
-        raise LayoutFileError(f"{str(path)!r}: its recorded configuration is invalid: {error}") from error
-    chosen = {key.removesuffix(_SUFFIX): idx for key, idx in tensors.items() if key.endswith(_SUFFIX)}
-    return SharedLayout(str(path), chosen, config, metadata)
 
 
 def check_layout(model: nn.Module, layout: SharedLayout, spec: FFNSpec | None = None) -> None:
@@ -225,8 +144,3 @@ def check_layout(model: nn.Module, layout: SharedLayout, spec: FFNSpec | None = 
 def apply_layout(model: nn.Module, layout: SharedLayout, spec: FFNSpec | None = None) -> nn.Module:
     """Split plain `model` as `layout` says, in place: the surgery at step 0 of a run trained with it."""
     return reconfigure_with_learners(model, layout.learners, layout.config, spec=spec)
-
-
-def layout_metadata(layout: SharedLayout | None) -> dict[str, str]:
-    """What a learners file of a run trained with `layout` records of it (nothing without one)."""
-    return {} if layout is None else {"layout_sha256": layout.digest}

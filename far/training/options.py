@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from far.config import AUTO, UNSET, FARConfig, as_config
-from far.saving.shared_layout import SharedLayout
+from far.saving.layout_file import SharedLayout
 from far.selection import needs_scores
 from far.training.precision import Precision, check_precision, choose_precision
 
@@ -40,10 +40,8 @@ LEARNING_RATES = {
 }
 DEFAULT_LR = LEARNING_RATES["finetune"]
 OPTIMIZERS = tuple(DEFAULT_LR)
-# What priming scores a node by: "change", how far the first `priming` steps of ordinary fine-tuning moved
-# it; "gradient", its weights' gradient L1 summed over the first `priming` steps' batches, before any
-# update (far.training.gradient_priming): those batches are scored, not trained on, and every step of
-# the run then trains the reconfigured model.
+# What priming scores a node by: "change", how far the first `priming` steps moved it; "gradient", its weights'
+# gradient L1 over those steps' batches before any update (far.training.gradient_priming; nothing trains on them).
 PRIMING_SCORES = ("change", "gradient")
 
 # The config's fields that far.finetune once took as keywords of its own.
