@@ -3,7 +3,7 @@
 A run knows before its first step which chunks it will read (seeded orders) and score. Their states
 under the frozen bottom go up front into a scratch file (`far.llm.state_file`), once per chunk, and
 then `LeanCausalLM.release_bottom` frees the bottom's weights (two thirds of SmolLM2-135M's matrices)
-before the optimizer's state is made: an AdamW run's peak no longer holds weights and moments at once.
+before the optimizer's state is made, so that an AdamW run's peak never holds those weights and its moments at once.
 
     >>> cache = keep_bottom_on_disk(model, depth, [train_chunks, validation_chunks], out)
     >>> ...  # TextSteps(model, "adamw", lr, cache); perplexity(model, chunks, 4, cache)
