@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import peak_rss_mib
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime" / "executorch"
 LENGTH, LR, MOMENTUM = 64, 0.01, 0.9
@@ -77,11 +78,6 @@ def write_examples(path: Path, n: int, manifest: dict) -> None:
         "truncated": "0",
     }
     save_file(tensors, path, metadata=metadata)
-
-
-def peak_rss_mib(time_v_stderr: str) -> float:
-    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_v_stderr).group(1))
-    return round(kib / 1024, 1)
 
 
 def run_runner(runner: Path, out: Path, examples: Path, threads: int, work: Path) -> dict:

@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness import peak_rss_mib
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "device_train"
@@ -60,11 +62,6 @@ def cpu_flags() -> str:
     flags = re.search(r"Flags:\s*(.*)", out)
     keep = sorted(f for f in (flags.group(1).split() if flags else []) if re.match(r"avx|amx|fma|f16c", f))
     return f"{model.group(1).strip() if model else platform.processor()}; {' '.join(keep)}"
-
-
-def peak_rss_mib(time_v_stderr: str) -> float:
-    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_v_stderr).group(1))
-    return round(kib / 1024, 1)
 
 
 def write_result(name: str, record: dict) -> Path:

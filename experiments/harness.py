@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -145,6 +146,12 @@ def run_far_unless_done(argv: list[str], output_dir: str | os.PathLike) -> dict:
     if metrics_file.exists():
         return json.loads(metrics_file.read_text())
     return run_far(argv, output_dir)
+
+
+def peak_rss_mib(time_v_stderr: str) -> float:
+    """A process's whole peak RSS in MiB, from the report `/usr/bin/time -v` wrote to its stderr."""
+    kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_v_stderr).group(1))
+    return round(kib / 1024, 1)
 
 
 def cpu() -> dict:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import FAR, add_output_argument, machine, results_dir, write_report
+from harness import FAR, add_output_argument, machine, peak_rss_mib, results_dir, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -60,14 +60,13 @@ def run(argv: list[str], output_dir: Path) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", done.stderr).group(1)
     record = json.loads((output_dir / "metrics.json").read_text())
     return {
         "command": "far glue "
         + " ".join(argv[: argv.index("--output-dir")])
         + (" (evaluation only)" if eval_only else ""),
-        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "peak_rss_mib": peak_rss_mib(done.stderr),
         "wall": wall,
         "accuracy": record["metrics"]["accuracy"],
         "trainable_parameters": record["trainable_parameters"],

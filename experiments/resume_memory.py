@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import add_output_argument, command_line, machine, results_dir, write_report
+from harness import add_output_argument, command_line, machine, peak_rss_mib, results_dir, write_report
 
 FAR = [sys.executable, "-m", "far.cli.main"]
 ENV = {"OMP_NUM_THREADS": "1", "FAR_THREADS": "1"}
@@ -35,10 +34,6 @@ def _env() -> dict:
     return {**os.environ, **ENV}
 
 
-def peak_mib(stderr: str) -> float:
-    return int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr).group(1)) / 1024
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", default="docs", help="a folder of .md/.txt files (default: docs)")
@@ -51,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         whole, killed = Path(work) / "whole", Path(work) / "killed"
         done = timed([*run, "--output-dir", str(whole)])
         _, err = done.communicate()
-        record = {"whole_peak_mib": peak_mib(err)}
+        record = {"whole_peak_mib": peak_rss_mib(err)}
         victim = subprocess.Popen([*FAR, *run, "--output-dir", str(killed)], stderr=subprocess.DEVNULL, env=_env())
         while not (killed / "checkpoints" / "step-2").is_dir():
             if victim.poll() is not None:
@@ -63,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         _, err = resumed.communicate()
         if resumed.returncode:
             raise SystemExit(f"the resumed run failed: {err[-2000:]}")
-        record["resumed_peak_mib"] = peak_mib(err)
+        record["resumed_peak_mib"] = peak_rss_mib(err)
     record["resumed_over_whole"] = record["resumed_peak_mib"] / record["whole_peak_mib"]
     print(record)
     write_report(args.output, {"command": command_line(__file__, argv), "machine": machine(), **record})
