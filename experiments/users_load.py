@@ -224,18 +224,11 @@ def measure_predict(folder: Path, args: argparse.Namespace) -> dict:
         return len(list(out.glob("*.jsonl"))) if out.is_dir() else 0
 
     run = run_sampled(argv, users_done)
-    swaps = [float(m.group(1)) for line in run["stderr"] if (m := re.search(r"\(swapped in (\d+) ms\)", line))]
-    file_mib = [f.stat().st_size / 2**20 for f in files]
     return {
         "command": shown_command(["predict", "--model", args.model], folder / "users", options, folder),
         "users": args.users,
         "rows_per_user": args.rows,
-        "learners_file_mib": round(sum(file_mib) / len(file_mib), 2),
-        "swap_ms_median": sorted(swaps)[len(swaps) // 2] if swaps else None,
-        "seconds_per_user": round(run["wall_seconds"] / args.users, 2),
-        "cpu_seconds_per_user": per_user_cpu(run["samples"]),
-        **summary(run, args.users),
-        "tail": run["stderr"][-30:],
+        **per_user(run, files, args.users, "swap_ms_median", r"\(swapped in (\d+) ms\)"),
     }
 
 
@@ -249,17 +242,25 @@ def measure_generate(folder: Path, args: argparse.Namespace) -> dict:
         return sum(line.startswith("== ") for line in stdout)
 
     run = run_sampled(argv, users_done)
-    applied = [float(m.group(1)) for line in run["stderr"] if (m := re.search(r"applied in (\d+) ms", line))]
-    file_mib = [f.stat().st_size / 2**20 for f in files]
     return {
         "command": shown_command(["generate", "--model", args.lm], folder / "lm-users", options, folder),
         "users": args.generate_users,
         "max_new_tokens": args.max_new_tokens,
+        **per_user(run, files, args.generate_users, "apply_ms_median", r"applied in (\d+) ms"),
+    }
+
+
+def per_user(run: dict, files: list[Path], users: int, key: str, pattern: str) -> dict:
+    """What a sampled run of `users` learners files cost each: the files' mean size, the median of the milliseconds
+    its stderr lines report by `pattern` (as `key`), seconds and CPU seconds, and the run's memory summary."""
+    timed = [float(m.group(1)) for line in run["stderr"] if (m := re.search(pattern, line))]
+    file_mib = [f.stat().st_size / 2**20 for f in files]
+    return {
         "learners_file_mib": round(sum(file_mib) / len(file_mib), 2),
-        "apply_ms_median": sorted(applied)[len(applied) // 2] if applied else None,
-        "seconds_per_user": round(run["wall_seconds"] / args.generate_users, 2),
+        key: sorted(timed)[len(timed) // 2] if timed else None,
+        "seconds_per_user": round(run["wall_seconds"] / users, 2),
         "cpu_seconds_per_user": per_user_cpu(run["samples"]),
-        **summary(run, args.generate_users),
+        **summary(run, users),
         "tail": run["stderr"][-30:],
     }
 

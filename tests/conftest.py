@@ -196,6 +196,16 @@ def arch(request) -> str:
     return request.param
 
 
+@pytest.fixture
+def notes(tmp_path) -> Path:
+    """A tiny, very repetitive corpus of texts: what a causal LM can learn in a few steps."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"{i:02d}.txt").write_text("the cat sat on the mat. " * 6)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The shared real GLUE/SQuAD files (FAR_DATA_DIR, else ../shared/data beside the repo)."""

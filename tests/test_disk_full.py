@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -75,20 +76,8 @@ def word_gguf(tiny_gguf) -> Path:
     return tiny_gguf
 
 
-@pytest.fixture
-def notes(tmp_path) -> Path:
-    """A tiny, repetitive corpus."""
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for i in range(12):
-        (folder / f"{i:02d}.txt").write_text("the cat sat on the mat. " * 6)
-    return folder
-
-
 def fill(disk: Path, leave: int) -> None:
     """Take all but about `leave` bytes of `disk` with a ballast file."""
-    import shutil
-
     free = shutil.disk_usage(disk).free
     (disk / "ballast").write_bytes(b"\0" * max(0, free - leave))
 

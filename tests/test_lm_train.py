@@ -183,16 +183,6 @@ def write_tiny_gguf(tmp_path: Path, monkeypatch) -> Path:
     return path
 
 
-@pytest.fixture
-def notes(tmp_path) -> Path:
-    """A tiny, very repetitive corpus: what a model can learn in a few steps."""
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for i in range(12):
-        (folder / f"{i:02d}.txt").write_text("the cat sat on the mat. " * 6)
-    return folder
-
-
 def settings(gguf: Path, out: Path, optimizer: str, **kwargs) -> RunSettings:
     lr = {"adamw": 3e-2, "mezo": 3e-3}[optimizer]
     defaults = dict(
