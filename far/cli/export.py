@@ -208,10 +208,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.train_file is not None and args.model is None:
         raise ValueError("--train-file chooses a causal LM's learners from your texts: use it with --model NAME")
     if args.model is not None:
-        check_lm_args(args)
-        if importlib.util.find_spec("executorch") is None:
-            raise ValueError(f"--executorch needs executorch, which this environment lacks: {INSTALL_HINT}")
-        return None
+        return check_lm_args(args)
     checkpoint = args.checkpoint
     if args.peft is not None:
         if args.learners is None:
@@ -239,8 +236,6 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"--checkpoint {str(checkpoint)!r} holds a plain model, with no FAR learners to train on a device; "
                 "export a checkpoint saved from a reconfigured model, or add --learners FILE to apply a learners file"
             )
-        if importlib.util.find_spec("executorch") is None:
-            raise ValueError(f"--executorch needs executorch, which this environment lacks: {INSTALL_HINT}")
     elif args.learners_only.is_dir():
         raise ValueError(f"--learners-only {str(args.learners_only)!r} is a folder; name a .safetensors file")
     elif not has_far_layout(weight_files(checkpoint)):
@@ -310,6 +305,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--learners names the file to export: use it with --executorch OUT or --peft OUT")
     fill_defaults(args)
     _check_args(args)
+    # Last of the checks, for both exports (an encoder's checkpoint, a causal LM): the flags and inputs first.
+    if args.executorch is not None and importlib.util.find_spec("executorch") is None:
+        raise ValueError(f"--executorch needs executorch, which this environment lacks: {INSTALL_HINT}")
     lock.hold(args.peft or args.executorch or args.merge or args.learners_only)
     if args.model is not None:
         return export_lm(args)
