@@ -8,6 +8,7 @@ from conftest import tiny_causal_lm
 
 import far
 from far.training.gradient_priming import gradient_scores
+from far.training.recompute import recomputes_layers
 
 
 def model_and_batches(seed: int = 0):
@@ -57,7 +58,7 @@ def test_everything_is_put_back_and_no_gradient_is_kept():
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     gradient_scores(model, batches, lm_loss)
     assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
-    assert not model.training and not model.is_activation_checkpointing
+    assert not model.training and not recomputes_layers(model)
     assert not getattr(model, "_require_grads_hooks", None)
     assert model.model.layers[0].mlp.up_proj.weight.grad is mine
     assert all(p.grad is None for n, p in model.named_parameters() if "layers.0.mlp.up_proj" not in n)
@@ -79,7 +80,7 @@ def test_selection_from_the_scores_and_a_failing_loss_leaves_the_model_as_it_was
     with pytest.raises(RuntimeError, match="boom"):
         gradient_scores(model, batches, failing)
     assert all(p.requires_grad for p in model.parameters()) and not model.training
-    assert not model.is_activation_checkpointing
+    assert not recomputes_layers(model)
 
 
 @pytest.mark.slow

@@ -32,14 +32,10 @@ from far.training.loop import EvalFn, Loop, LossFn, default_loss
 from far.training.memory import release_freed_memory
 from far.training.options import OPTION_NAMES, TrainOptions
 from far.training.plan import plan_training
+from far.training.recompute import can_recompute_layers, recompute_layers, recomputes_layers
 from far.training.result import FinetuneResult
 
 logger = logging.getLogger(__name__)
-
-
-def _checkpointing(model: nn.Module) -> bool:
-    """Whether the model already recomputes its layers in backward (transformers' gradient checkpointing)."""
-    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def _check_data(train_data: object) -> int:
@@ -298,9 +294,9 @@ def finetune(
         progress=options.progress,
         base_weights=base_weights,
     )
-    recompute_layers = memory is not None and memory.recompute_layers and not _checkpointing(model)
+    recompute_layers = memory is not None and memory.recompute_layers and not recomputes_layers(model)
     if recompute_layers:
-        model.gradient_checkpointing_enable()
+        recompute_layers(model, True)
     try:
         logger.info("precision: %s (%s)", precision.name, precision.reason)
         result = dataclasses.replace(loop.run(checkpoint), precision=precision.to_dict())
@@ -308,7 +304,7 @@ def finetune(
             result = dataclasses.replace(result, memory_plan=dataclasses.asdict(memory))
     finally:
         if recompute_layers:  # the model goes back as it came
-            model.gradient_checkpointing_disable()
+            recompute_layers(model, False)
     return result
 
 
@@ -336,10 +332,10 @@ def _plan_memory(model: nn.Module, plan, options: TrainOptions, train_data, base
     plan = dataclasses.replace(
         plan, far=far_config, frozen_from_start=plan.frozen_from_start or memory.early_frozen_embeddings
     )
-    if memory.recompute_layers and not callable(getattr(model, "gradient_checkpointing_enable", None)):
+    if memory.recompute_layers and not can_recompute_layers(model):
         raise MemoryBudgetError(
             f"--memory-budget {options.memory_budget:g} MiB needs each layer recomputed in backward, and this "
-            "model has no gradient_checkpointing_enable(); give a larger budget",
+            "model cannot recompute its layers (no activation_checkpointing_enable()); give a larger budget",
             memory.estimate_mib,
         )
     return plan, memory

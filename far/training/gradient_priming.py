@@ -26,6 +26,7 @@ from far.layers import INPUT, OUTPUT, node_rows
 from far.surgery.reconfigure import reconfigure
 from far.surgery.state import is_reconfigured
 from far.training.memory import to_private_memory
+from far.training.recompute import recompute_layers, recomputes_layers
 
 
 def gradient_scores(
@@ -88,7 +89,7 @@ def gradient_scores(
     kept_grads = {p: p.grad for p, *_ in targets}  # a caller's own gradients, put back afterwards
     was_training = model.training
     use_checkpointing = checkpointing and getattr(model, "supports_gradient_checkpointing", False)
-    had_checkpointing = use_checkpointing and model.is_activation_checkpointing
+    had_checkpointing = use_checkpointing and recomputes_layers(model)
     had_input_hooks = bool(getattr(model, "_require_grads_hooks", None))
     handles = []
     try:
@@ -99,7 +100,7 @@ def gradient_scores(
             p.requires_grad_(True)
             handles.append(p.register_post_accumulate_grad_hook(fold(name, module, role)))
         if use_checkpointing and not had_checkpointing:
-            model.activation_checkpointing_enable()
+            recompute_layers(model, True)
         model.train()  # Hugging Face layers checkpoint only in training mode
         for batch in batches:
             loss_fn(model, batch).backward()
@@ -111,7 +112,7 @@ def gradient_scores(
         for p, grad in kept_grads.items():
             p.grad = grad
         if use_checkpointing and not had_checkpointing:
-            model.activation_checkpointing_disable()
+            recompute_layers(model, False)
             if not had_input_hooks:
                 model.disable_input_require_grads()
         model.train(was_training)
