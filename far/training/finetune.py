@@ -294,8 +294,8 @@ def finetune(
         progress=options.progress,
         base_weights=base_weights,
     )
-    recompute_layers = memory is not None and memory.recompute_layers and not recomputes_layers(model)
-    if recompute_layers:
+    switch_recompute = memory is not None and memory.recompute_layers and not recomputes_layers(model)
+    if switch_recompute:
         recompute_layers(model, True)
     try:
         logger.info("precision: %s (%s)", precision.name, precision.reason)
@@ -303,7 +303,7 @@ def finetune(
         if memory is not None:
             result = dataclasses.replace(result, memory_plan=dataclasses.asdict(memory))
     finally:
-        if recompute_layers:  # the model goes back as it came
+        if switch_recompute:  # the model goes back as it came
             recompute_layers(model, False)
     return result
 
