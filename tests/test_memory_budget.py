@@ -26,6 +26,7 @@ from far.training.budget import (
     estimate_mib,
     plan_memory,
 )
+from far.training.recompute import recomputes_layers
 
 MINILM = ModelShape.from_config(
     dict(
@@ -174,6 +175,24 @@ def test_micro_batches_give_the_batch_update(monkeypatch, lengths):
     assert plan_memory(budget, shape, batch_size=8, **common).micro_tokens == 16
     far.finetune(micro, data, memory_budget=budget, max_length=8, **options)
     for (name, a), b in zip(one.named_parameters(), micro.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_smallest_budget_recomputes_layers_and_gives_the_model_back_as_it_came(monkeypatch):
+    """The least budget that fits turns on layer recompute for the run (same update), and off again after it."""
+    data = _examples(lengths=(8,))
+    one, tight = _tiny(), _tiny()
+    options = dict(config=None, batch_size=8, max_steps=2, lr=1e-2, progress=False, collate_fn=_pad)
+    far.finetune(one, data, **options)
+    finetune_module = importlib.import_module("far.training.finetune")  # the module, not the function it exports
+    monkeypatch.setattr(finetune_module, "process_base_mib", lambda resident, weights, dynamo: 0.0)
+    monkeypatch.setattr("far.training.budget.ACTIVATION_FACTOR", 1e5)
+    with pytest.raises(MemoryBudgetError) as info:
+        far.finetune(tight, data, memory_budget=1e-3, max_length=8, **options)
+    result = far.finetune(tight, data, memory_budget=info.value.minimum_mib, max_length=8, **options)
+    assert result.memory_plan["recompute_layers"]
+    assert not recomputes_layers(tight)
+    for (name, a), b in zip(one.named_parameters(), tight.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
 
 
