@@ -34,7 +34,15 @@ from tables_llm import (
 )
 from tables_lora import against_the_paper, far_or_lora, heads_end_to_end, lora_sources
 from tables_readme import readme_files, readme_results, readme_users
-from tables_rules import freeze_mass, portable, priming_scores, retain_mass, retention_sweep
+from tables_rules import (
+    auto_retention,
+    freeze_mass,
+    portable,
+    priming_gradient,
+    priming_scores,
+    retain_mass,
+    retention_sweep,
+)
 from tables_runs import (
     bf16_seeds,
     demo_grouping,
@@ -52,6 +60,7 @@ from tables_steps import (
     cuda_ratios,
     heads_lora_step,
     heads_step,
+    import_costs,
     layer_no_grad,
     layer_step,
     recompute_cost,
@@ -156,6 +165,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "grouped": grouped_grid,
     "grouped-vs-not": grouped_vs_not,
     "phase-costs": phase_costs,
+    "priming-gradient": priming_gradient,
+    "import-costs": import_costs,
+    "auto-retention": auto_retention,
     "new-tasks": new_tasks,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
     "shared-layout": copied(

@@ -3,7 +3,20 @@ AUTO_FREEZE_MASS choices on held-out data, portable learners files."""
 
 from __future__ import annotations
 
-from table_sources import MACHINE_A, MIB, TASK_NAMES, constant, load, machine, pm, shares, signed, source, table
+from table_sources import (
+    MACHINE_A,
+    MIB,
+    TASK_NAMES,
+    constant,
+    load,
+    machine,
+    params,
+    pm,
+    shares,
+    signed,
+    source,
+    table,
+)
 
 
 def retention_sweep() -> str:
@@ -84,6 +97,7 @@ PRIMING_COMMANDS = {
     "sst2": "OMP_NUM_THREADS=1 python experiments/priming_scores.py --task sst2 --epochs 1 --max-train-samples 8000"
     " --batches 8 16",
 }
+PRIMING_STSB = "OMP_NUM_THREADS=1 python experiments/priming_scores.py --task stsb --batches 8 16"
 
 
 def priming_scores() -> str:
@@ -126,4 +140,59 @@ def portable() -> str:
         table(header, rows)
         + "\n"
         + source(["replicate_far/portable/portable.json"], machine(record), [record["command"]])
+    )
+
+
+PRIMING_GRADIENT = {
+    "change": ("weight change, {priming} AdamW steps (the default)", "cola-far-0.2+depth-auto+cache-s0"),
+    "gradient": (
+        "gradient, 16 batches (`--priming-scores gradient --priming 16`)",
+        "cola-far-0.2+depth-auto+cache+gradient-16-s0",
+    ),
+}
+
+
+def priming_gradient() -> str:
+    """The whole CoLA run with each kind of priming score: its metric, cost, depth and learners."""
+    rows, commands = [], []
+    base_cpu = None
+    for name, (label, run) in PRIMING_GRADIENT.items():
+        record = load(f"priming_gradient/{name}.json")
+        metrics = load(f"priming_gradient/runs/{run}/metrics.json")
+        # The run's own command: the file's records a three-seed grid that was stopped after seed 0.
+        commands.append(record["command"].replace("--seeds 0 1 2", "--seeds 0"))
+        cpu = metrics["process_cpu_seconds"]
+        base_cpu = cpu if base_cpu is None else base_cpu
+        trained = [share for share in metrics["learner_shares"].values() if share > 0]
+        rows.append(
+            [
+                label.format(priming=metrics["priming_steps"]),
+                f"{100 * metrics['metrics']['matthews_correlation']:.2f}",
+                f"{cpu:.0f}",
+                f"{cpu / base_cpu:.2f}",
+                f"{100 * metrics['priming_seconds'] / metrics['total_seconds']:.1f}%",
+                str(metrics["frozen_layers"]),
+                f"{sum(trained) / len(trained):.2f}",
+                params(metrics["trainable_parameters"]),
+                f"{metrics['peak_rss_bytes'] / MIB:,.0f}",
+            ]
+        )
+    header = ["priming", "MCC", "process CPU s", "/ weight change's", "priming's share of the run's time", "K",
+              "learners per trainable layer", "trainable params", "peak RSS MiB"]  # fmt: skip
+    files = [f"priming_gradient/{name}.json" for name in PRIMING_GRADIENT]
+    files += [f"priming_gradient/runs/{run}/metrics.json" for _, run in PRIMING_GRADIENT.values()]
+    return table(header, rows) + "\n" + source(files, machine(load(files[0])), commands)
+
+
+def auto_retention() -> str:
+    """What AUTO_RETAIN_MASS chooses per layer under weight-change priming, bottom layer first."""
+    rows = []
+    for task in ("cola", "sst2", "stsb"):
+        chosen = load(f"priming_scores/{task}.json")["change"]["auto_retention"]
+        rows.append([TASK_NAMES[task][0], shares(list(chosen.values()))])
+    files = [f"priming_scores/{task}.json" for task in ("cola", "sst2", "stsb")]
+    return (
+        table(["task", "retention chosen, bottom layer first"], rows)
+        + "\n"
+        + source(files, machine(load(files[0])), [*PRIMING_COMMANDS.values(), PRIMING_STSB])
     )

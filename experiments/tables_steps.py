@@ -1,5 +1,5 @@
 """docs/results.md's tables of single steps: the FAR layer, attention heads, the roofline, recomputation, CoLA's
-shape, CUDA."""
+shape, CUDA; and docs/design.md's costs of imports and first calls."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from table_sources import (
     MIB,
     PRECISION_NAMES,
     load,
+    machine,
     md_command,
     md_rows,
     paired,
@@ -286,3 +287,16 @@ def recompute_cost() -> str:
               "recompute's cost, of full's step (median over rounds)",
               "kept for backward / full's: FAR → FAR + recompute", "FLOP bound", "roofline"]  # fmt: skip
     return table(header, rows)
+
+
+def import_costs() -> str:
+    """The resident memory each import or first call adds in a fresh process with torch imported."""
+    record = load("import_costs/import_costs.json")
+    rows = [[row["what"], f"`{row['statement']}`", row["where"], f"{row['mib']:.1f}"] for row in record["rows"]]
+    versions = ", ".join(f"{name} {v}" for name, v in record["versions"].items() if v is not None)
+    made_on = f"{machine(record)}, {versions}" + ("" if record["torchao_importable"] else ", no torchao")
+    return (
+        table(["what is avoided", "STATEMENT", "where far avoids it", "MiB (median)"], rows)
+        + "\n"
+        + source(["import_costs/import_costs.json"], made_on, [record["command"]])
+    )
