@@ -22,7 +22,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import BertConfig
 
-from far.encoder.bert import check_config, check_model_type
+from far.encoder.bert import check_model_type
 from far.encoder.heads import LeanBertForQuestionAnswering, LeanBertForSequenceClassification
 from far.encoder.tasks import task_overrides
 from far.storage.atomic import atomic_dir
@@ -90,8 +90,7 @@ def from_pretrained(
     config = BertConfig.from_pretrained(folder, **overrides)
     if finetuning_task is not None:
         config.finetuning_task = finetuning_task  # not a BertConfig field, but saved in config.json
-    check_config(config)
-    model = TASK_CLASSES[task_kind](config)
+    model = TASK_CLASSES[task_kind](config)  # checks the config before it builds anything
     load_weights(model, weights, seed)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_token_id
