@@ -1,8 +1,5 @@
 """The notebooks' comparisons across methods: metric and time per method, the Pareto front, retention sweeps, the
-step benchmark.
-
-matplotlib is a dev extra: it is imported when a figure is drawn. Every function returns the figure.
-"""
+step benchmark (matplotlib and the figures' conventions: `far.plotting.figures`)."""
 
 from __future__ import annotations
 

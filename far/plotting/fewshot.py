@@ -1,7 +1,5 @@
-"""The notebooks' figures of causal LMs: few-shot accuracy, accuracy against training time, own texts' runs.
-
-matplotlib is a dev extra: it is imported when a figure is drawn. Every function returns the figure.
-"""
+"""The notebooks' figures of causal LMs: few-shot accuracy, accuracy against training time, own texts' runs
+(matplotlib and the figures' conventions: `far.plotting.figures`)."""
 
 from __future__ import annotations
 
