@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -95,13 +94,6 @@ def locate_data_dir(
     return None
 
 
-def not_found_message(what: str, looked: Sequence[Path], hint: str) -> str:
-    """Say what was missing, every place looked, and how to point at data; mention the hub only when offline."""
-    where = ", ".join(str(p) for p in looked) if looked else "nowhere: no --data-dir given and $FAR_DATA_DIR unset"
-    offline = " (the hub is not an option: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)" if hub_offline() else ""
-    return f"no {what} found{offline}; looked in: {where}. {hint}"
-
-
 def find_local(data_dir: str | os.PathLike | None, folder: str, name: str, *, what: str, hint: str) -> Path | None:
     """`<root>/<folder>/<name>` or `<root>/<name>` under the local data root, whichever exists first; None (logged)
     when there is none and the hub may be used instead, FileNotFoundError (with `hint`) when the hub is offline."""
@@ -110,7 +102,11 @@ def find_local(data_dir: str | os.PathLike | None, folder: str, name: str, *, wh
     found = next((p for p in looked if p.exists()), None)
     if found is None:
         if hub_offline():
-            raise FileNotFoundError(not_found_message(what, looked, hint))
+            where = ", ".join(map(str, looked)) or "nowhere: no --data-dir given and $FAR_DATA_DIR unset"
+            raise FileNotFoundError(
+                f"no {what} found (the hub is not an option: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set); "
+                f"looked in: {where}. {hint}"
+            )
         logger.info(
             "no local %s (looked in %s); loading it from the hub", what, ", ".join(map(str, looked)) or "nowhere"
         )
