@@ -103,14 +103,8 @@ def plan_threads(environ: MutableMapping[str, str] = os.environ, busy: float | N
 
     A core is free unless other programs keep more than half of it busy (sampled at start-up): a thread on a busy
     core would hold up every other thread. Idle threads wait passively (`OMP_WAIT_POLICY=PASSIVE`, unless set), so
-    they do not spin on a core a program started later needs.
-
-    Args:
-        environ: the environment to read (the process's by default).
-        busy: how many cores other programs keep busy (sampled by `busy_cores` when not given).
-
-    Returns:
-        ThreadPlan: the thread count, the wait policy and where the count came from.
+    they do not spin on a core a program started later needs. `busy`: the cores other programs keep busy
+    (default: sampled by `busy_cores`).
 
     >>> plan_threads({}, busy=1.0)  # on 2 cores
     ThreadPlan(threads=1, wait_policy='PASSIVE', reason='1 of 2 cores free')
@@ -126,15 +120,8 @@ def plan_threads(environ: MutableMapping[str, str] = os.environ, busy: float | N
 
 
 def fit_threads(environ: MutableMapping[str, str] = os.environ) -> ThreadPlan | None:
-    """Set `plan_threads`'s count and wait policy for torch, which reads them once when it loads.
-
-    Returns:
-        ThreadPlan | None: the plan set, or None where torch is loaded already (a host program, a test), whose
-        threads are left as they are.
-
-    Raises:
-        ValueError: `FAR_THREADS` or `OMP_NUM_THREADS` is not a whole number of at least 1.
-    """
+    """Set `plan_threads`'s count and wait policy for torch, which reads them once when it loads: the plan set, or
+    None where torch is loaded already (a host program, a test), whose threads are left as they are."""
     if "torch" in sys.modules:
         return None
     plan = plan_threads(environ)

@@ -194,17 +194,8 @@ def select_depth(
     scores: Mapping[str, Tensor] | None = None,
     layer_of: Mapping[str, int] | None = None,
 ) -> dict[str, Tensor]:
-    """Learners of every group under `config.freeze_layers`: none below layer K, the budget above.
-
-    Args:
-        config: A config with `freeze_layers` set (an int, or "auto", which needs `scores`).
-        n_nodes: `{group_name: n}`, in module order.
-        scores: `{group_name: (n,) scores}`; needed by "per_layer", "global" and "auto".
-        layer_of: `{group_name: layer index}`; default: the groups in order are layers 0, 1, ...
-
-    Returns:
-        `{group_name: sorted int64 indices}`, empty for the groups of frozen layers.
-    """
+    """Learners of every group (`n_nodes`, in module order) under `config.freeze_layers`: none below layer K (empty
+    index tensors), the budget above. `layer_of` defaults to the groups in order being layers 0, 1, ..."""
     if config.freeze_layers is None:
         raise ValueError("select_depth needs a config with freeze_layers set; use select_learners otherwise")
     if scores is None and config.selection != "random":

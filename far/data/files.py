@@ -36,12 +36,7 @@ _ID_COLUMNS = ("idx", "id", "index")  # never taken for text by default
 
 @dataclass(frozen=True)
 class LabelSpace:
-    """The labels of a run: class names in id order, or none for regression.
-
-    Example:
-        >>> LabelSpace(("negative", "positive")).encode("positive")
-        1
-    """
+    """The labels of a run: class names in id order, or none for regression."""
 
     names: tuple[str, ...] = ()
 
@@ -54,16 +49,12 @@ class LabelSpace:
         return len(self.names) or 1
 
     def encode(self, value: object) -> int | float:
-        """A label as the model's target: its class id, or its value for regression."""
         return self.names.index(_label_text(value)) if self.names else float(value)
 
 
 @dataclass(frozen=True)
 class TextFiles:
-    """A training and a validation file, read and checked.
-
-    `train` and `validation` have the text columns (as strings) and `label` (class id or value).
-    """
+    """A training and a validation file, read and checked: text columns (strings) and `label` (id or value)."""
 
     name: str
     train: Table
@@ -74,7 +65,6 @@ class TextFiles:
 
 
 def _require_columns(path: Path, columns: Sequence[str], wanted: Sequence[str], fix: str) -> None:
-    """Raise a `DataFileError` naming the first of `wanted` not in `columns`, the closest match, and `fix`."""
     for column in wanted:
         if column not in columns:
             close = difflib.get_close_matches(column, columns, n=1)
@@ -115,15 +105,10 @@ def _label_text(value: object) -> str:
 
 
 def _label_type(value: object) -> str | None:
-    """ "str", "int" or "float" for a label value; None when it is missing."""
-    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN: missing
         return None
-    if isinstance(value, bool):
-        return "str"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
+    if isinstance(value, (int, float)):
+        return "str" if isinstance(value, bool) else "int" if isinstance(value, int) else "float"
     text = _label_text(value)
     if not text:
         return None
@@ -137,7 +122,6 @@ def _label_type(value: object) -> str | None:
 
 
 def _label_types(path: Path, labels: Sequence, column: str) -> dict[str, tuple[int, object]]:
-    """{type: (first row, its value)} over a file's labels; a missing label is an error."""
     found: dict[str, tuple[int, object]] = {}
     for row, value in enumerate(labels, start=1):
         kind = _label_type(value)
@@ -148,12 +132,7 @@ def _label_types(path: Path, labels: Sequence, column: str) -> dict[str, tuple[i
 
 
 def label_space(files: Sequence[tuple[Path, Sequence]], column: str) -> LabelSpace:
-    """The labels of a run from its (file, labels) pairs, training file first.
-
-    Raises:
-        DataFileError: a missing label, labels that mix text and numbers, or a label of a later file
-            (validation) that the first (training) never has.
-    """
+    """The labels of a run from its (file, labels) pairs, training file first; checked (`DataFileError`)."""
     types = {path: _label_types(path, labels, column) for path, labels in files}
     every = {kind: (path, *where) for path, found in types.items() for kind, where in found.items()}
     if "str" in every and len(every) > 1:
@@ -276,9 +255,7 @@ def read_texts(path: str | os.PathLike, text_columns: Sequence[str] | None) -> T
 
 def tokenize_texts(dataset, tokenizer, text_columns: Sequence[str], max_length: int = 128, *, desc: str = "Tokenising"):
     """`input_ids`, `attention_mask` (...) and, when the dataset has `label`, `labels`; nothing else.
-
-    Truncated to `max_length` tokens, not padded (`DataCollatorWithPadding` pads each batch).
-    """
+    Truncated to `max_length` tokens, not padded (`DataCollatorWithPadding` pads each batch)."""
     if max_length < 8:
         raise ValueError(f"max_length must be at least 8 tokens, got {max_length}")
     has_labels = "label" in dataset.column_names

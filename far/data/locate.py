@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -28,7 +27,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     """The local data root: `data_dir` if given, else $FAR_DATA_DIR, else None (meaning: use the hub).
 
     Raises:
-        FileNotFoundError: the folder named does not exist (the message says which and how to fix it).
+        FileNotFoundError: the folder named does not exist.
     """
     source = "--data-dir"
     if data_dir is None and os.environ.get(DATA_DIR_ENV):
@@ -64,39 +63,19 @@ def default_data_dirs() -> list[Path]:
     return list(dict.fromkeys((base / DEFAULT_DATA_DIR).resolve() for base in bases))
 
 
-def _holds_data(path: Path) -> bool:
-    return (path / "glue").is_dir() or (path / "squad").is_dir()
-
-
 def locate_data_dir(
     data_dir: str | os.PathLike | None = None, *, needs: str = DATA_LAYOUT, hub: bool = True
 ) -> Path | None:
     """The command line's data root: `data_dir` (--data-dir), else $FAR_DATA_DIR, else the first of
-    `default_data_dirs()` that holds glue/ or squad/. Called before anything loads, so that a run without
-    data stops at once, saying what to pass.
-
-    Args:
-        data_dir: the --data-dir argument, if given.
-        needs: the files the command reads under the root, for the message (default: `DATA_LAYOUT`).
-        hub: whether the command can load its data from the Hugging Face hub instead.
-
-    Returns:
-        The root, or None when there is none and the hub is to be tried (a warning says what to pass
-        if there is no network).
-
-    Raises:
-        FileNotFoundError: --data-dir or $FAR_DATA_DIR names a folder that does not exist; or there is no root
-            and the hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) or, with `hub=False`, not an option.
-
-    Example:
-        >>> locate_data_dir()  # run from a checkout that has ../shared/data beside it
-        PosixPath('/.../shared/data')
+    `default_data_dirs()` that holds glue/ or squad/; None when there is none and the hub (if `hub`) is to be
+    tried. Called before anything loads, so that a run without data stops at once, saying what to pass
+    (`needs`: the files the command reads under the root); FileNotFoundError when the hub is no option.
     """
     root = resolve_data_dir(data_dir)
     if root is not None:
         return root
     looked = default_data_dirs()
-    found = next((p for p in looked if _holds_data(p)), None)
+    found = next((p for p in looked if (p / "glue").is_dir() or (p / "squad").is_dir()), None)
     if found is not None:
         logger.info("data: %s (the default %s; --data-dir DIR or $%s to choose)", found, DEFAULT_DATA_DIR, DATA_DIR_ENV)
         return found
@@ -115,28 +94,19 @@ def locate_data_dir(
     return None
 
 
-def not_found_message(what: str, looked: Sequence[Path], hint: str) -> str:
-    """Say what was missing, every place looked, and how to point at data; mention the hub only when offline."""
-    where = ", ".join(str(p) for p in looked) if looked else "nowhere: no --data-dir given and $FAR_DATA_DIR unset"
-    offline = " (the hub is not an option: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)" if hub_offline() else ""
-    return f"no {what} found{offline}; looked in: {where}. {hint}"
-
-
 def find_local(data_dir: str | os.PathLike | None, folder: str, name: str, *, what: str, hint: str) -> Path | None:
-    """`<root>/<folder>/<name>` or `<root>/<name>` under the local data root, whichever exists first.
-
-    Returns None (and logs where it looked) when there is none and the hub may be used instead.
-
-    Raises:
-        FileNotFoundError: there is none and the hub is offline; the message says where it looked
-            and `hint` how to point at the data.
-    """
+    """`<root>/<folder>/<name>` or `<root>/<name>` under the local data root, whichever exists first; None (logged)
+    when there is none and the hub may be used instead, FileNotFoundError (with `hint`) when the hub is offline."""
     root = resolve_data_dir(data_dir)
     looked = [root / folder / name, root / name] if root is not None else []
     found = next((p for p in looked if p.exists()), None)
     if found is None:
         if hub_offline():
-            raise FileNotFoundError(not_found_message(what, looked, hint))
+            where = ", ".join(map(str, looked)) or "nowhere: no --data-dir given and $FAR_DATA_DIR unset"
+            raise FileNotFoundError(
+                f"no {what} found (the hub is not an option: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set); "
+                f"looked in: {where}. {hint}"
+            )
         logger.info(
             "no local %s (looked in %s); loading it from the hub", what, ", ".join(map(str, looked)) or "nowhere"
         )

@@ -55,11 +55,7 @@ SST2_TEMPLATE = PromptTemplate("{sentence} It was", (" terrible", " great"))
 
 
 def label_word_ids(tokenizer, template: PromptTemplate) -> Tensor:
-    """Token id of each label word: a (n_labels,) LongTensor.
-
-    Raises:
-        ValueError: a label word is not exactly one token, or two words share a token.
-    """
+    """Token id of each label word: a (n_labels,) LongTensor; each word must be one token of its own."""
     ids = []
     for word in template.label_words:
         tokens = tokenizer(word, add_special_tokens=False)["input_ids"]
@@ -77,11 +73,8 @@ def label_word_ids(tokenizer, template: PromptTemplate) -> Tensor:
 def encode_prompts(
     tokenizer, sentences: Sequence[str], labels: Sequence[int], template: PromptTemplate, max_length: int = 256
 ) -> list[dict[str, object]]:
-    """Tokenise each `template.format(sentence)` into `{"input_ids": list[int], "labels": int}`.
-
-    Prompts longer than `max_length` tokens keep their *last* `max_length` tokens, so the answer
-    position (the prompt's end) survives truncation.
-    """
+    """Tokenise each `template.format(sentence)` into `{"input_ids": list[int], "labels": int}`, keeping the *last*
+    `max_length` tokens of a longer prompt, so the answer position (the prompt's end) survives truncation."""
     if len(sentences) != len(labels):
         raise ValueError(f"got {len(sentences)} sentences but {len(labels)} labels")
     n_labels = len(template.label_words)
@@ -119,12 +112,7 @@ def label_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, la
 
     Runs the base model (no LM head, no KV cache), takes the hidden state at the last attended
     position of each right-padded row and multiplies it by the label words' LM-head rows only.
-
-    Args:
-        model: A causal LM (`...ForCausalLM`) whose `get_output_embeddings()` is the LM head, or a
-            `far.llm.lean_model.LeanCausalLM` (which has its own `label_logits`).
-        input_ids, attention_mask: (B, T), padded on the right.
-        label_ids: (n_labels,) token ids, from `label_word_ids`.
+    A `far.llm.lean_model.LeanCausalLM` computes the same with its own `label_logits`.
     """
     if callable(getattr(model, "label_logits", None)):  # the lean runtime computes exactly this itself
         return model.label_logits(input_ids, attention_mask, label_ids)
@@ -143,10 +131,7 @@ def label_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, la
 
 
 def prompt_loss_fn(label_ids: Tensor) -> Callable[[nn.Module, dict[str, Tensor]], Tensor]:
-    """A `loss_fn(model, batch)` for `far.finetune`: cross-entropy over the label words' logits.
-
-    As MeZO's classification-style objective: the softmax runs over the label words only.
-    """
+    """A `loss_fn(model, batch)` for `far.finetune`: cross-entropy over the label words' logits only (MeZO's)."""
 
     def loss_fn(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
         logits = label_logits(model, batch["input_ids"], batch["attention_mask"], label_ids)
@@ -163,12 +148,8 @@ def predict_batches(
     label_ids: Tensor,
     batch_size: int = 32,
 ) -> Tensor:
-    """Predicted label of each of `len(lengths)` examples: (N,) LongTensor, in the order given.
-
-    Examples are batched by `lengths` (less padding); `batch_of(indices)` makes the batch of those
-    examples (from encoded examples, or tokenising texts only when asked, as the lean runtime does).
-    Runs in eval mode; the model's mode is restored after.
-    """
+    """Predicted label of each of `len(lengths)` examples: (N,) LongTensor, in the order given, in eval mode.
+    Batched by `lengths` (less padding); `batch_of(indices)` makes a batch (tokenising only then, if it likes)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     predictions = torch.empty(len(lengths), dtype=torch.long)
     was_training = model.training
@@ -205,13 +186,8 @@ def accuracy(
 
 
 def sample_k_shot(labels: Iterable[int], k: int, seed: int = 0) -> list[int]:
-    """Indices of `k` examples per class, sampled without replacement with `seed` (MeZO's k-shot sets).
-
-    Returns the indices shuffled (classes interleaved) with the same seed; the global RNG is untouched.
-
-    Raises:
-        ValueError: `k` is not a positive int, or a class has fewer than `k` examples.
-    """
+    """Indices of `k` examples per class, sampled without replacement with `seed` (MeZO's k-shot sets), shuffled
+    (classes interleaved) with the same seed; the global RNG is untouched."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int (examples per class, e.g. 16 or 512), got {k!r}")
     by_class: dict[int, list[int]] = {}
@@ -231,13 +207,10 @@ def sample_k_shot(labels: Iterable[int], k: int, seed: int = 0) -> list[int]:
 def read_labelled_tsv(
     path: str | os.PathLike, text_column: str = "sentence", label_column: str = "label"
 ) -> tuple[list[str], list[int]]:
-    """Sentences and integer labels of a GLUE-style TSV with a header (SST-2's train.tsv, dev.tsv).
-
-    Read with the csv module and quoting off, as GLUE files need; no `datasets` import, which
-    would cost a memory-bound process more than the data (docs/design.md, "Resident memory").
-    """
+    """Sentences and integer labels of a GLUE-style TSV with a header (SST-2's train.tsv, dev.tsv), read without
+    `datasets`, which costs a memory-bound process more than the data (docs/design.md, "Resident memory")."""
     with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))  # GLUE's files: quoting off
     if rows and (text_column not in rows[0] or label_column not in rows[0]):
         raise ValueError(f"{path} has columns {list(rows[0])}, not {text_column!r} and {label_column!r}")
     return [r[text_column] for r in rows], [int(r[label_column]) for r in rows]

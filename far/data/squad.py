@@ -231,7 +231,6 @@ def prepare_eval_features(
 
 
 def _features(dataset: datasets.Dataset, prepare, tokenizer, max_length: int, doc_stride: int, desc: str):
-    _check_tokenizer(tokenizer, max_length, doc_stride)
     return map_batches(
         dataset,
         prepare,

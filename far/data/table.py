@@ -30,11 +30,7 @@ class DataFileError(ValueError):
 
 
 class Table:
-    """Columns of equal length: `{name: [value per row]}`, in the file's column order.
-
-    Args:
-        columns: The columns; every list must have the same length.
-    """
+    """Columns of equal length: `{name: [value per row]}`, in the file's column order."""
 
     def __init__(self, columns: Mapping[str, Sequence]) -> None:
         self.columns = {name: list(values) for name, values in columns.items()}

@@ -96,12 +96,7 @@ def read_file(path: str | os.PathLike) -> list[Document]:
 
 
 def read_texts(path: str | os.PathLike) -> list[Document]:
-    """Every document under `path`: a folder (its .txt/.md/.jsonl files, recursively, sorted) or one file.
-
-    Raises:
-        FileNotFoundError: `path` does not exist.
-        ValueError: a folder with no such file; an empty, binary or non-UTF-8 file (named, with the byte).
-    """
+    """Every document under `path`: a folder (its .txt/.md/.jsonl files, recursively, sorted) or one file."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a folder of .txt/.md/.jsonl files or one such file")
@@ -121,11 +116,7 @@ def tokenize(documents: list[Document], tokenizer: LeanTokenizer) -> list[list[i
 
 
 def pack(token_lists: list[list[int]], max_length: int, what: str = "the texts") -> Tensor:
-    """The token lists concatenated and cut into (n, max_length) chunks; the shorter tail is dropped.
-
-    Raises:
-        ValueError: fewer tokens than one chunk (the message gives both numbers).
-    """
+    """The token lists concatenated and cut into (n, max_length) chunks; the shorter tail is dropped."""
     total = sum(len(ids) for ids in token_lists)
     if total < max_length:
         raise ValueError(
@@ -153,11 +144,8 @@ def _held_out_documents(lengths: list[int], holdout: float, seed: int) -> set[in
 def split_and_pack(
     token_lists: list[list[int]], max_length: int, holdout: float = DEFAULT_HOLDOUT, seed: int = 0
 ) -> tuple[Tensor, Tensor, str]:
-    """Training and held-out chunks from one set of documents: whole documents held out where possible.
-
-    Returns:
-        train (n, max_length), validation (m, max_length), and "documents" or "chunks": what was held out.
-    """
+    """Training (n, max_length) and held-out (m, max_length) chunks, and "documents" or "chunks": what was held
+    out (whole documents where possible)."""
     if not 0 < holdout < 1:
         raise ValueError(f"the held-out share must lie in (0, 1), got {holdout}")
     chosen = _held_out_documents([len(ids) for ids in token_lists], holdout, seed)
@@ -187,16 +175,9 @@ def load_text_chunks(
     holdout: float = DEFAULT_HOLDOUT,
     seed: int = 0,
 ) -> TextChunks:
-    """Read, tokenise and pack a user's texts, with a validation part (the file given, or held out).
-
-    Args:
-        train_path: A folder of .txt/.md/.jsonl files, or one such file.
-        tokenizer: The model's tokenizer (`far.llm.tokenizer.load_gguf_tokenizer`).
-        max_length: Tokens per chunk.
-        validation_path: Texts to score on; without it `holdout` of the training documents are.
-        holdout: The share held out (of the tokens, by whole documents where possible).
-        seed: Seeds which documents (or chunks) are held out.
-    """
+    """Read, tokenise and pack a user's texts (a folder of .txt/.md/.jsonl files, or one such file) into chunks of
+    `max_length` tokens, with a validation part: the texts at `validation_path`, else a seeded `holdout` share
+    of the tokens (by whole documents where possible)."""
     documents = read_texts(train_path)
     validation_documents = read_texts(validation_path) if validation_path is not None else None
     token_lists = tokenize(documents, tokenizer)

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import BertConfig
 
-from far.encoder.bert import check_config, check_model_type
+from far.encoder.bert import check_model_type
 from far.encoder.heads import LeanBertForQuestionAnswering, LeanBertForSequenceClassification
 from far.encoder.tasks import task_overrides
 from far.storage.atomic import atomic_dir
@@ -90,28 +90,19 @@ def from_pretrained(
     config = BertConfig.from_pretrained(folder, **overrides)
     if finetuning_task is not None:
         config.finetuning_task = finetuning_task  # not a BertConfig field, but saved in config.json
-    check_config(config)
-    model = TASK_CLASSES[task_kind](config)
+    model = TASK_CLASSES[task_kind](config)  # checks the config before it builds anything
     load_weights(model, weights, seed)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_token_id
     return model.eval()
 
 
-def _is_head(name: str) -> bool:
-    """Whether a parameter is freshly drawn when the checkpoint lacks it: the task head, and the pooler."""
-    return not name.startswith(_PREFIX) or name.startswith(_PREFIX + "pooler.")
-
-
 def load_weights(model: nn.Module, path: str | os.PathLike, seed: int = 0) -> None:
     """Copy every parameter of `model` from a safetensors file, in place (cast to the parameter's dtype).
 
-    Encoder tensors must be in the file with the model's shapes; a head (or pooler) that is absent
-    or of another shape (another task's head) is drawn from a generator seeded with `seed`. Keys the
-    model does not have (`embeddings.position_ids`, a pretraining head) are ignored.
-
-    Raises:
-        ValueError: An encoder tensor is missing or has another shape; nothing is loaded then.
+    Encoder tensors must be in the file with the model's shapes (else ValueError, before anything is loaded); a
+    head (or pooler) that is absent or of another shape (another task's head) is drawn from a generator seeded
+    with `seed`. Keys the model does not have (`embeddings.position_ids`, a pretraining head) are ignored.
     """
     with safe_open(str(path), framework="pt") as f:
         shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
@@ -121,7 +112,8 @@ def load_weights(model: nn.Module, path: str | os.PathLike, seed: int = 0) -> No
     for name, param in model.named_parameters():
         key = name[len(_PREFIX) :] if bare and name.startswith(_PREFIX) else name
         found = shapes.get(key) == tuple(param.shape)
-        if not found and not _is_head(name):
+        is_head = not name.startswith(_PREFIX) or name.startswith(_PREFIX + "pooler.")  # drawn fresh if absent
+        if not found and not is_head:
             wrong.append(
                 f"{key} (expected shape {tuple(param.shape)}, "
                 + (f"found {shapes[key]})" if key in shapes else "missing)")

@@ -8,9 +8,9 @@ runs the model in eval mode under no_grad and puts the model back in the mode it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import datasets
 import torch
@@ -37,7 +37,8 @@ class Evaluator(Protocol):
 
 
 class GlueEvaluator(LabelEvaluator):
-    """Scores a GLUE dev split (tokenised by `tokenize_glue`) with the task's GLUE metric.
+    """Scores a GLUE dev split (tokenised by `tokenize_glue`) with the task's GLUE metric; `options` are
+    `LabelEvaluator`'s (batch_size, bf16, idx).
 
     Example:
         >>> evaluator = GlueEvaluator(GLUE_TASKS["cola"], dev, DataCollatorWithPadding(tokenizer))
@@ -45,24 +46,8 @@ class GlueEvaluator(LabelEvaluator):
         {'matthews_correlation': 0.41}
     """
 
-    def __init__(
-        self,
-        task: GlueTask,
-        dataset: datasets.Dataset,
-        collate_fn: Callable,
-        batch_size: int = 64,
-        bf16: bool = False,
-        idx: Sequence[int] | None = None,
-    ) -> None:
-        super().__init__(
-            dataset,
-            collate_fn,
-            label_names=task.label_names,
-            metric=GlueScores(task.name),
-            batch_size=batch_size,
-            bf16=bf16,
-            idx=idx,
-        )
+    def __init__(self, task: GlueTask, dataset: datasets.Dataset, collate_fn: Callable, **options: Any) -> None:
+        super().__init__(dataset, collate_fn, label_names=task.label_names, metric=GlueScores(task.name), **options)
         self.task = task
 
 

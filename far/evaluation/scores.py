@@ -33,12 +33,8 @@ def _as_arrays(predictions, references, dtype: type, least: int) -> tuple[np.nda
     return predictions, references
 
 
-def _as_int_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
-    return _as_arrays(predictions, references, np.int64, least=1)
-
-
 def accuracy(predictions, references) -> float:
-    predictions, references = _as_int_arrays(predictions, references)
+    predictions, references = _as_arrays(predictions, references, np.int64, least=1)
     return float((predictions == references).mean())
 
 
@@ -47,7 +43,7 @@ def f1(predictions, references, pos_label: int = 1, average: str = "binary") -> 
 
     A class with no true and no predicted example scores 0.0, as sklearn does (`zero_division=0`).
     """
-    predictions, references = _as_int_arrays(predictions, references)
+    predictions, references = _as_arrays(predictions, references, np.int64, least=1)
     if average not in ("binary", "macro"):
         raise ValueError(f"average must be 'binary' or 'macro', got {average!r}")
     labels = [pos_label] if average == "binary" else np.union1d(predictions, references).tolist()
@@ -62,7 +58,7 @@ def f1(predictions, references, pos_label: int = 1, average: str = "binary") -> 
 
 def matthews_correlation(predictions, references) -> float:
     """Matthews correlation coefficient, multi-class (Gorodkin's R_K), 0.0 where it is undefined (as sklearn)."""
-    predictions, references = _as_int_arrays(predictions, references)
+    predictions, references = _as_arrays(predictions, references, np.int64, least=1)
     classes, encoded = np.unique(np.concatenate([references, predictions]), return_inverse=True)
     n = len(references)
     confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)  # (true, predicted)
@@ -72,10 +68,6 @@ def matthews_correlation(predictions, references) -> float:
     numerator = correct * total - t @ p
     denominator = np.sqrt((total**2 - p @ p) * (total**2 - t @ t))
     return float(numerator / denominator) if denominator > 0 else 0.0
-
-
-def _as_float_arrays(predictions, references) -> tuple[np.ndarray, np.ndarray]:
-    return _as_arrays(predictions, references, np.float64, least=2)
 
 
 def rankdata(values: np.ndarray) -> np.ndarray:
@@ -93,7 +85,7 @@ def rankdata(values: np.ndarray) -> np.ndarray:
 
 def pearson(predictions, references) -> float:
     """Pearson's r; NaN when either side is constant (as scipy.stats.pearsonr)."""
-    x, y = _as_float_arrays(predictions, references)
+    x, y = _as_arrays(predictions, references, np.float64, least=2)
     x, y = x - x.mean(), y - y.mean()
     denominator = math.sqrt(float(x @ x) * float(y @ y))
     return float(x @ y) / denominator if denominator > 0 else float("nan")
@@ -101,7 +93,7 @@ def pearson(predictions, references) -> float:
 
 def spearman(predictions, references) -> float:
     """Spearman's rho: Pearson's r of the (tie-averaged) ranks."""
-    x, y = _as_float_arrays(predictions, references)
+    x, y = _as_arrays(predictions, references, np.float64, least=2)
     return pearson(rankdata(x), rankdata(y))
 
 

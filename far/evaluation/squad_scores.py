@@ -61,13 +61,9 @@ def squad_scores(predictions, references) -> dict[str, float]:
         prediction = by_id[reference["id"]]["prediction_text"]
         truths = reference["answers"]["text"]
         em += max(exact_match(prediction, t) for t in truths)
-        f1 += max(_v1_f1(prediction, t) for t in truths)
+        # v1.1's script scores an empty prediction 0 even against an empty answer.
+        f1 += max(token_f1(prediction, t) for t in truths) if normalize_answer(prediction) else 0.0
     return {"exact_match": 100.0 * em / len(ids), "f1": 100.0 * f1 / len(ids)}
-
-
-def _v1_f1(prediction: str, truth: str) -> float:
-    # v1.1's script scores an empty prediction 0 even against an empty answer.
-    return token_f1(prediction, truth) if normalize_answer(prediction) else 0.0
 
 
 def squad_v2_scores(predictions, references, no_answer_threshold: float = 1.0) -> dict[str, float]:

@@ -9,8 +9,7 @@ for its surgery, its options, what it does to the model and what it saves (see `
 
 from __future__ import annotations
 
-from far.methods.base import FreezeFFN, Method, Saved
-from far.methods.far import Surgery
+from far.methods.base import FreezeFFN, Method, Saved, Surgery
 from far.methods.lora import Lora, LoraSettings
 
 METHODS: dict[str, Method] = {

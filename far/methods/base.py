@@ -8,7 +8,7 @@ things, always in this order, and never branches on the method's name itself:
     apply(model, ..)  what it does to the model before training (LoRA wraps it), and a record
     save(model, ..)   the files it writes after training, and their sizes
 
-`Method` itself is full fine-tuning; FAR's surgery (`far.methods.far`) and LoRA
+`Method` itself is full fine-tuning; FAR's surgery (`Surgery`), the FFN-freezing ablation and LoRA
 (`far.methods.lora`) override what differs.
 """
 
@@ -49,15 +49,10 @@ def save_model(model: nn.Module, tokenizer: Any, directory: Path) -> Path:
 
 @dataclass(frozen=True)
 class Method:
-    """One way to fine-tune; this base class is full fine-tuning (every weight trains).
+    """One way to fine-tune; this base class is full fine-tuning (every weight trains)."""
 
-    Args:
-        name: The `--method` value.
-        help: One line for the help text.
-    """
-
-    name: str
-    help: str
+    name: str  # the --method value
+    help: str  # one line for the help text
     # What of the FFNs a GGUF causal LM trains under this method, in the lean runtime's words
     # (`far.llm.lean_far.set_trainable`); None: the lean causal-LM runtime does not run the method.
     lean_ffn: str | None = "all"
@@ -127,3 +122,12 @@ class FreezeFFN(Method):
 
     lean_ffn: str | None = "none"
     freezes_ffn: bool = True
+
+
+@dataclass(frozen=True)
+class Surgery(Method):
+    """FAR: split every FFN, keeping `retention` of its nodes trainable, chosen by `selection` (priming's
+    scores, or at random: the paper's baseline)."""
+
+    lean_ffn: str | None = "learners"
+    selection: str | None = "per_layer"

@@ -58,15 +58,8 @@ def _peft() -> Any:
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA's options, with PEFT's defaults (`peft.LoraConfig`).
-
-    Args:
-        r: Rank of the adapters.
-        alpha: Scale numerator (`lora_alpha`; the update is scaled by alpha / r).
-        dropout: Dropout on the adapters' input.
-        target_modules: Module names to adapt; None takes PEFT's table for the architecture
-            (BERT: query and value).
-    """
+    """LoRA's options, with PEFT's defaults (`peft.LoraConfig`): the update is scaled by alpha / r;
+    `target_modules` None takes PEFT's table for the architecture (BERT: query and value)."""
 
     r: int = 8
     alpha: int = 8
@@ -122,16 +115,8 @@ def is_lora(model: nn.Module) -> bool:
 def add_lora(model: nn.Module, settings: LoraSettings, *, base_model: str | None = None) -> nn.Module:
     """Wrap `model` with LoRA adapters (`peft.get_peft_model`): only the adapters and the task head train.
 
-    Args:
-        model: A transformers model with a sequence-classification, question-answering or causal-LM head.
-        settings: Rank, alpha, dropout and target modules.
-        base_model: The name the base was loaded by (an alias, a folder), recorded for loading the adapter back.
-
-    Returns:
-        The `peft.PeftModel`; `model` itself is changed in place (adapters injected, base frozen).
-
-    Raises:
-        ValueError: a head LoRA does not know, or target modules the model does not have (PEFT's message).
+    Returns the `peft.PeftModel`; `model` itself is changed in place. `base_model` (the name the base was
+    loaded by) is recorded in its config for loading the adapter back.
     """
     peft = _peft()
     task_type = _task_type(model)
@@ -155,13 +140,9 @@ def save_lora(
     adapter_dir: str | os.PathLike,
     model_dir: str | os.PathLike | None = None,
 ) -> dict[str, Path]:
-    """Save a LoRA model's adapter folder and, if `model_dir` is given, the merged plain model.
-
-    Merging changes the model in place (`merge_and_unload`): call this last. The adapter folder is
-    PEFT's (`PeftModel.from_pretrained` reads it) plus the task model's config.json and the tokenizer.
-
-    Returns:
-        {"adapter": folder, "model": folder} (no "model" when `model_dir` is None).
+    """Save a LoRA model's adapter folder and, if `model_dir` is given, the merged plain model:
+    {"adapter": folder, "model": folder}. Merging changes the model in place (`merge_and_unload`): call this last.
+    The adapter folder is PEFT's (`PeftModel.from_pretrained` reads it) plus the task model's config and tokenizer.
     """
     if not is_lora(model):
         raise ValueError("save_lora needs a model wrapped by add_lora (a peft.PeftModel)")
@@ -199,17 +180,8 @@ def adapter_base_model(folder: str | os.PathLike) -> str:
 
 
 def load_lora_adapter(folder: str | os.PathLike, base_path: str | os.PathLike, *, merge: bool = True) -> nn.Module:
-    """An adapter folder (`save_lora`) loaded onto its base model.
-
-    Args:
-        folder: The adapter folder.
-        base_path: The base model's Hugging Face folder (see `adapter_base_model`).
-        merge: Merge the adapters into the base (a plain model, as fast as the original); False keeps
-            the `peft.PeftModel`.
-
-    Returns:
-        The model in eval mode, with the task head and config (labels, task) the run saved.
-    """
+    """An adapter folder (`save_lora`) loaded onto its base model (`base_path`, see `adapter_base_model`), in eval
+    mode, merged into a plain model unless `merge` is False (then the `peft.PeftModel`)."""
     import transformers
 
     peft = _peft()
@@ -224,11 +196,6 @@ def load_lora_adapter(folder: str | os.PathLike, base_path: str | os.PathLike, *
     model = peft.PeftModel.from_pretrained(base, folder)
     model = model.merge_and_unload() if merge else model
     return model.eval()
-
-
-def adapter_file_bytes(folder: str | os.PathLike) -> int:
-    """Size of the adapter's weights file: what a user keeps per task besides the shared base."""
-    return (Path(folder) / ADAPTER_WEIGHTS).stat().st_size
 
 
 ADAPTER_DIR = "adapter"

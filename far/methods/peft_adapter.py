@@ -37,14 +37,11 @@ from far.storage.atomic import atomic_dir
 
 @dataclass
 class _Adapter:
-    """What an adapter holds: low-rank factors per module, and the modules saved whole."""
-
     factors: dict[str, tuple[Tensor, Tensor, Tensor | None]] = field(default_factory=dict)  # name -> (A, B, bias)
     whole: list[str] = field(default_factory=list)
 
 
 def _one_hot(indices: Tensor, n: int, dtype: torch.dtype) -> Tensor:
-    """(n, k) with a 1 at (indices[j], j)."""
     out = torch.zeros(n, len(indices), dtype=dtype)
     out[indices, torch.arange(len(indices))] = 1
     return out
@@ -72,11 +69,7 @@ def _factors(
 
 
 def _adapter(base: nn.Module, tuned: nn.Module, splits: dict[str, tuple[str, Tensor]]) -> _Adapter:
-    """Compare the stock model with the user's (merged): factors for the split projections, whole modules else.
-
-    Args:
-        splits: Each split projection's name -> (role, its learner nodes' original indices, ascending).
-    """
+    """Factors for the split projections (`splits`: name -> (role, ascending learner indices)), whole modules else."""
     stock = dict(base.named_modules())
     adapter = _Adapter()
     for name, module in tuned.named_modules():

@@ -7,38 +7,28 @@
 
 from __future__ import annotations
 
-from far.models.aliases import (
-    DEFAULT_MODEL,
-    MODEL_ALIASES,
-    RUNTIMES,
-    FindSpec,
-    ModelAlias,
-    find_gguf,
-    is_causal_lm,
-    resolve_model,
-)
-from far.models.loading import (
-    check_max_length,
-    lean_runtime_fits,
-    load_causal_lm,
-    load_lean_lm,
-    load_model_and_tokenizer,
-    load_trained_model,
-)
+from far.lazy import lazy_face
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "MODEL_ALIASES",
-    "RUNTIMES",
-    "FindSpec",
-    "ModelAlias",
-    "check_max_length",
-    "find_gguf",
-    "is_causal_lm",
-    "lean_runtime_fits",
-    "load_causal_lm",
-    "load_lean_lm",
-    "load_model_and_tokenizer",
-    "load_trained_model",
-    "resolve_model",
-]
+lazy_face(
+    __name__,
+    {
+        "far.models.aliases": (
+            "DEFAULT_MODEL",
+            "MODEL_ALIASES",
+            "RUNTIMES",
+            "FindSpec",
+            "ModelAlias",
+            "find_gguf",
+            "is_causal_lm",
+            "resolve_model",
+        ),
+        "far.models.loading": (
+            "check_max_length",
+            "lean_runtime_fits",
+            "load_causal_lm",
+            "load_lean_lm",
+            "load_model_and_tokenizer",
+            "load_trained_model",
+        ),
+    },
+)

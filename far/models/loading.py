@@ -20,7 +20,7 @@ import torch
 
 import far
 from far import encoder as lean_encoder
-from far.encoder.tasks import TASK_KINDS, task_overrides
+from far.encoder.tasks import task_overrides
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_model import LeanCausalLM
 from far.llm.lean_saving import load_trained
@@ -68,11 +68,9 @@ def load_model_and_tokenizer(
     Raises:
         ValueError: unknown task kind, a model that cannot be found, or one with no head for the task.
     """
-    if task_kind not in _HEADS:
-        raise ValueError(f"task_kind must be one of {', '.join(TASK_KINDS)}, got {task_kind!r}")
+    overrides = task_overrides(task_kind, num_labels, label_names)  # checks task_kind
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    overrides = task_overrides(task_kind, num_labels, label_names)
     try:
         path = resolve_model(name_or_path)
     except ModuleNotFoundError as e:

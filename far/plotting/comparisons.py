@@ -1,8 +1,5 @@
 """The notebooks' comparisons across methods: metric and time per method, the Pareto front, retention sweeps, the
-step benchmark.
-
-matplotlib is a dev extra: it is imported when a figure is drawn. Every function returns the figure.
-"""
+step benchmark (matplotlib and the figures' conventions: `far.plotting.figures`)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from far.plotting.figures import METRIC_LABELS, pyplot
+from far.plotting.figures import METRIC_LABELS, finished, pyplot
 from far.plotting.results import MODEL_NAMES, metric_name, metric_scale
 
 METHOD_ORDER = ("full", "far", "random", "freeze-ffn")
@@ -60,9 +57,7 @@ def plot_methods(task_summary: Mapping[str, Mapping], task: str, setting: str):
         ax.axhline(0, color="black", linewidth=0.6)
     axes[0].set_title("task metric")
     axes[1].set_title("training time")
-    fig.suptitle(setting)
-    fig.tight_layout()
-    return fig
+    return finished(fig, setting)
 
 
 def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str, clock: str = "wall"):
@@ -109,9 +104,7 @@ def plot_pareto(task_summary: Mapping[str, Mapping], task: str, setting: str, cl
     axes[0].set(xlabel=xlabel, ylabel=metric_label, title="metric vs time")
     axes[1].set(xlabel="whole-process peak RSS (MiB)", ylabel=metric_label, title="metric vs peak memory")
     axes[1].legend(loc="lower right", fontsize=7)
-    fig.suptitle(setting)
-    fig.tight_layout()
-    return fig
+    return finished(fig, setting)
 
 
 def _retention(name: str, prefix: str) -> float | None:
@@ -156,9 +149,7 @@ def plot_retention_sweep(task_summary: Mapping[str, Mapping], task: str, bench_c
         )
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    fig.suptitle(setting)
-    fig.tight_layout()
-    return fig
+    return finished(fig, setting)
 
 
 def plot_step_benchmark(bench: Mapping):
@@ -187,6 +178,4 @@ def plot_step_benchmark(bench: Mapping):
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(cells) :]:
         ax.remove()
-    fig.suptitle("AdamW training step, median over timed steps (configurations interleaved in one process)")
-    fig.tight_layout()
-    return fig
+    return finished(fig, "AdamW training step, median over timed steps (configurations interleaved in one process)")

@@ -1,7 +1,5 @@
-"""The notebooks' figures of causal LMs: few-shot accuracy, accuracy against training time, own texts' runs.
-
-matplotlib is a dev extra: it is imported when a figure is drawn. Every function returns the figure.
-"""
+"""The notebooks' figures of causal LMs: few-shot accuracy, accuracy against training time, own texts' runs
+(matplotlib and the figures' conventions: `far.plotting.figures`)."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from far.plotting.figures import CASE_LABELS, pyplot
+from far.plotting.figures import CASE_LABELS, finished, pyplot
 from far.plotting.results import MODEL_NAMES
 
 
@@ -47,8 +45,7 @@ def plot_fewshot(summaries: Sequence[Mapping], title: str):
     ax.legend(handles, [CASE_LABELS.get(n, n).replace("\n", " ") for n in names], fontsize=8, loc="upper right")
     ax.set(xlabel="model, training examples per class", ylabel="SST-2 dev accuracy (%)", ylim=(40, 90))
     ax.set_title(f"{title}\n(bars: mean ± std over seeds, dots: seeds; dashed: the pretrained model)", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finished(fig)
 
 
 def plot_fewshot_time(curves: Sequence[Sequence[Mapping]], title: str, target: float | None = None):
@@ -81,8 +78,7 @@ def plot_fewshot_time(curves: Sequence[Sequence[Mapping]], title: str, target: f
     ax.set(xlabel="training seconds (one CPU thread; selection and priming included)", ylabel="SST-2 dev accuracy (%)")
     ax.set_title(f"{title}\n(lines: mean over seeds; shaded: the seeds' range)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
+    return finished(fig)
 
 
 def plot_own_texts(rows: Sequence[Mapping], title: str, rss_bars: Mapping[str, float] | None = None):
@@ -117,6 +113,4 @@ def plot_own_texts(rows: Sequence[Mapping], title: str, rss_bars: Mapping[str, f
     left.set(xlabel="CPU seconds of training (one thread; evaluation apart)", ylabel="held-out perplexity (% of stock)")
     right.set(xlabel="whole-process peak RSS (MiB)", ylabel="final held-out perplexity (% of stock)")
     left.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finished(fig, title, fontsize=10)

@@ -48,6 +48,14 @@ def pyplot():
     return plt
 
 
+def finished(fig, title: str | None = None, **title_options):
+    """`fig` titled (when `title` is given) and laid out: what every figure function returns."""
+    if title is not None:
+        fig.suptitle(title, **title_options)
+    fig.tight_layout()
+    return fig
+
+
 def _layer_label(name: str, position: int) -> str:
     numbers = re.findall(r"\d+", name)
     return f"layer {numbers[0]}" if numbers else f"FFN {position}"
@@ -97,9 +105,7 @@ def plot_node_deltas(scores: Mapping[str, Any], title: str):
     heat.set_yticks(range(len(arrays)), [_layer_label(n, i) for i, n in enumerate(arrays)])
     heat.set(xlabel="FFN node index (original order)", ylabel="transformer layer", title="layer × node")
     fig.colorbar(image, ax=heat, label="node delta Σ|ΔW| (log scale)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finished(fig, title)
 
 
 def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
@@ -115,8 +121,7 @@ def plot_concentration(scores: Mapping[str, Any], retention: float, title: str):
     ax.set(xlabel="fraction of the layer's FFN nodes kept (top by delta)", ylabel="share of the layer's total Σ|ΔW|")
     ax.set(xlim=(0, 1), ylim=(0, 1.01), title=title)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
+    return finished(fig)
 
 
 def running_mean(values: Sequence[float | None], window: int) -> np.ndarray:
@@ -151,9 +156,7 @@ def plot_loss_curves(logs: Mapping[str, Sequence[Mapping]], title: str, window: 
     axes[0].set_title(f"per step (faint: raw; solid: mean of {window}; dotted: end of priming)", fontsize=10)
     axes[1].set_title("per second of wall time", fontsize=10)
     axes[0].legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finished(fig, title)
 
 
 def plot_eval_history(
@@ -194,8 +197,7 @@ def plot_eval_history(
             ax.axhline(value, color="black", linestyle=("--", ":", "-.")[j % 3], linewidth=1, label=label)
         ax.set(xlabel="optimizer step", ylabel=ylabel, title=title)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return finished(fig)
 
 
 def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, baseline: str = "inference"):
@@ -234,5 +236,4 @@ def plot_memory(cases: Mapping[str, Mapping] | Sequence[Mapping], title: str, ba
         "; dashed: after loading the model" if any(r.get("loaded_rss_bytes") for r in records.values()) else ""
     )
     ax.set_title(f"{title}\n(×: ratio to {baseline}{loaded_note})", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finished(fig)

@@ -65,7 +65,7 @@ def check_learners(learners: object, ffns: Mapping[str, FFN], empty_ok: bool = F
     return checked
 
 
-def _watching_primer(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None) -> Primer | None:
+def watching_primer(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None) -> Primer | None:
     """The Primer `reconfigure` reads: the one passed as `scores`, else the one attached to `model`."""
     if isinstance(scores, Primer):
         if not scores.watches(model):
@@ -81,7 +81,7 @@ def primer_head_scores(model: nn.Module, scores: object, head_scores: object) ->
     """The head scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
     if head_scores is not None:
         return head_scores
-    primer = _watching_primer(model, scores)
+    primer = watching_primer(model, scores)
     if primer is None or not primer.watches_heads:
         raise ValueError(
             "attention_retention with a score-based selection needs head priming scores: create "
@@ -95,7 +95,7 @@ def primer_scores(model: nn.Module, scores: Primer | Mapping[str, Tensor] | None
     """The scores `reconfigure` selects from: given, or those of the Primer that watched `model`."""
     if scores is not None and not isinstance(scores, Primer):
         return scores
-    primer = _watching_primer(model, scores)
+    primer = watching_primer(model, scores)
     if primer is None:
         needs, instead = (
             ("freeze_layers='auto'", "or give freeze_layers an int")

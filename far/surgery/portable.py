@@ -20,14 +20,8 @@ from far.priming import Primer
 
 
 def check_resettable(primer: Primer, groups: Mapping[str, NodeGroup], others: Iterable[str]) -> None:
-    """Raise unless `primer` holds the pre-priming value of everything a reconfiguration will freeze.
-
-    Args:
-        primer: The Primer that watched the priming steps.
-        groups: The FFNs (and attention blocks) that will be split.
-        others: Names of the parameters frozen whole: the embeddings (freeze_embeddings), and with
-            freeze_layers everything in the bottom layers and below them that is not a split group's.
-    """
+    """Raise unless `primer` holds the pre-priming value of everything a reconfiguration will freeze: the `groups`
+    to split and `others`, the parameters frozen whole (embeddings, and the frozen bottom layers' other tensors)."""
     for group in groups.values():
         for name in group.projections:
             if primer.snapshot(f"{name}.weight") is None:

@@ -24,7 +24,7 @@ from far.freezing import below_layers, check_depth, depth_parameters, find_layer
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.priming import Primer, detach_primer, primer_of, trainable_embeddings
 from far.selection import auto_freeze_layers, needs_scores, select_learners
-from far.surgery.inputs import check_learners, check_scores, primer_head_scores, primer_scores
+from far.surgery.inputs import check_learners, check_scores, primer_head_scores, primer_scores, watching_primer
 from far.surgery.portable import check_resettable, reset_values
 from far.surgery.state import (
     STATE_ATTRIBUTE,
@@ -108,12 +108,12 @@ def reconfigure(
     checked = None
     if needs_scores(config):
         checked = check_scores(primer_scores(model, scores, config), ffns)
+    ffn_layers = None if layer_of is None else {name: layer_of[name] for name in ffns}
     # "auto" is resolved once, from the FFN scores, so that the heads freeze with the same layers.
     depth = config.freeze_layers
     if depth == AUTO:
-        depth = auto_freeze_layers(checked, {name: layer_of[name] for name in ffns})
+        depth = auto_freeze_layers(checked, ffn_layers)
     select_config = dataclasses.replace(config, freeze_layers=depth)
-    ffn_layers = None if layer_of is None else {name: layer_of[name] for name in ffns}
     chosen = select_learners(
         select_config, scores=checked, n_nodes={n: f.n_nodes for n, f in ffns.items()}, layer_of=ffn_layers
     )
@@ -135,7 +135,9 @@ def reconfigure(
         raise TypeError(f"reset_frozen must be True or False, got {reset_frozen!r}")
     groups = {**ffns, **blocks}
     # The Primer that watched priming holds the pre-priming values; without one nothing was primed.
-    primer = (scores if isinstance(scores, Primer) else primer_of(model)) if reset_frozen else None
+    primer = None
+    if reset_frozen:
+        primer = watching_primer(model, scores) if isinstance(scores, Primer) else primer_of(model)
     # Frozen whole besides the split groups' frozen nodes: the embeddings, and with depth the bottom
     # layers' other tensors (attention, norms, biases) and everything below them.
     others = trainable_embeddings(model) if config.freeze_embeddings else []
@@ -146,8 +148,6 @@ def reconfigure(
         depth_frozen = [n for n in depth_parameters(model, layers, depth) if n in trainable and n not in covered]
         others += [n for n in depth_frozen if n not in others]
     if primer is not None:
-        if not primer.watches(model):
-            raise ValueError("scores=primer: this Primer was created on another model")
         check_resettable(primer, groups, others)
     _split(model, groups, chosen, config, layers or None, depth or 0)
     if primer is not None:
