@@ -87,10 +87,7 @@ def generate(
         model: A lean causal LM (stock, or holding a user's learners file).
         prompt_ids: The prompt's token ids (at least one).
         config: Greedy or sampled decoding.
-        eos_token_id: The end-of-text token, after which nothing is written (None: never stop early).
-
-    Returns:
-        The new token ids, the EOS token last when it came.
+        eos_token_id: The end-of-text token (None: never stop early).
     """
     if len(prompt_ids) == 0:
         raise ValueError("the prompt has no tokens; give at least one")

@@ -66,11 +66,7 @@ def save_lean_checkpoint(
 
 
 def read_lean_checkpoint(output_dir: str | Path) -> tuple[Path, dict]:
-    """The newest intact checkpoint of a run (its folder and trainer state); damaged ones are skipped with a warning.
-
-    Raises:
-        ValueError: the run has no intact checkpoint.
-    """
+    """The newest intact checkpoint (folder, trainer state); damaged ones are skipped with a warning."""
     root = Path(output_dir) / CHECKPOINTS
     problems = []
     for folder in step_folders(root):
@@ -89,10 +85,7 @@ def read_lean_checkpoint(output_dir: str | Path) -> tuple[Path, dict]:
 
 def restore_trained(model: LeanCausalLM, folder: Path, state: dict, dtype: torch.dtype) -> dict | None:
     """Put a checkpoint's layout and weights onto `model`, freshly loaded from the same GGUF file; returns the
-    optimizer state. Every saved weight's name and shape is checked against the layout before any is loaded.
-
-    Raises:
-        ValueError: the checkpoint does not fit this model (which may then be split already: load a fresh one).
+    optimizer state. Every saved weight's name and shape is checked before any is loaded (ValueError).
     """
     # Mapped, not read: the file's pages come in as each tensor is used, and AdamW's moments, written in place,
     # become the process's own pages only then.

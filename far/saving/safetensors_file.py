@@ -22,6 +22,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from far.saving.digests import CONTENT_KEY, content_sha256, hash_tensors  # noqa: F401 - read here, named here too
+from far.storage.atomic import file_identity
 
 # A run folder's learners file (far.save_learners' for an encoder, far.llm.lean_saving's for a GGUF causal LM).
 LEARNERS_FILE = "learners.safetensors"
@@ -29,12 +30,6 @@ LEARNERS_FILE = "learners.safetensors"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a few hundred bytes each)
 SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
-
-
-def file_identity(path: Path) -> tuple[int, ...]:
-    """What changes whenever a file's bytes do: any write moves its ctime, a new file is a new inode."""
-    st = path.stat()
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def read_verified(
