@@ -23,7 +23,9 @@ from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.lean_model import LeanCausalLM
 from far.selection import select_learners
 
-INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
+OUTPUT = "down_proj"
+# Each FFN projection's node axis: an input projection's nodes are its rows, the output projection's its columns.
+NODE_DIM = {"gate_proj": 0, "up_proj": 0, "down_proj": 1}
 # What of the FFNs trains: every weight, the learner blocks of split FFNs, or nothing.
 FFN_TRAINING = ("all", "learners", "none")
 # MeZO + FAR freezes this share of the bottom layers unless told otherwise: a zeroth-order step then perturbs
@@ -77,6 +79,11 @@ def ffn_names(model: LeanCausalLM) -> list[str]:
     return [f"layers.{i}.mlp.{OUTPUT}" for i in range(len(model.layers))]
 
 
+def ffn_of(key: str) -> str:
+    """The name of the FFN that a projection's key (`layers.3.mlp.up_proj.learner_weight`) belongs to."""
+    return f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}"
+
+
 def gradient_scores(
     model: LeanCausalLM,
     batches: Iterable[dict[str, Tensor]],
@@ -93,9 +100,9 @@ def gradient_scores(
 
     layers = []
     for i, layer in enumerate(model.layers):
-        for proj in (*INPUTS, OUTPUT):
+        for proj, node_dim in NODE_DIM.items():
             linear = getattr(layer.mlp, proj)
-            linear.grad_sink = sink(f"layers.{i}.mlp.{OUTPUT}", 1 if proj == OUTPUT else 0)
+            linear.grad_sink = sink(f"layers.{i}.mlp.{OUTPUT}", node_dim)
             layers.append(linear)
     try:
         with torch.enable_grad(), model.input_gradients():
@@ -116,11 +123,10 @@ def magnitude_scores(model: LeanCausalLM) -> dict[str, Tensor]:
     scores = {}
     for name, layer in zip(ffn_names(model), model.layers, strict=True):
         total = torch.zeros(model.config.intermediate_size)
-        for proj in (*INPUTS, OUTPUT):
+        for proj, node_dim in NODE_DIM.items():
             linear = getattr(layer.mlp, proj)
             if len(linear.parts) != 1:
                 raise ValueError(f"{name} is already split; score the model before split_ffns")
-            node_dim = 1 if proj == OUTPUT else 0
             total += linear.parts[0].stored.float().abs().mean(dim=1 - node_dim)
         scores[name] = -total
     return scores
@@ -159,8 +165,7 @@ def split_ffns(
         keep = torch.ones(n, dtype=torch.bool)
         keep[idx] = False
         frozen = keep.nonzero().squeeze(1)
-        for proj in (*INPUTS, OUTPUT):
-            node_dim = 1 if proj == OUTPUT else 0
+        for proj, node_dim in NODE_DIM.items():
             old = getattr(layer.mlp, proj).parts[0].stored
             parts = [
                 _block(old, idx, node_dim, learner_dtype, True, model),
@@ -195,7 +200,7 @@ def set_trainable(model: LeanCausalLM, ffn: str, dtype: torch.dtype = torch.floa
     if ffn == "learners" and not split:
         raise ValueError("ffn='learners' needs split FFNs: run split_ffns (after gradient_scores) first")
     ffn_weights = {id(w) for layer in model.layers for w in layer.mlp.modules() if isinstance(w, CompactWeight)}
-    learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in (*INPUTS, OUTPUT)}
+    learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in NODE_DIM}
     below = {id(w) for layer in model.layers[:frozen_layers] for w in layer.modules() if isinstance(w, CompactWeight)}
     for weight in model.compact_weights():
         in_ffn = id(weight) in ffn_weights

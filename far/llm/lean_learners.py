@@ -41,9 +41,9 @@ from safetensors import safe_open
 from torch import Tensor
 
 from far.llm.compact import CompactLinear, CompactWeight
-from far.llm.lean_far import INPUTS, OUTPUT, ffn_names
+from far.llm.lean_far import NODE_DIM, OUTPUT, ffn_names, ffn_of
 from far.llm.lean_model import LeanCausalLM
-from far.saving.safetensors_file import CONTENT_KEY, DTYPES, read_verified
+from far.saving.safetensors_file import CONTENT_KEY, DTYPES, read_verified, sorted_node_indices
 
 FORMAT, FORMAT_VERSION = "far.lean-learners", "1"
 ENCODER_FORMAT = "far.learners"  # far.save_learners' files, for encoders
@@ -270,7 +270,7 @@ def plan(
             raise _fail(path, f"has an invalid entry for {key}: {spec!r}")
         slot = _slot(path, key, slots, ffns, tensors, n_nodes)
         if slot.nodes is not None:
-            used.add(f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}{INDICES}")
+            used.add(ffn_of(key) + INDICES)
         shape = tuple(slot.weight.stored.shape)
         if slot.nodes is not None:
             shape = tuple(len(slot.nodes) if d == slot.node_dim else s for d, s in enumerate(shape))
@@ -312,15 +312,13 @@ def _slot(path: Path, key: str, slots, ffns, tensors: Mapping[str, Tensor], n_no
         return slots[key]
     layer, _, proj = key.removesuffix(LEARNERS).rpartition(".mlp.")
     ffn = f"{layer}.mlp.{OUTPUT}"
-    if ffn not in ffns or proj not in (*INPUTS, OUTPUT):
+    if ffn not in ffns or proj not in NODE_DIM:
         raise _fail(path, f"holds {key!r}, which is no FFN projection of this model; it belongs to another model")
     nodes = tensors.get(ffn + INDICES)
-    ok = nodes is not None and nodes.dtype == torch.int64 and nodes.dim() == 1 and 0 < nodes.numel() <= n_nodes
-    ok = ok and bool(nodes[0] >= 0) and bool(nodes[-1] < n_nodes) and bool((nodes[1:] > nodes[:-1]).all())
-    if not ok:
+    if not sorted_node_indices(nodes, n_nodes):
         raise _fail(path, f"needs {ffn + INDICES}: sorted distinct int64 node indices in [0, {n_nodes})")
     weight = slots[f"{layer}.mlp.{proj}.weight"].weight
-    return Slot(key, weight, 1 if proj == OUTPUT else 0, nodes)
+    return Slot(key, weight, NODE_DIM[proj], nodes)
 
 
 def active_lean_learners(model: LeanCausalLM) -> ActiveLeanLearners | None:

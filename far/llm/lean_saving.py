@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.gguf_file import read_weights
 from far.llm.gguf_source import GGUFSource
-from far.llm.lean_far import OUTPUT, ffn_names, split_ffns
+from far.llm.lean_far import ffn_names, ffn_of, split_ffns
 from far.llm.lean_learners import (
     DELTA8,
     FORMAT,
@@ -113,8 +113,7 @@ def save_trained(
             values[slot.key] = {"encoding": encoding, "dtype": str(value.dtype).removeprefix("torch.")}
             tensors.update({slot.key + suffix: tensor for suffix, tensor in parts.items()})
             if slot.nodes is not None:
-                ffn = f"{slot.key.split('.mlp.')[0]}.mlp.{OUTPUT}"
-                tensors[ffn + INDICES] = slot.nodes.to(torch.int64).contiguous()
+                tensors[ffn_of(slot.key) + INDICES] = slot.nodes.to(torch.int64).contiguous()
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -177,7 +176,7 @@ def load_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.Pa
     if len(dtypes) > 1:
         raise ValueError(f"{path} holds learners in several dtypes ({sorted(map(str, dtypes))}); save it again")
     if learners:  # every FFN split, as `prime_and_split` left them: empty where a layer had no learners
-        by_ffn = {f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}": nodes for key, nodes in learners.items()}
+        by_ffn = {ffn_of(key): nodes for key, nodes in learners.items()}
         empty = torch.empty(0, dtype=torch.int64)
         split_ffns(model, {name: by_ffn.get(name, empty) for name in ffn_names(model)}, dtypes.pop())
     modules = dict(model.named_modules())
