@@ -146,9 +146,7 @@ def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFN
         delattr(config, FAR_KEY)  # else a later save of the restored model would carry a stale entry
     cls = model_class or _model_class(config)
     model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config, **kwargs)
-    state_dict: dict[str, Tensor] = {}
-    for file in files:
-        state_dict.update(load_file(file))
+    state_dict = {key: tensor for file in files for key, tensor in load_file(file).items()}
     rebuild_layout(model, state_dict, far_config, spec=spec)
     if far_config is None:
         # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
@@ -273,9 +271,7 @@ def load_folder(
     files = weight_files(path)
     if not files:
         raise FileNotFoundError(f"{str(path)!r} holds no safetensors weights (model.safetensors or an index)")
-    state_dict: dict[str, Tensor] = {}
-    for file in files:
-        state_dict.update(load_file(file))
+    state_dict = {key: tensor for file in files for key, tensor in load_file(file).items()}
     hint = f"pass a model of the class {str(path)!r} was saved from"
     training = model.training  # split layers are made in training mode: they take the model's back
     layout = read_layout_file(path)
