@@ -21,6 +21,7 @@ from torch import Tensor
 from far.llm.compact import CompactWeight
 from far.llm.lean_model import LeanCausalLM
 from far.seeds import derive_seed
+from far.training.options import check_float
 
 
 class CompactZO:
@@ -31,12 +32,10 @@ class CompactZO:
     name = "zeroth-order"
 
     def __init__(self, model: LeanCausalLM, lr: float, eps: float, seed: int, weight_decay: float) -> None:
-        for name, value in (("lr", lr), ("eps", eps)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        lr, eps = check_float("lr", lr, low=0, strict=True), check_float("eps", eps, low=0, strict=True)
         if not model.trainable_weights():
             raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
-        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
+        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, lr, eps, seed, weight_decay
         self.steps_taken = 0
         self.steps_skipped = 0
 
