@@ -66,7 +66,7 @@ def _labels(values: Sequence, manifest: Mapping, where: str) -> Tensor:
 def _from_file(
     path: Path, text_columns: Sequence[str] | None, label_column: str
 ) -> tuple[list[str], list[str] | None, list]:
-    """(first texts, second texts or None, labels) of a CSV/TSV/JSON/JSONL file, read as `far train` reads one."""
+    """(first texts, second texts or None, labels) of a data file, read as `far train` reads one."""
     table = read_table(path)
     if label_column not in table.column_names:
         raise DataFileError(f"{path} has no label column {label_column!r} (its columns: {table.column_names})")

@@ -11,17 +11,15 @@ The folder's layout is in `far.device.manifest` and docs/device.md.
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import time
-import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
 
-from far.device.lowering import forward_program, quietly, training_program, xnnpack_level
+from far.device.lowering import lower_views, xnnpack_level
 from far.device.manifest import (
     BOTTOM,
     CLASSIFICATION,
@@ -40,6 +38,7 @@ from far.device.plan import ExportPlan, plan_export
 from far.device.program import build_views, example_inputs, trainable_tensors
 from far.device.state import DeviceState, trainable_sha256, write_state
 from far.storage.atomic import atomic_dir
+from far.training.options import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +54,10 @@ class ExportResult:
 
 def micro_batch(batch_size: object, micro_batch_size: object) -> int:
     """The programs' fixed batch: `micro_batch_size` (dividing `batch_size`), or `batch_size` itself."""
-    for name, value in (("batch_size", batch_size), ("micro_batch_size", micro_batch_size)):
-        if value is None and name == "micro_batch_size":
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    batch_size = check_int("batch_size", batch_size, 1)
     if micro_batch_size is None:
-        return int(batch_size)
-    if batch_size % micro_batch_size:
+        return batch_size
+    if batch_size % check_int("micro_batch_size", micro_batch_size, 1):
         raise ValueError(
             f"micro_batch_size={micro_batch_size} must divide batch_size={batch_size} (each step averages the "
             "gradients of batch_size / micro_batch_size equal micro-batches)"
@@ -71,7 +66,7 @@ def micro_batch(batch_size: object, micro_batch_size: object) -> int:
 
 
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    """Refuse, before anything is built, an output path that is a file or a folder holding files (unless overwrite)."""
+    """Refuse an output path that is a file, or a folder holding files (unless overwrite), before anything is built."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{str(out_dir)!r} is a file; name a folder to write the export into")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
@@ -95,7 +90,7 @@ def _tokenizer_json(tokenizer) -> tuple[str, str, int]:
 def _manifest(
     plan: ExportPlan, model: nn.Module, batch_size: int, micro: int, max_length: int, optimizer: dict
 ) -> dict:
-    """The manifest's fields that the model and the settings give (the programs' are added as they are written)."""
+    """The manifest's fields from the model and the settings (the programs' are added as they are written)."""
     config = getattr(model, "config", None)
     return {
         "format": FORMAT,
@@ -137,10 +132,8 @@ def _inputs(plan: ExportPlan, batch_size: int, max_length: int) -> tuple[list[di
 
 
 def write_programs(tmp: Path, manifest: dict, programs: Mapping[str, tuple]) -> None:
-    """Write each lowered program into the folder being written, and record it in `manifest["programs"]`.
-
-    Args:
-        programs: `{role: (lowered program, XNNPACK level, input specs, output names)}`, role "train" or "bottom".
+    """Write each lowered program into the folder and record it in `manifest["programs"]`;
+    `programs` is `{role: (lowered program, XNNPACK level, input specs, output names)}`.
     """
     manifest["programs"] = {}
     for role, (lowered, delegated, inputs, outputs) in programs.items():
@@ -157,11 +150,28 @@ def write_programs(tmp: Path, manifest: dict, programs: Mapping[str, tuple]) -> 
         }
 
 
-def write_state_and_manifest(tmp: Path, manifest: dict, initial: Mapping) -> None:
-    """Write the step-0 state (`initial`, the trainable tensors in the program's order) and then the manifest."""
-    manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
-    write_state(tmp / STATE, DeviceState(tensors=dict(initial)), manifest)
-    write_json_into(tmp, MANIFEST, manifest)
+def write_folder(
+    out_dir: Path,
+    manifest: dict,
+    programs: Mapping[str, tuple],
+    write_tokenizer: Callable[[Path], None],
+    tokenizer_fields: dict,
+    initial: Mapping,
+    seconds: dict[str, float],
+) -> ExportResult:
+    """The export folder, atomically: the programs, the tokenizer, the step-0 state (`initial`, the trainable tensors
+    in the program's order), then the manifest that records them."""
+    start = time.perf_counter()
+    with atomic_dir(out_dir) as tmp:
+        write_programs(tmp, manifest, programs)
+        write_tokenizer(tmp / TOKENIZER)
+        manifest["tokenizer"] = {"file": TOKENIZER, "sha256": sha256_file(tmp / TOKENIZER), **tokenizer_fields}
+        manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
+        write_state(tmp / STATE, DeviceState(tensors=dict(initial)), manifest)
+        write_json_into(tmp, MANIFEST, manifest)
+    seconds["write"] = time.perf_counter() - start
+    sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
+    return ExportResult(out_dir, sizes, seconds)
 
 
 def export_executorch(
@@ -243,22 +253,13 @@ def export_executorch(
     check_out_dir(out_dir, overwrite)
     plan = plan_export(model, max_length)
     tokenizer_text, pad_token, pad_id = _tokenizer_json(tokenizer)
-    seconds: dict[str, float] = {}
-    start = time.perf_counter()
     bottom, top = build_views(model, plan)
     train_inputs, bottom_inputs = example_inputs(plan, micro, max_length)
     if level != "none":
         logger.info("lowering the training program to XNNPACK (%s operators, one by one): minutes", level)
-    bottom_program = None
-    with quietly(), warnings.catch_warnings():  # torch.export's and executorch's notes on their own internals
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        program, order = training_program(top, train_inputs, xnnpack=level)
-        seconds["train"] = time.perf_counter() - start
-        if bottom is not None:
-            start = time.perf_counter()
-            bottom_program = forward_program(bottom, bottom_inputs, xnnpack=bottom_xnnpack)
-            seconds["bottom"] = time.perf_counter() - start
+    program, order, bottom_program, seconds = lower_views(
+        top, train_inputs, bottom, bottom_inputs, xnnpack=level, bottom_xnnpack=bottom_xnnpack
+    )
     logger.info("lowered the programs in %s", ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     values = trainable_tensors(top)
     manifest = _manifest(plan, model, batch_size, micro, max_length, settings)
@@ -267,18 +268,12 @@ def export_executorch(
     programs = {"train": (program, level, train_specs, ["loss", "logits"])}
     if bottom_program is not None:
         programs["bottom"] = (bottom_program, "all" if bottom_xnnpack else "none", bottom_specs, ["hidden"])
-    start = time.perf_counter()
-    with atomic_dir(out_dir) as tmp:
-        write_programs(tmp, manifest, programs)
-        (tmp / TOKENIZER).write_text(tokenizer_text, encoding="utf-8")
-        manifest["tokenizer"] = {
-            "file": TOKENIZER,
-            "sha256": sha256_file(tmp / TOKENIZER),
-            "pad_token": pad_token,
-            "pad_token_id": pad_id,
-            "padding": "right, to max_length",
-        }
-        write_state_and_manifest(tmp, manifest, {n: values[n] for n in order})
-    seconds["write"] = time.perf_counter() - start
-    sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
-    return ExportResult(out_dir, sizes, seconds)
+    return write_folder(
+        out_dir,
+        manifest,
+        programs,
+        lambda path: path.write_text(tokenizer_text, encoding="utf-8"),
+        {"pad_token": pad_token, "pad_token_id": pad_id, "padding": "right, to max_length"},
+        {n: values[n] for n in order},
+        seconds,
+    )

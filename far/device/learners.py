@@ -21,7 +21,7 @@ from far.config import FARConfig
 from far.device.manifest import DeviceFileError, read_manifest
 from far.device.state import read_state
 from far.layers import OUTPUT, SplitLinear
-from far.saving.fingerprint import base_fingerprint
+from far.saving.fingerprint import base_fingerprint, outside_split
 from far.saving.labels import set_head_fields
 from far.saving.learners_file import save_learners
 from far.surgery.reconfigure import reconfigure_with_learners
@@ -103,7 +103,7 @@ def to_learners(
         )
     for name, param in params.items():
         param.requires_grad_(name in trainable)  # exactly what the device trained, as save_learners stores it
-    others = [n for n in params if n in trainable and not n.endswith((".learner_weight", ".learner_bias"))]
+    others = outside_split(model, [n for n in params if n in trainable])
     if base_fingerprint(model, groups, chosen, others) != manifest["base_fingerprint"]:
         raise DeviceFileError(
             "the stock model is not the base this export was made from (base fingerprints differ); pass that model"

@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -29,17 +27,16 @@ from torch import Tensor
 
 from far.config import FARConfig
 from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
-from far.device.export import ExportResult, check_out_dir, micro_batch, write_programs, write_state_and_manifest
+from far.device.export import ExportResult, check_out_dir, micro_batch, write_folder
 from far.device.lm_view import lm_views
-from far.device.lowering import forward_program, quietly, training_program
-from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, TOKENIZER, sha256_file, tensor_spec
+from far.device.lowering import lower_views
+from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, tensor_spec
 from far.device.optim import optimizer_settings
 from far.llm.lean_far import ffn_names, lean_layout, prime_and_split
 from far.llm.lean_model import LeanCausalLM
 from far.llm.text_steps import MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH, priming_loss
 from far.llm.tokenizer import LeanTokenizer
 from far.seeds import derive_seed
-from far.storage.atomic import atomic_dir
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +46,9 @@ def reconfigure_for_export(
 ) -> FARConfig:
     """FAR on a stock lean model as `far train --train-file` lays it out for AdamW, in place; returns its config.
 
-    The bottom two thirds of the layers frozen whole, 10% of all FFN nodes as learners above them
-    (`far.llm.lean_far.lean_layout`), the trained weights in fp32. Learners are chosen by gradient
-    priming on `chunks` (N, T) of the user's text, or, with none, by weight magnitude
-    (`far.llm.lean_far.magnitude_scores`: no data needed).
+    The bottom two thirds of the layers frozen whole, 10% of all FFN nodes as learners above them, trained
+    weights in fp32; learners chosen by gradient priming on `chunks` (N, T) of the user's text, or, with
+    none, by weight magnitude (no data needed).
     """
     layout = lean_layout(
         config or FARConfig(),
@@ -69,13 +65,9 @@ def reconfigure_for_export(
 
 
 def priming_chunks(train_file: str | os.PathLike, tokenizer: LeanTokenizer, max_length: int, seed: int = 0) -> Tensor:
-    """The chunks of a user's texts that gradient priming scores, as `far train --train-file` picks them.
-
-    The texts packed as a text run packs them (`far.data.texts`, its held-out part left out), and
-    the first `MAX_PRIMING_CHUNKS` of the run's first epoch order (seeded by `seed`).
-
-    Raises:
-        ValueError: texts that are not UTF-8, or shorter than one chunk (`far.data.texts`' messages).
+    """The chunks of a user's texts that gradient priming scores, as `far train --train-file` picks them:
+    packed as a text run packs them (held-out part left out), the first `MAX_PRIMING_CHUNKS` of the first
+    epoch's order. ValueError: texts not UTF-8, or shorter than one chunk.
     """
     train = load_text_chunks(train_file, tokenizer, max_length, None, DEFAULT_HOLDOUT, seed).train
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(derive_seed(seed, 0)))
@@ -83,10 +75,8 @@ def priming_chunks(train_file: str | os.PathLike, tokenizer: LeanTokenizer, max_
 
 
 def plan_lm_export(model: LeanCausalLM, max_length: int) -> int:
-    """Check that `model` can become a next-token training program of `max_length` tokens; returns its frozen depth.
-
-    Raises:
-        ValueError: what the export cannot represent, and what to do; nothing has been built or written.
+    """Check that `model` can become a next-token training program of `max_length` tokens; returns its frozen
+    depth. ValueError (what the export cannot represent, and what to do) before anything is built.
     """
     if not isinstance(model, LeanCausalLM):
         raise ValueError(
@@ -185,16 +175,9 @@ def export_causal_lm(
     bottom, top = lm_views(model, depth)
     ids = torch.zeros(micro, max_length, dtype=torch.long)
     hidden = torch.zeros(micro, max_length, model.config.hidden_size)
-    seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    with quietly(), warnings.catch_warnings():  # torch.export's and executorch's notes on their own internals
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        program, order = training_program(top, (hidden, ids))
-        seconds["train"] = time.perf_counter() - start
-        start = time.perf_counter()
-        bottom_program = forward_program(bottom, (ids,), xnnpack=bottom_xnnpack)
-        seconds["bottom"] = time.perf_counter() - start
+    program, order, bottom_program, seconds = lower_views(
+        top, (hidden, ids), bottom, (ids,), xnnpack="none", bottom_xnnpack=bottom_xnnpack
+    )
     values = {n: p.detach() for n, p in top.named_parameters() if p.requires_grad}
     manifest = {
         "format": FORMAT,
@@ -220,24 +203,19 @@ def export_causal_lm(
         "optimizer": settings,
         "trainable": [tensor_spec(n, values[n].shape, "float32") for n in order],
     }
+    initial = {n: values[n] for n in order}
     ids_spec = tensor_spec("input_ids", ids.shape, "int64")
     programs = {
         "train": (program, "none", [tensor_spec("hidden", hidden.shape, "float32"), ids_spec], ["loss", "hits"]),
         "bottom": (bottom_program, "all" if bottom_xnnpack else "none", [ids_spec], ["hidden"]),
     }
-    start = time.perf_counter()
-    with atomic_dir(out_dir) as tmp:
-        write_programs(tmp, manifest, programs)
-        tokenizer.tokenizer.save(str(tmp / TOKENIZER))
-        manifest["tokenizer"] = {
-            "file": TOKENIZER,
-            "sha256": sha256_file(tmp / TOKENIZER),
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-            "packing": "texts packed into chunks of max_length tokens, no padding (far.data.texts)",
-        }
-        write_state_and_manifest(tmp, manifest, {n: values[n] for n in order})
-    seconds["write"] = time.perf_counter() - start
+    fields = {
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "packing": "texts packed into chunks of max_length tokens, no padding (far.data.texts)",
+    }
+    result = write_folder(
+        out_dir, manifest, programs, lambda path: tokenizer.tokenizer.save(str(path)), fields, initial, seconds
+    )
     logger.info("lowered and wrote the programs in %s", ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
-    sizes = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
-    return ExportResult(out_dir, sizes, seconds)
+    return result

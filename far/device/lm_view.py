@@ -1,22 +1,15 @@
-"""The export view of a lean causal LM (`far.llm.lean_model`): its own modules, traced as they are, three parts put in.
+"""The export view of a lean causal LM: its own modules traced as they are, with twins (sharing the model's
+frozen tensors) of what torch.export cannot take:
 
-The lean runtime's layers run their own forward in both programs; what torch.export cannot take
-is swapped, module by module, in twins that share the model's frozen tensors (the model is left as
-it is):
+- `CompactLinear` -> `PlainLinear`: one product, so autograd gives each trainable block its gradient
+  (the lean linear hands weight gradients to a sink instead);
+- attention -> `EagerAttention`, an explicit softmax: SDPA's backward is not in ExecuTorch's core set;
+- a Q8_0 embedding -> `Q8Rows`: int8 values and fp32 scales as two tensors, no byte reinterpreting.
 
-- a `CompactLinear` becomes a `PlainLinear`: the same blocks concatenated along the node axis and
-  one product, so that autograd gives each trainable block its gradient (the lean runtime's own
-  linear hands weight gradients to a sink instead, `far.llm.compact`);
-- attention is computed with an explicit softmax (`EagerAttention`): SDPA's backward is not in
-  ExecuTorch's core operator set;
-- a GGUF Q8_0 embedding becomes `Q8Rows`, its int8 values and fp32 scales as two tensors (the same
-  products, with no reinterpreting of bytes).
-
-Trainable weights (fp32, as AdamW trains them on the lean runtime) are copied into parameters that
-require gradients and keep the lean model's names (`layers.20.mlp.gate_proj.parts.0.stored`), so a
-device state maps back onto the lean model by name. `LMBottom` is the embedding and the frozen
-bottom layers (forward only); `LMTop` the layers above, the final norm and the next-token loss over
-the vocabulary in slices (`far.llm.next_token.next_token_loss_in_graph`).
+Trainable weights (fp32) become parameters under the lean model's names
+(`layers.20.mlp.gate_proj.parts.0.stored`), so a device state maps back by name. `LMBottom` is the
+embedding and frozen bottom (forward only); `LMTop` the layers above, the final norm and the sliced
+next-token loss (`far.llm.next_token.next_token_loss_in_graph`).
 
     >>> bottom, top = lm_views(model)
     >>> loss, hits = top(bottom(ids), ids)
@@ -56,11 +49,7 @@ class EagerAttention(Attention):
 
 
 class Q8Rows(nn.Module):
-    """A `Q8Embedding`'s rows as int8 values times fp32 block scales: the same fp32 rows, traceable.
-
-    Args:
-        embedding: The GGUF Q8_0 embedding (its blocks are read, not kept).
-    """
+    """A `Q8Embedding`'s rows as int8 values times fp32 block scales: the same fp32 rows, traceable."""
 
     def __init__(self, embedding: Q8Embedding) -> None:
         super().__init__()
@@ -71,13 +60,12 @@ class Q8Rows(nn.Module):
         self.hidden_size = hidden
 
     def rows(self, ids: Tensor) -> Tensor:
-        """fp32 rows of `ids`: shape `ids.shape + (hidden,)`, equal to `Q8Embedding.rows`."""
         blocks = self.values[ids].float().view(*ids.shape, self.hidden_size // 32, 32)
         return (self.scales[ids].unsqueeze(-1) * blocks).view(*ids.shape, self.hidden_size)
 
 
 def _weight(weight: CompactWeight, trainable: bool) -> CompactWeight:
-    """A twin of `weight`: its own fp32 parameter, requiring gradients, if it trains here; else the shared tensor."""
+    """A twin of `weight`: its own fp32 parameter requiring gradients if it trains here, else the shared tensor."""
     twin = copy.copy(weight)
     twin._parameters = dict(weight._parameters)
     if trainable and weight.trainable:
@@ -123,9 +111,7 @@ class LMBottom(nn.Module):
 class LMTop(nn.Module):
     """The trained layers, the final norm and the mean next-token loss of packed rows.
 
-    `forward(hidden, input_ids)`: hidden (B, T, hidden) is the bottom's output for input_ids (B, T);
-    returns (loss, hits): the mean cross-entropy of position t predicting token t + 1, and how many
-    of the (B * (T - 1)) predictions the arg-max gets right (an int64 count).
+    `forward(hidden, input_ids)` -> (mean cross-entropy of position t predicting t + 1, arg-max hits (int64)).
     """
 
     def __init__(self, model: LeanCausalLM, depth: int, embedding: nn.Module) -> None:

@@ -1,25 +1,22 @@
 """torch modules -> ExecuTorch programs: a training program (forward and backward in one graph) and a forward one.
 
-The training recipe: `torch.export.export(strict=False)`, then `_export_forward_backward` (the
-joint graph: the loss, each trainable tensor's gradient, and the trainable tensors themselves as
-outputs), `to_edge` without the IR validity check (the joint graph holds ops outside the edge
-dialect's list), the rewrite of `addmm` into `mm` + `add` (the wheel's kernels have an optimized
-`mm` but only the portable `addmm`, about 4x slower on a BERT step), optionally XNNPACK, then
-`to_executorch`.
+Training: `torch.export.export(strict=False)`, `_export_forward_backward` (the joint graph: loss,
+gradients, trainable tensors as outputs), `to_edge` without the IR validity check (the joint graph holds
+ops outside the edge dialect), `addmm` rewritten as `mm` + `add` (the wheel has an optimized `mm` but only
+the portable `addmm`, about 4x slower on a BERT step), optionally XNNPACK, `to_executorch`.
 
-XNNPACK on the joint graph works only op by op (`per_op_mode`: a whole partition fails on outputs
-that pass inputs through), with the weights of fully connected ops taken as runtime inputs
-(`force_non_static_weights_for_f32_linear`), so that updates to the trainable tensors reach the
-delegates. Each delegate costs lowering time, so there are three levels (`XNNPACK_LEVELS`):
-"none", "matmul" (the matrix products only: about half the step in a fifth of "all"'s lowering
-time) and "all" (every operator XNNPACK takes: the fastest step, minutes to lower a 6-layer model;
-docs/device.md has the numbers). The forward-only bottom is delegated to XNNPACK whole, which
-lowers in seconds.
+XNNPACK on the joint graph works only op by op (`per_op_mode`: a whole partition fails on outputs that
+pass inputs through), with linear weights as runtime inputs (`force_non_static_weights_for_f32_linear`)
+so that updates reach the delegates. `XNNPACK_LEVELS`: "none", "matmul" (about half the step in a fifth
+of "all"'s lowering time) and "all" (the fastest step, minutes to lower; docs/device.md). The forward-only
+bottom is delegated whole, in seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -34,12 +31,9 @@ XNNPACK_LEVELS = ("none", "matmul", "all")
 
 @contextmanager
 def quietly():
-    """Run executorch's imports and passes without their side effects on logging.
-
-    torchao (which executorch imports) logs a warning per CUDA kernel library it cannot load, which
-    on a CPU-only machine says nothing about the export; and executorch calls `logging.basicConfig`
-    (its XNNPACK partitioner on import, some passes through `logging.debug`), which would print
-    every far message twice. Both are undone when the block ends.
+    """Run executorch's imports and passes without their side effects on logging, undone at the end: torchao
+    warns of every CUDA kernel library it cannot load, and executorch calls `logging.basicConfig`, which
+    would print every far message twice.
     """
     torchao, root = logging.getLogger("torchao"), logging.getLogger()
     level, handlers, root_level = torchao.level, list(root.handlers), root.level
@@ -90,8 +84,9 @@ def _addmm_to_mm_add():
 
 
 def _dense_empties(program) -> None:
-    """Rewrite, in place, `empty_permuted` with the identity order (SiLU's backward makes one) as a plain `empty`:
-    the same tensor, and an operator the runtime's kernels have."""
+    """Rewrite, in place, an identity-order `empty_permuted` (SiLU's backward makes one) as `empty`: the same
+    tensor, and an operator the runtime's kernels have.
+    """
     graph = program.graph_module.graph
     for node in graph.nodes:
         if node.target == torch.ops.aten.empty_permuted.default and list(node.args[1]) == list(
@@ -124,13 +119,9 @@ def _training_partitioner(level: str):
 
 
 def training_program(module: nn.Module, inputs: tuple, *, xnnpack: str = "none") -> tuple[object, list[str]]:
-    """The ExecuTorch program (an `ExecutorchProgramManager`) that runs forward and backward of `module`,
-    and the names of the trainable tensors in the program's order.
-
-    Its method `forward` takes `inputs`' shapes and returns the user outputs (loss first), the
-    gradients of the trainable tensors, then the trainable tensors; the meta-methods
-    `__et_training_gradients_index_forward`, `__et_training_parameters_index_forward` and
-    `__et_training_fqn_forward` say where each part starts and the tensors' names.
+    """The ExecuTorch program running forward and backward of `module`, and the trainable tensors' names in
+    the program's order. `forward` returns the user outputs (loss first), the gradients, then the trainable
+    tensors; the `__et_training_*_forward` meta-methods say where each part starts and the names.
     """
     exir = _exir()
     from torch.export.experimental import _export_forward_backward
@@ -159,3 +150,28 @@ def forward_program(module: nn.Module, inputs: tuple, *, xnnpack: bool = True):
     else:
         edge = exir.to_edge(exported, compile_config=_edge_config(exir)).transform([_addmm_to_mm_add()])
     return edge.to_executorch()
+
+
+def lower_views(
+    top: nn.Module,
+    train_inputs: tuple,
+    bottom: nn.Module | None,
+    bottom_inputs: tuple | None,
+    *,
+    xnnpack: str,
+    bottom_xnnpack: bool,
+) -> tuple[object, list[str], object | None, dict[str, float]]:
+    """`training_program(top)`, `forward_program(bottom)` (None without a bottom) and the seconds each took."""
+    seconds: dict[str, float] = {}
+    bottom_program = None
+    start = time.perf_counter()
+    with quietly(), warnings.catch_warnings():  # torch.export's and executorch's notes on their own internals
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        program, order = training_program(top, train_inputs, xnnpack=xnnpack)
+        seconds["train"] = time.perf_counter() - start
+        if bottom is not None:
+            start = time.perf_counter()
+            bottom_program = forward_program(bottom, bottom_inputs, xnnpack=bottom_xnnpack)
+            seconds["bottom"] = time.perf_counter() - start
+    return program, order, bottom_program, seconds

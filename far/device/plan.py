@@ -1,10 +1,8 @@
 """What an ExecuTorch export reads from a FAR-reconfigured model, checked before anything is built or written.
 
-`plan_export` answers every question the export has of the model (which architecture, which
-learners, how deep the frozen bottom is, which task, which tensors train) and refuses, naming what
-and why, what the export view cannot represent: another architecture than the ones in
-`EXPORTABLE`, a model that FAR did not reconfigure, split attention heads, a dtype other than
-float32, a sequence length beyond the model's positions.
+`plan_export` refuses, naming what and why, what the export view cannot represent: an architecture not
+in `EXPORTABLE`, a model FAR did not reconfigure, split attention heads, a dtype other than float32,
+a sequence length beyond the model's positions.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ from far.architectures import BUILTIN_SPECS, CAUSAL_LM_TYPES, FFN, AttentionSpec
 from far.config import FARConfig
 from far.encoder.bert import ACTIVATIONS
 from far.freezing import find_layers, frozen_depth
-from far.layers import SplitLinear
-from far.saving.fingerprint import base_fingerprint
+from far.saving.fingerprint import base_fingerprint, outside_split
 from far.saving.labels import head_fields
 from far.surgery.state import get_config, is_reconfigured, learners, node_groups
 
@@ -56,17 +53,10 @@ class ExportPlan:
     """Everything the export takes from the model, as plain values.
 
     Attributes:
-        model_type: The architecture (a key of `EXPORTABLE`).
-        layout: Its module names around the layers.
-        attention: The layers' attention projections (`far.architectures`).
-        layers: Qualified names of the layers, bottom first.
         frozen_layers: K, the bottom layers frozen whole.
-        bottom: Whether the embeddings and the bottom K layers form a forward-only program (True when
-            everything below layer K is frozen; False: the training program starts from token ids).
-        ffns: The FFNs, keyed by output projection name.
+        bottom: Whether the embeddings and the bottom K layers form a forward-only program (everything below
+            layer K frozen; False: the training program starts from token ids).
         learners: `{ffn name: sorted original learner indices}` (empty in frozen layers).
-        trainable: Names of the trainable parameters, in model order.
-        config: The model's `FARConfig`.
         labels: Class names in id order; empty for regression.
         base_fingerprint: The learners file's base fingerprint (`far.saving.fingerprint`).
     """
@@ -176,10 +166,6 @@ def plan_export(model: nn.Module, max_length: int) -> ExportPlan:
     Args:
         model: A BERT sequence classifier reconfigured by FAR (`far.finetune`, `far train`,
             `far.from_pretrained` of a FAR checkpoint, or `far.load_learners` on a stock model).
-        max_length: Tokens per example in the programs.
-
-    Returns:
-        An `ExportPlan`.
 
     Raises:
         ValueError: what cannot be exported, and why; nothing has been built or written.
@@ -201,13 +187,7 @@ def plan_export(model: nn.Module, max_length: int) -> ExportPlan:
     trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
     if not trainable:
         raise ValueError("nothing in this model is trainable; there is nothing to train on the device")
-    split = {
-        f"{name}.{part}"
-        for name, m in model.named_modules()
-        if isinstance(m, SplitLinear)
-        for part in ("learner_weight", "frozen_weight", "learner_bias", "frozen_bias")
-    }
-    others = [n for n in trainable if n not in split]
+    others = outside_split(model, trainable)
     return ExportPlan(
         model_type=kind,
         layout=layout,

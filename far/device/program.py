@@ -1,8 +1,5 @@
-"""A reconfigured model -> its export views (`far.device.view`), with copies of its tensors, and their inputs.
-
-The views own copies of the model's tensors (the model is left as it is), keep every tensor's
-model name and trainability, and give the FFNs of the trained layers learner rows first, each part
-in ascending original node order. `example_inputs` gives tensors of the programs' fixed shapes.
+"""A reconfigured model -> its export views (`far.device.view`), with copies of its tensors (the model is
+left as it is), and example inputs of the programs' fixed shapes.
 
     >>> plan = plan_export(model, max_length=64)
     >>> bottom, top = build_views(model, plan)
@@ -26,7 +23,7 @@ _LAYER_NORMS = ("attention.output.LayerNorm", "output.LayerNorm")
 
 
 def _copy(module: nn.Module) -> nn.Module:
-    """A detached copy of a plain module (Linear, LayerNorm, Embedding) keeping each tensor's requires_grad."""
+    """A detached copy of a plain module keeping each tensor's requires_grad."""
     twin = copy.copy(module)
     twin._parameters = {
         name: None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
@@ -73,11 +70,8 @@ def _embeddings(model: nn.Module, plan: ExportPlan) -> nn.Module:
 
 @torch.no_grad()
 def build_views(model: nn.Module, plan: ExportPlan) -> tuple[BottomView | None, TrainView]:
-    """The forward-only bottom (None without one) and the training view of `model`, as `plan` says.
-
-    Raises:
-        ValueError: the view's trainable tensors are not the model's (something trains that the view
-            cannot represent); nothing was written.
+    """The forward-only bottom (None without one) and the training view of `model`, as `plan` says
+    (ValueError if the view's trainable tensors are not the model's).
     """
     layers = {name: _layer(model, plan, name) for name in plan.layers}
     embeddings = _embeddings(model, plan)

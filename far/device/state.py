@@ -64,7 +64,7 @@ class DeviceState:
 
 
 def content_sha256(metadata: Mapping[str, str], tensors: Mapping[str, Tensor]) -> str:
-    """The state file's content hash (the module docstring gives the definition)."""
+    """The state file's content hash (defined in the module docstring)."""
     meta = b"".join(f"meta\0{key}\0{metadata[key]}\n".encode() for key in sorted(k for k in metadata if k != _CONTENT))
     return hash_tensors(tensors.items(), _PREFIX + meta, _state_header)
 

@@ -1,14 +1,10 @@
 """`train`: the learners of an export folder trained through ExecuTorch's Python bindings, on far's engine.
 
-`ProgramRunner` is the engine's `Runner` (`far.training.engine`) for an ExecuTorch training program.
-Its step runs, for each of the export's `accumulate` micro-batches, the bottom program (if any) and
-the training program's forward and backward, averages their gradients, then updates the program's
-own trainable tensors with the manifest's optimizer (`far.device.optim`: SGD with momentum or AdamW,
-clipping, schedule). The runtime's own SGD (`get_sgd_optimizer`) keeps its momentum where it cannot
-be saved, so the update is done here, with the optimizer's state in the state file. Batches follow
-`far.device.order`. The engine takes the steps and writes the state file (`far.device.state`,
-atomically) every `checkpoint_every` steps and at the end; `resume=True` goes on from one: a run
-killed at any moment and resumed ends with the same state as one never interrupted.
+`ProgramRunner` runs, per step, the export's `accumulate` micro-batches (bottom program, then forward and
+backward), averages the gradients and updates the program's own tensors with the manifest's optimizer
+(`far.device.optim`). The runtime's own SGD keeps its momentum where it cannot be saved, so the update is
+done here, with the optimizer's state in the state file. A run killed at any moment and resumed ends
+with the same state as one never interrupted.
 """
 
 from __future__ import annotations
@@ -48,15 +44,7 @@ class TrainResult:
 
 
 class ProgramRunner:
-    """The engine's runner for an export folder's programs, from `state` to step `total`, saving to `state_path`.
-
-    Args:
-        out_dir, manifest: The export folder and its manifest.
-        data: The examples (`read_examples`), `examples_sha` their file's sha256.
-        state: Where the run starts (the export's initial state, or a resumed one).
-        total: The run's optimizer steps in all.
-        held_out: Examples to score (`evaluate`), or None.
-    """
+    """The engine's runner for an export folder's programs, from `state` to step `total`, saving to `state_path`."""
 
     def __init__(
         self,
@@ -121,10 +109,7 @@ class ProgramRunner:
         """No switch: the program is FAR's model after the surgery."""
 
     def evaluate(self, done: int) -> dict[str, float]:
-        """The mean loss (and accuracy) on the held-out examples' whole micro-batches, in file order.
-
-        The training program's forward scores them; the gradients it also computes are not used.
-        """
+        """The mean loss (and accuracy) on the held-out examples' whole micro-batches, in file order."""
         n, micro, scores = self.held_out["labels"].shape[0], self.micro, {"loss": 0.0, "accuracy": 0.0}
         for start in range(0, n - n % micro, micro):
             batch = {key: value[start : start + micro] for key, value in self.held_out.items()}
@@ -154,7 +139,7 @@ class ProgramRunner:
 
 
 def _start(manifest: Mapping, state_path: Path, resume: bool, seed: int | None, examples_sha: str) -> DeviceState:
-    """The state training starts from, checked: the export's initial one, or `state_path`'s with `resume`."""
+    """The state training starts from: the export's initial one, or `state_path`'s with `resume`."""
     if not resume:
         if state_path.is_file():
             try:

@@ -1,24 +1,16 @@
 """The export view: a FAR-reconfigured BERT classifier as plain torch modules that torch.export can trace.
 
-`far.SplitLinear` keeps an FFN projection as one tensor with two views, custom autograd functions
-and casting caches: right for eager training, opaque to `torch.export`. The view rebuilds the same
-function from plain parts. An FFN's input projection becomes learner rows (trainable) and frozen
-rows (a constant buffer), its outputs concatenated learners first; the output projection's columns
-are split the same way, so no permutation is needed anywhere:
+`far.SplitLinear` (one tensor, two views, custom autograd, casting caches) is opaque to `torch.export`;
+the view rebuilds the same function from plain parts, learners first, so no permutation is needed:
 
     up(x)   = cat(x @ Wl^T + bl, x @ Wf^T + bf)            # (B, T, k) | (B, T, n - k)
     down(a) = a[..., :k] @ Vl^T + a[..., k:] @ Vf^T + b     # two products: no gradient for Vf
 
-Learners and frozen nodes each keep their original (ascending) order, so a learner tensor is
-exactly what a learners file stores under the same name (`<projection>.learner_weight`, (k, in)
-for an input projection, (out, k) for the output one; `<projection>.learner_bias`). Every other
-tensor keeps its model name and its trainability. The embeddings and layers are the lean encoder's
-modules (`far.encoder.bert`) and run its forward, with two parts put in: attention computed eagerly
-(an explicit softmax: SDPA's backward is not in ExecuTorch's core operator set), and no dropout.
-
-Two programs come out of one model: `BottomView` (the frozen embeddings and bottom K layers,
-forward only) and `TrainView` (the layers above, the head and the loss). Without a frozen bottom
-(trainable embeddings), `TrainView` starts from the token ids.
+Each part keeps ascending node order, so a learner tensor is what a learners file stores under the same
+name; every other tensor keeps its model name and trainability. The lean encoder's modules
+(`far.encoder.bert`) run their own forward, with eager attention (SDPA's backward is not in ExecuTorch's
+core operator set) and no dropout. `BottomView` is the frozen embeddings and bottom K layers, forward
+only; `TrainView` the layers above, the head and the loss (`TrainFromTokens` without a frozen bottom).
 """
 
 from __future__ import annotations
@@ -106,10 +98,8 @@ class SplitDown(nn.Module):
 
 
 class EagerSelfAttention(nn.Module):
-    """BERT's self-attention with an explicit softmax over an additive mask, in the lean encoder's place.
-
-    The lean encoder (`far.encoder.bert.BertSelfAttention`) calls SDPA, whose backward is not in
-    ExecuTorch's core operator set; everything around it is the lean encoder's own forward.
+    """BERT's self-attention with an explicit softmax over an additive mask (SDPA's backward is not in
+    ExecuTorch's core operator set).
     """
 
     def __init__(self, query: nn.Linear, key: nn.Linear, value: nn.Linear, heads: int) -> None:
@@ -129,10 +119,8 @@ _DROPOUT = (BertEmbeddings, BertSelfOutput, BertOutput)
 
 
 def _assemble(cls: type[nn.Module], children: dict[str, nn.Module], **attributes) -> nn.Module:
-    """A lean encoder module of class `cls` made of `children` (in its own order), its dropout left out.
-
-    The class's `__init__` is not run: it would allocate (and initialise) weights that are replaced at
-    once; the children are the model's copies. Dropout becomes `nn.Identity`: the programs have none.
+    """A lean encoder module of class `cls` made of `children`, without running `__init__` (it would allocate
+    weights replaced at once); dropout becomes `nn.Identity`.
     """
     module = cls.__new__(cls)
     nn.Module.__init__(module)
@@ -152,8 +140,7 @@ def embeddings(word: nn.Embedding, position: nn.Embedding, token_type: nn.Embedd
 
 
 def layer(parts: dict[str, nn.Module], heads: int, activation: str) -> nn.Module:
-    """The lean encoder's `BertLayer` over the model's modules (`parts`, by their names in the layer), with
-    eager attention and the FFN's split projections: (hidden, additive mask) -> (B, T, hidden)."""
+    """The lean encoder's `BertLayer` over the model's modules, with eager attention and the split FFN."""
     q, k, v = (parts[f"attention.self.{p}"] for p in ("query", "key", "value"))
     attention_output = {"dense": parts["attention.output.dense"], "LayerNorm": parts["attention.output.LayerNorm"]}
     attention = {"self": EagerSelfAttention(q, k, v, heads), "output": _assemble(BertSelfOutput, attention_output)}
@@ -200,10 +187,8 @@ class BottomView(_Stack):
 
 
 class TrainView(_Stack):
-    """The trained top: (hidden states at the first trained layer, attention mask, labels) -> (loss, logits).
-
-    The loss is the mean cross-entropy over the batch for classification, the mean squared error
-    for regression (one output), as transformers' BertForSequenceClassification computes them.
+    """The trained top: (hidden at the first trained layer, attention mask, labels) -> (loss, logits), the loss
+    as transformers' BertForSequenceClassification computes it (cross-entropy, or MSE for regression).
     """
 
     def __init__(

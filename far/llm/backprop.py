@@ -1,15 +1,10 @@
 """First-order gradients of a lean model's trainable weights, for AdamW on the same weights MeZO trains.
 
-A `CompactLinear`'s backward hands its weight's gradient to the layer's `grad_sink` and keeps none
-(`far.llm.compact`). `LearnerGradients` gives each layer with a trainable block a sink that adds that
-block's slice into the block's `.grad` (learners are the first `k` rows or columns: FAR's split puts
-them first); autograd reaches the trainable norm gains directly. Frozen blocks' gradients are never
-kept, so memory grows with what trains, not with the model.
-
-Within `stepping(step)` (a step's last micro-batch), each block goes to `step` as soon as its gradient
-is complete and the gradient is dropped: AdamW holds one block's gradient at a time (instead of 64 MiB
-for SmolLM2's 16.8M trained values). A layer's weights are read by no later part of backward, so the
-update is bit for bit the one a step after backward would make.
+A `CompactLinear` hands its weight gradient to `grad_sink` and keeps none; `LearnerGradients` adds each
+trainable block's slice into its `.grad`, so memory grows with what trains, not with the model. Within
+`stepping(step)` each block is stepped as soon as its gradient is complete and the gradient dropped: one
+block's gradient at a time (instead of 64 MiB for SmolLM2's 16.8M trained values), bit for bit the same
+update, since no later part of backward reads a layer's weights.
 
     >>> gradients = LearnerGradients(model)
     >>> optimizer = FusedAdamW(gradients.parameters(), lr=1e-4)
@@ -32,14 +27,8 @@ from far.llm.lean_model import LeanCausalLM
 
 
 class LearnerGradients:
-    """Collects the gradients of `model.trainable_weights()` into each weight's `stored.grad` while active.
-
-    Args:
-        model: A lean model whose trainable weights are stored in fp32 (AdamW's updates are far below
-            bf16's resolution).
-
-    Raises:
-        ValueError: nothing is trainable, or a trainable weight is not fp32.
+    """Collects the gradients of `model.trainable_weights()` (fp32: AdamW's updates are below bf16's
+    resolution) into each weight's `stored.grad` while active.
     """
 
     def __init__(self, model: LeanCausalLM) -> None:
@@ -67,8 +56,9 @@ class LearnerGradients:
 
     @contextlib.contextmanager
     def stepping(self, step: Callable[[Tensor], None]) -> Iterator[None]:
-        """Within the block, a learner block's gradient, once added to `.grad`, goes to `step(tensor)` and is
-        then dropped. Use it for a step's last backward only; the norm gains' gradients stay for `step()`."""
+        """Within the block, each learner gradient goes to `step(tensor)` once complete, then is dropped
+        (a step's last backward only; the norm gains' gradients stay for `step()`).
+        """
         self._step = step
         try:
             yield

@@ -1,12 +1,9 @@
 """A text run's frozen bottom computed once for every chunk the run will read, kept on disk, then freed.
 
-A run knows before its first step which chunks it will read (seeded orders) and score. Their states
-under the frozen bottom go up front into a scratch file (`far.llm.state_file`), once per chunk, and
-then `LeanCausalLM.release_bottom` frees the bottom's weights (two thirds of SmolLM2-135M's matrices)
-before the optimizer's state is made, so that an AdamW run's peak never holds those weights and its moments at once.
+The states go into a scratch file (`far.llm.state_file`) before `LeanCausalLM.release_bottom` frees the
+bottom's weights and before the optimizer's state is made, so an AdamW run's peak never holds both.
 
     >>> cache = keep_bottom_on_disk(model, depth, [train_chunks, validation_chunks], out)
-    >>> ...  # TextSteps(model, "adamw", lr, cache); perplexity(model, chunks, 4, cache)
     >>> cache.store.close()   # gives the disk back (so does the process's end)
 """
 
@@ -33,9 +30,8 @@ def states_bytes(model: LeanCausalLM, n_rows: int, length: int) -> int:
 
 
 def keep_bottom_on_disk(model: LeanCausalLM, depth: int, chunks: list[Tensor], folder: Path) -> PrefixCache | None:
-    """Keep the bottom `depth` layers' output of every row of `chunks` (each (N, T)) in a scratch file in `folder`,
-    then release those layers. Returns the cache reading that file, or None (nothing changed) when the disk
-    has no room for it: the caller then keeps states in memory, as many as fit.
+    """Keep the bottom `depth` layers' output of every row of `chunks` in a scratch file in `folder`, then
+    release those layers. None (nothing changed) when the disk has no room: the caller keeps states in memory.
     """
     rows = sum(len(c) for c in chunks)
     need = sum(states_bytes(model, len(c), c.shape[1]) for c in chunks)

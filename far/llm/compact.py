@@ -1,15 +1,11 @@
 """Weights stored compactly and read in fp32: the storage of the lean runtime (`far.llm.lean_model`).
 
-A `CompactWeight` keeps its tensor in a storage dtype (bf16 for frozen weights, bf16 or fp32 for
-trained ones) and is read as an fp32 temporary as each layer runs, so compute is fp32 on any CPU
-(a bf16 matrix product is many times slower than fp32 on CPUs without AVX-512 BF16:
-docs/design.md, "Resident memory").
-
-While a `Perturbation` (a seed and a scale) is set, a trainable weight is read as `stored + scale * z`,
-z seeded by (seed, the weight's index): the stored weight is never perturbed, so nothing drifts (an
-in-place +εz, -2εz, +εz leaves about half of a bf16 model's weights changed). The update is the only
-write, `stored += delta * z`, rounded stochastically in bf16: round-to-nearest would drop most updates
-of MeZO's size (lr * g ~ 1e-5 against bf16's 2^-8 spacing). A frozen embedding can stay as GGUF Q8_0
+A `CompactWeight` keeps bf16 (or fp32) and is read as an fp32 temporary as each layer runs: a bf16
+matrix product is many times slower on CPUs without AVX-512 BF16 (docs/design.md, "Resident memory").
+While a `Perturbation` is set, a trainable weight is read as `stored + scale * z`: the stored weight is
+never perturbed, so nothing drifts (in-place +εz, -2εz, +εz changes about half of a bf16 model's weights).
+The update `stored += delta * z` rounds stochastically in bf16: round-to-nearest would drop most of
+MeZO's updates (lr * g ~ 1e-5 against bf16's 2^-8 spacing). A frozen embedding can stay as GGUF Q8_0
 blocks (`Q8Embedding`, 1.06 bytes a weight), dequantised only for the rows a batch uses.
 """
 
@@ -27,11 +23,8 @@ Q8_BLOCK, Q8_BYTES = 32, 34  # GGUF Q8_0: an fp16 scale and 32 int8 values per b
 
 
 class Perturbation:
-    """The random direction the trainable weights are read at: `stored + scale * z(seed, index)`.
-
-    One instance is shared by every `CompactWeight` of a model; `scale` 0 means none. `active`, when
-    set, limits the direction to the weights of those indices (layer-sparse MeZO draws a new set each
-    step); the others are read as stored.
+    """The random direction trainable weights are read at: `stored + scale * z(seed, index)`, shared by a
+    model's weights (`scale` 0: none); `active` limits it to those weight indices (layer-sparse MeZO).
     """
 
     def __init__(self) -> None:
@@ -67,14 +60,7 @@ def stochastic_round_bf16(x: Tensor, generator: torch.Generator) -> Tensor:
 
 
 class CompactWeight(nn.Module):
-    """One weight tensor in a storage dtype, read in fp32, perturbed on read while trainable.
-
-    Args:
-        tensor: The values (any float dtype; copied into `dtype`).
-        dtype: Storage dtype, torch.bfloat16 or torch.float32.
-        trainable: Whether MeZO perturbs and updates it.
-        perturbation: The model's shared `Perturbation`.
-    """
+    """One weight tensor in a storage dtype (bf16 or fp32), read in fp32, perturbed on read while trainable."""
 
     def __init__(self, tensor: Tensor, dtype: torch.dtype, trainable: bool, perturbation: Perturbation) -> None:
         super().__init__()
@@ -108,10 +94,8 @@ class CompactWeight(nn.Module):
 
 
 class _LinearFn(torch.autograd.Function):
-    """y = x W^T that keeps only x for backward and rebuilds W there (no fp32 weight copy is saved).
-
-    The weight gradient is never returned; if the layer has a `grad_sink` it is handed W's
-    gradient (e.g. gradient priming folding it into node scores) and then dropped.
+    """y = x W^T keeping only x for backward and rebuilding W there; W's gradient goes to the layer's
+    `grad_sink` (if any) and is never returned.
     """
 
     @staticmethod
@@ -132,11 +116,8 @@ class _LinearFn(torch.autograd.Function):
 
 
 class CompactLinear(nn.Module):
-    """A bias-free linear layer whose weight is one or more `CompactWeight` blocks.
-
-    With two blocks (FAR: learners and frozen nodes) they are concatenated along `node_dim` (0: the
-    output rows of an FFN's input projection, 1: the input columns of its output projection) as
-    the layer runs, into the fp32 temporary it multiplies by anyway.
+    """A bias-free linear layer of one or more `CompactWeight` blocks, concatenated along `node_dim` (0: an
+    FFN input projection's rows, 1: the output projection's columns) into the fp32 temporary it multiplies by.
     """
 
     def __init__(self, parts: list[CompactWeight], node_dim: int = 0) -> None:
@@ -157,11 +138,8 @@ class CompactLinear(nn.Module):
 
 
 class Q8Embedding(nn.Module):
-    """A frozen embedding kept as GGUF Q8_0 blocks; `rows(ids)` dequantises only the rows asked for.
-
-    Args:
-        blocks: (vocab, hidden / 32 * 34) uint8, the tensor's bytes as the GGUF file stores them.
-        hidden_size: Values per row.
+    """A frozen embedding kept as GGUF Q8_0 blocks ((vocab, hidden / 32 * 34) uint8); `rows(ids)` dequantises
+    only the rows asked for.
     """
 
     def __init__(self, blocks: Tensor, hidden_size: int) -> None:

@@ -10,7 +10,6 @@ Sampling draws from its own `torch.Generator` seeded by `GenerationConfig.seed`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import torch
 from torch import Tensor
 
 from far.llm.lean_model import LeanCausalLM
+from far.training.options import check_float, check_int
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,10 @@ class GenerationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if not (
-            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0
-        ):
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
-        if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
-        ):
-            raise ValueError(f"top_k must be an int >= 1 or None, got {self.top_k!r}")
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_float("temperature", self.temperature, low=0, hint="0 decodes greedily")
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, 1, "or None for every token")
         if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
 
@@ -87,10 +81,7 @@ def generate(
         model: A lean causal LM (stock, or holding a user's learners file).
         prompt_ids: The prompt's token ids (at least one).
         config: Greedy or sampled decoding.
-        eos_token_id: The end-of-text token, after which nothing is written (None: never stop early).
-
-    Returns:
-        The new token ids, the EOS token last when it came.
+        eos_token_id: The end-of-text token (None: never stop early).
     """
     if len(prompt_ids) == 0:
         raise ValueError("the prompt has no tokens; give at least one")

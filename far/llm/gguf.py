@@ -1,11 +1,8 @@
 """GGUF files as ordinary Hugging Face folders: dequantised once, cached, memory-mapped after that.
 
-A GGUF file is dequantised once, through transformers' GGUF support, into a plain safetensors
-folder in a user cache (`$FAR_CACHE`, else `$XDG_CACHE_HOME/far`, else `~/.cache/far`), keyed by the
-file's sha256; every later load reads that folder (fast, memory-mapped, no dequantisation).
-
-Dequantising the GGUF peaks at about twice the fp32 model in memory. That happens only when the
-cache is built, and by default in a child process, so the caller's own peak RSS never sees it.
+The cache (`$FAR_CACHE`, else `$XDG_CACHE_HOME/far`, else `~/.cache/far`) is keyed by the file's sha256.
+Dequantising peaks at about twice the fp32 model, so by default it runs in a child process and the
+caller's own peak RSS never sees it.
 """
 
 from __future__ import annotations
@@ -34,10 +31,7 @@ def default_cache_dir() -> Path:
 
 
 def gguf_cache_path(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the dequantised copy of `gguf_path` lives: `<cache>/<file stem>-<sha256[:16]>`.
-
-    Keyed by content, so a changed file gets a new folder and a reinstalled one reuses the old.
-    """
+    """Where the dequantised copy of `gguf_path` lives: `<cache>/<file stem>-<sha256[:16]>` (keyed by content)."""
     gguf_path = Path(gguf_path)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return root / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}"
@@ -57,10 +51,7 @@ def _check_gguf_reader() -> None:
 
 
 def build_gguf_cache(gguf_path: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """Dequantise `gguf_path` into an HF folder at `target` (model + tokenizer), atomically.
-
-    Peaks at about twice the fp32 model in memory (`ensure_gguf_cache` runs it in a child process).
-    """
+    """Dequantise `gguf_path` into an HF folder at `target` (model + tokenizer), atomically."""
     # transformers' model code is imported here only: the lean runtime reads caches without it.
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

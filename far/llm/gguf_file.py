@@ -1,13 +1,9 @@
 """A GGUF file read tensor by tensor into the lean runtime: no dequantised copy of the whole model.
 
-`load_lean_model` reads the file's metadata into a `LeanConfig`, then each tensor's bytes with a
-plain file read (not the memory map, whose pages would stay resident), dequantises it with the
-`gguf` package (Q4_0/1, Q5_0/1, Q8_0, K-quants, ...) and stores it compactly before reading the
-next, so loading peaks at the compact model plus one tensor. The token embedding, the largest
-tensor and frozen, stays as Q8_0 blocks when the file stores it so (`Q8Embedding`).
-
-Conversions undone here, as transformers' GGUF loader undoes them: llama.cpp permutes Llama's
-q/k rows for its rotary layout, and stores Gemma's norm weights as 1 + w.
+Each tensor is read with a plain file read (a memory map's pages would stay resident), dequantised with
+the `gguf` package and stored compactly before the next, so loading peaks at the compact model plus one
+tensor. A Q8_0 token embedding stays as Q8_0 blocks (`Q8Embedding`). As in transformers' GGUF loader,
+llama.cpp's permuted Llama q/k rows and Gemma's 1 + w norm weights are undone.
 """
 
 from __future__ import annotations
@@ -83,7 +79,7 @@ class GGUFFileError(ValueError):
 
 
 class _Bounded:
-    """Reads a GGUF header, refusing any count, length or read that the file's size cannot back, before allocating."""
+    """Reads a GGUF header, refusing any count, length or read the file's size cannot back, before allocating."""
 
     def __init__(self, f: BinaryIO, path: str | os.PathLike) -> None:
         self.f, self.path = f, path
@@ -133,7 +129,7 @@ class _Bounded:
 
 
 def _tensor_info(r: _Bounded, start: int, name: str, shape: tuple[int, ...], kind: int, offset: int) -> TensorInfo:
-    """One tensor's entry, checked: a known type, a shape of whole blocks, and its bytes inside the file."""
+    """One tensor's entry, checked: a known type, whole blocks, its bytes inside the file."""
     try:
         tensor_type = GGMLQuantizationType(kind)
         block, size = GGML_QUANT_SIZES[tensor_type]
@@ -151,10 +147,8 @@ def _tensor_info(r: _Bounded, start: int, name: str, shape: tuple[int, ...], kin
 def read_header(path: str | os.PathLike) -> GGUFHeader:
     """Parse the metadata and tensor table of a GGUF file (version 2 or 3) without mapping it.
 
-    The vocabulary (a string array) is walked over, not kept: the tokenizer comes from
-    `far.llm.tokenizer`. `gguf.GGUFReader` builds a numpy view per field element instead, which
-    for Gemma-3's 262k-token vocabulary costs seconds and hundreds of MB. Every count, length and
-    tensor extent is checked against the file's size before it is used (`GGUFFileError`).
+    The vocabulary is walked over, not kept: `gguf.GGUFReader` builds a numpy view per element, which for
+    Gemma-3's 262k tokens costs seconds and hundreds of MB. Every extent is checked against the file's size.
     """
     with open(path, "rb") as f:
         r = _Bounded(f, path)
@@ -296,7 +290,7 @@ class _TensorReader:
 
 @contextlib.contextmanager
 def read_weights(path: str | os.PathLike) -> Iterator[tuple[LeanConfig, Callable[[str], torch.Tensor]]]:
-    """The file's config, and its weights one at a time by transformers name, in fp32 as `load_lean_model` reads."""
+    """The file's config, and its weights by transformers name in fp32, one at a time."""
     path = Path(path)
     header = read_header(path)
     try:

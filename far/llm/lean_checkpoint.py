@@ -19,7 +19,6 @@ storage as it is, adding no copy of the weights to the run's peak. Folders follo
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import torch
@@ -28,11 +27,10 @@ from torch import Tensor, nn
 from far.llm.compact import CompactWeight
 from far.llm.lean_far import ffn_names, set_trainable, split_ffns
 from far.llm.lean_model import LeanCausalLM
-from far.storage.step_folders import CHECKPOINTS, manifest_problem, step_folders, write_step_folder
+from far.storage.step_folders import CHECKPOINTS, manifest_problem, newest_intact, write_step_folder
 
 STATE_FILE, TRAINER_FILE = "state.pt", "trainer_state.json"
 FORMAT = "far-lean-lm-checkpoint/1"
-logger = logging.getLogger(__name__)
 
 
 def trained_state(model: LeanCausalLM) -> dict[str, dict[str, Tensor]]:
@@ -66,33 +64,21 @@ def save_lean_checkpoint(
 
 
 def read_lean_checkpoint(output_dir: str | Path) -> tuple[Path, dict]:
-    """The newest intact checkpoint of a run (its folder and trainer state); damaged ones are skipped with a warning.
-
-    Raises:
-        ValueError: the run has no intact checkpoint.
-    """
+    """The newest intact checkpoint (folder, trainer state); damaged ones are skipped with a warning."""
     root = Path(output_dir) / CHECKPOINTS
-    problems = []
-    for folder in step_folders(root):
-        problem = manifest_problem(folder, required=True)
-        if problem is None:
-            state = json.loads((folder / TRAINER_FILE).read_text())
-            if state.get("format") != FORMAT:
-                raise ValueError(f"{folder} is not a checkpoint of a lean causal-LM run ({FORMAT})")
-            if problems:
-                logger.warning("skipping damaged checkpoints (%s); resuming from %s", "; ".join(problems), folder)
-            return folder, state
-        problems.append(f"{folder.name}: {problem}")
-    detail = f": {'; '.join(problems)}" if problems else ""
-    raise ValueError(f"no intact checkpoint under {root}{detail}; start the run again without --resume")
+    folder, problems = newest_intact(root, lambda f: manifest_problem(f, required=True))
+    if folder is None:
+        detail = f": {'; '.join(problems)}" if problems else ""
+        raise ValueError(f"no intact checkpoint under {root}{detail}; start the run again without --resume")
+    state = json.loads((folder / TRAINER_FILE).read_text())
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{folder} is not a checkpoint of a lean causal-LM run ({FORMAT})")
+    return folder, state
 
 
 def restore_trained(model: LeanCausalLM, folder: Path, state: dict, dtype: torch.dtype) -> dict | None:
     """Put a checkpoint's layout and weights onto `model`, freshly loaded from the same GGUF file; returns the
-    optimizer state. Every saved weight's name and shape is checked against the layout before any is loaded.
-
-    Raises:
-        ValueError: the checkpoint does not fit this model (which may then be split already: load a fresh one).
+    optimizer state. Every saved weight's name and shape is checked before any is loaded (ValueError).
     """
     # Mapped, not read: the file's pages come in as each tensor is used, and AdamW's moments, written in place,
     # become the process's own pages only then.

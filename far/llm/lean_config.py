@@ -1,8 +1,5 @@
-"""`LeanConfig`: what the lean causal-LM runtime (`far.llm.lean_model`) needs to know about a model.
-
-Two architectures: "llama" (SmolLM2) and "gemma3" (Gemma-3-270M). A config is read from a GGUF
-file's metadata (`far.llm.gguf_file`) or, for the parity tests, from a transformers config
-(`from_hf_config`), so that the same weights give the same logits in both runtimes.
+"""`LeanConfig`: what the lean causal-LM runtime needs to know about a llama (SmolLM2) or gemma3 model,
+read from GGUF metadata (`far.llm.gguf_file`) or a transformers config (`from_hf_config`, parity tests).
 """
 
 from __future__ import annotations
@@ -16,13 +13,9 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 
 @dataclass(frozen=True)
 class LeanConfig:
-    """Shapes and constants of a Llama or Gemma-3 decoder.
+    """Shapes and constants of a Llama or Gemma-3 decoder (transformers' names, shortened).
 
     Args:
-        arch: "llama" or "gemma3".
-        vocab_size / hidden_size / intermediate_size / num_layers: The usual sizes.
-        num_heads / num_kv_heads / head_dim: Attention heads (grouped-query when fewer KV heads).
-        rms_eps: RMSNorm epsilon.
         rope_theta: Rotary base of full-attention layers; `rope_local_theta` of sliding ones (Gemma-3).
         layer_types: Per layer, "full_attention" or "sliding_attention".
         sliding_window: Keys a sliding layer's query sees (itself included).

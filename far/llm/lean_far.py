@@ -1,10 +1,8 @@
 """FAR on the lean runtime: gradient priming, learner selection, and each FFN split into two blocks.
 
-FAR gives each FFN projection (a `CompactLinear`) two `CompactWeight` blocks along the node axis:
-the learners first (trainable, in the precision MeZO trains in), the frozen nodes (bf16) after. The
-permutation is the same for an FFN's three projections, so it cancels and the outputs are unchanged
-(as `far.layers.SplitLinear` does for Hugging Face models). Scores are the L1 norm of each node's
-weight gradients over a few batches, folded in as backward produces them (`CompactLinear.grad_sink`).
+Each FFN projection gets two `CompactWeight` blocks along the node axis, learners first (trainable), the
+frozen nodes (bf16) after; the permutation is the same for an FFN's three projections, so the outputs are
+unchanged. Scores are each node's L1 weight-gradient norm, folded in as backward produces them.
 
     >>> scores = gradient_scores(model, batches, loss_fn)
     >>> split_ffns(model, select_learners(FARConfig(0.4), scores=scores))
@@ -25,7 +23,9 @@ from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.lean_model import LeanCausalLM
 from far.selection import select_learners
 
-INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
+OUTPUT = "down_proj"
+# Each FFN projection's node axis: an input projection's nodes are its rows, the output projection's its columns.
+NODE_DIM = {"gate_proj": 0, "up_proj": 0, "down_proj": 1}
 # What of the FFNs trains: every weight, the learner blocks of split FFNs, or nothing.
 FFN_TRAINING = ("all", "learners", "none")
 # MeZO + FAR freezes this share of the bottom layers unless told otherwise: a zeroth-order step then perturbs
@@ -62,9 +62,8 @@ def lean_layout(
 ) -> Layout:
     """What trains on the lean runtime, decided before the model is split.
 
-    FAR without a depth is MeZO + FAR's default: `zeroth_order_depth(n_layers)` bottom layers frozen
-    whole and `ZO_RETENTION` of all FFN nodes as learners, unless a retention was given. Without FAR,
-    the FFN part `ffn` trains above `frozen_layers`.
+    FAR without a depth is MeZO + FAR's default: `zeroth_order_depth(n_layers)` bottom layers frozen whole
+    and `ZO_RETENTION` of all FFN nodes as learners (unless a retention was given).
     """
     if config is None:
         return Layout(None, ffn, int(frozen_layers or 0), dtype)
@@ -78,6 +77,11 @@ def lean_layout(
 def ffn_names(model: LeanCausalLM) -> list[str]:
     """Each FFN's name, as FAR names an FFN: its output projection (`layers.3.mlp.down_proj`)."""
     return [f"layers.{i}.mlp.{OUTPUT}" for i in range(len(model.layers))]
+
+
+def ffn_of(key: str) -> str:
+    """The name of the FFN that a projection's key (`layers.3.mlp.up_proj.learner_weight`) belongs to."""
+    return f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}"
 
 
 def gradient_scores(
@@ -96,9 +100,9 @@ def gradient_scores(
 
     layers = []
     for i, layer in enumerate(model.layers):
-        for proj in (*INPUTS, OUTPUT):
+        for proj, node_dim in NODE_DIM.items():
             linear = getattr(layer.mlp, proj)
-            linear.grad_sink = sink(f"layers.{i}.mlp.{OUTPUT}", 1 if proj == OUTPUT else 0)
+            linear.grad_sink = sink(f"layers.{i}.mlp.{OUTPUT}", node_dim)
             layers.append(linear)
     try:
         with torch.enable_grad(), model.input_gradients():
@@ -113,20 +117,16 @@ def gradient_scores(
 def magnitude_scores(model: LeanCausalLM) -> dict[str, Tensor]:
     """Each FFN node scored for zeroth-order training: minus the mean |weight| of its rows and column.
 
-    Sparse-MeZO (Liu et al., 2024) perturbs only small-magnitude weights: the large ones are where
-    a zeroth-order step's noise does the most damage, and the small ones carry most of what
-    fine-tuning changes. Here the rule picks whole nodes, so that FAR's split keeps them in one
-    contiguous block: the highest score is the node whose weights are smallest. It needs no data
-    and no backward pass, so it costs nothing on the clock.
+    Sparse-MeZO (Liu et al., 2024) perturbs only small weights: the large ones are where a zeroth-order
+    step's noise does the most damage. Whole nodes keep FAR's split contiguous; no data, no backward.
     """
     scores = {}
     for name, layer in zip(ffn_names(model), model.layers, strict=True):
         total = torch.zeros(model.config.intermediate_size)
-        for proj in (*INPUTS, OUTPUT):
+        for proj, node_dim in NODE_DIM.items():
             linear = getattr(layer.mlp, proj)
             if len(linear.parts) != 1:
                 raise ValueError(f"{name} is already split; score the model before split_ffns")
-            node_dim = 1 if proj == OUTPUT else 0
             total += linear.parts[0].stored.float().abs().mean(dim=1 - node_dim)
         scores[name] = -total
     return scores
@@ -145,9 +145,8 @@ def split_ffns(
     """Split every FFN into learners (first, stored in `learner_dtype`) and frozen nodes (bf16), in place.
 
     Args:
-        model: A lean model whose FFNs are not split yet.
         learners: `{ffn name: sorted node indices}`, as `far.selection.select_learners` returns.
-        learner_dtype: Storage of the learners: fp32 (exact MeZO updates) or bf16 (stochastic rounding).
+        learner_dtype: fp32 (exact MeZO updates) or bf16 (stochastic rounding).
 
     Raises:
         ValueError: an FFN is missing from `learners`, already split, or an index is out of range.
@@ -166,8 +165,7 @@ def split_ffns(
         keep = torch.ones(n, dtype=torch.bool)
         keep[idx] = False
         frozen = keep.nonzero().squeeze(1)
-        for proj in (*INPUTS, OUTPUT):
-            node_dim = 1 if proj == OUTPUT else 0
+        for proj, node_dim in NODE_DIM.items():
             old = getattr(layer.mlp, proj).parts[0].stored
             parts = [
                 _block(old, idx, node_dim, learner_dtype, True, model),
@@ -184,11 +182,9 @@ def set_trainable(model: LeanCausalLM, ffn: str, dtype: torch.dtype = torch.floa
     """Mark what MeZO trains, and store it in `dtype`; the embedding (and tied head) stays frozen.
 
     Args:
-        ffn: What of the FFNs trains, beside everything outside them: "all" (every weight but the
-            embedding: full fine-tuning), "learners" (the learner blocks of split FFNs: FAR) or "none".
-        dtype: Storage of trainable weights (fp32, or bf16 with stochastically rounded updates).
-        frozen_layers: The bottom layers frozen whole (attention and norms too), so that their output
-            can be computed once per prompt (`far.llm.prefix.PrefixCache`).
+        ffn: "all" (every weight but the embedding), "learners" (split FFNs' learner blocks: FAR) or "none",
+            beside everything outside the FFNs.
+        frozen_layers: The bottom layers frozen whole, so that their output is computed once per prompt.
 
     Returns:
         The number of trainable values.
@@ -204,7 +200,7 @@ def set_trainable(model: LeanCausalLM, ffn: str, dtype: torch.dtype = torch.floa
     if ffn == "learners" and not split:
         raise ValueError("ffn='learners' needs split FFNs: run split_ffns (after gradient_scores) first")
     ffn_weights = {id(w) for layer in model.layers for w in layer.mlp.modules() if isinstance(w, CompactWeight)}
-    learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in (*INPUTS, OUTPUT)}
+    learner_blocks = {id(getattr(layer.mlp, p).parts[0]) for layer in model.layers for p in NODE_DIM}
     below = {id(w) for layer in model.layers[:frozen_layers] for w in layer.modules() if isinstance(w, CompactWeight)}
     for weight in model.compact_weights():
         in_ffn = id(weight) in ffn_weights
@@ -230,12 +226,8 @@ def prime_and_split(
 ) -> dict[str, Tensor] | None:
     """FAR on a lean model: node scores (unless selection is random), selection, split, in place.
 
-    Args:
-        scoring: "gradient" (priming: the L1 norm of each node's weight gradients over `batches`)
-            or "magnitude" (`magnitude_scores`: the smallest nodes learn; `batches` is not read).
-
-    Returns:
-        The scores (None for random selection).
+    `scoring`: "gradient" (priming on `batches`) or "magnitude" (`magnitude_scores`, `batches` unread).
+    Returns the scores (None for random selection).
     """
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
@@ -260,8 +252,7 @@ def apply_layout(
     batches: Iterable[dict[str, Tensor]] | Iterable[Tensor],
     loss_fn: Callable[[LeanCausalLM, object], Tensor],
 ) -> None:
-    """Give `model` the layout, in place: FAR primed on `batches` and split, or without FAR the FFN part and the
-    frozen bottom marked."""
+    """Give `model` the layout in place: FAR primed on `batches` and split, else the FFN part and frozen bottom."""
     if layout.far is not None:
         prime_and_split(model, batches, loss_fn, layout.far, layout.dtype)
     else:

@@ -41,9 +41,9 @@ from safetensors import safe_open
 from torch import Tensor
 
 from far.llm.compact import CompactLinear, CompactWeight
-from far.llm.lean_far import INPUTS, OUTPUT, ffn_names
+from far.llm.lean_far import NODE_DIM, OUTPUT, ffn_names, ffn_of
 from far.llm.lean_model import LeanCausalLM
-from far.saving.safetensors_file import CONTENT_KEY, DTYPES, read_verified
+from far.saving.safetensors_file import CONTENT_KEY, DTYPES, read_verified, sorted_node_indices
 
 FORMAT, FORMAT_VERSION = "far.lean-learners", "1"
 ENCODER_FORMAT = "far.learners"  # far.save_learners' files, for encoders
@@ -100,10 +100,8 @@ def value_key(name: str) -> str:
 
 
 def encode(value: Tensor, stock: Tensor) -> tuple[str, dict[str, Tensor]]:
-    """`value` as `delta8` against `stock` (same shape), when that is exact and smaller; else `raw`.
-
-    Returns:
-        The encoding and its tensors by suffix ("" for raw, else DELTA, PATCH_INDEX, PATCH_VALUE).
+    """`value` as `delta8` against `stock`, when that is exact and smaller, else `raw`: the encoding and its
+    tensors by suffix.
     """
     value = value.detach().contiguous()
     if value.dtype != torch.bfloat16 or value.numel() > torch.iinfo(torch.int32).max:
@@ -143,7 +141,7 @@ def stock_slots(model: LeanCausalLM) -> dict[str, Slot]:
 
 
 def check_stock(model: LeanCausalLM) -> None:
-    """Raise unless `model` is a stock lean model from a GGUF file: read from one, FFNs whole, nothing training."""
+    """Raise unless `model` is a stock lean model from a GGUF file: FFNs whole, nothing training."""
     if not isinstance(model, LeanCausalLM):
         raise TypeError(f"expected a far.llm.lean_model.LeanCausalLM, got {type(model).__name__}")
     if model.source is None:
@@ -199,8 +197,7 @@ def check_format(path: Path, metadata: Mapping[str, str]) -> None:
 def read_file(
     path: str | os.PathLike, verified: dict[tuple, str] | None = None
 ) -> tuple[dict[str, str], dict[str, Tensor]]:
-    """Metadata and tensors of a GGUF model's learners file whose contents match their sha256; raises otherwise
-    (`far.saving.safetensors_file.read_verified`, with `verified` the files a swapping model verified before)."""
+    """Metadata and tensors of a GGUF model's learners file, verified (`read_verified`)."""
     return read_verified(
         path, check_format, LeanLearnersFileError, writer="far.llm.lean_saving.save_trained", verified=verified
     )
@@ -217,11 +214,10 @@ def _json(path: Path, metadata: Mapping[str, str], key: str) -> dict:
 
 
 def values_dtype(path: str | os.PathLike) -> torch.dtype:
-    """The widest dtype of a learners file's values, from its header alone: what the base must be loaded in.
+    """The widest dtype of a learners file's values, from its header: what the base must be loaded in.
 
-    A first-order run keeps its learners in float32 and writes them so; a base loaded in bfloat16 cannot hold
-    them exactly (`plan` refuses that), so a caller that loads the base for given files loads it in this dtype.
-    A file whose header cannot be read says bfloat16 here: it is refused, with its reason, when it is applied.
+    A first-order run writes float32 learners, which a bf16 base cannot hold exactly (`plan` refuses that).
+    An unreadable header says bfloat16 here: the file is refused, with its reason, when applied.
     """
     try:
         with safe_open(Path(path), framework="pt") as f:
@@ -240,7 +236,7 @@ def plan(
     *,
     retype: bool = False,
 ) -> list[tuple[Slot, str, dict[str, Tensor]]]:
-    """Check a read file against `model` (stock, `check_stock`) and say where each value goes.
+    """Check a read file against the stock `model` and say where each value goes.
 
     Args:
         retype: Accept values in a dtype the model's storage cannot hold exactly (the caller replaces the storage).
@@ -274,7 +270,7 @@ def plan(
             raise _fail(path, f"has an invalid entry for {key}: {spec!r}")
         slot = _slot(path, key, slots, ffns, tensors, n_nodes)
         if slot.nodes is not None:
-            used.add(f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}{INDICES}")
+            used.add(ffn_of(key) + INDICES)
         shape = tuple(slot.weight.stored.shape)
         if slot.nodes is not None:
             shape = tuple(len(slot.nodes) if d == slot.node_dim else s for d, s in enumerate(shape))
@@ -310,22 +306,19 @@ def plan(
 
 
 def _slot(path: Path, key: str, slots, ffns, tensors: Mapping[str, Tensor], n_nodes: int) -> Slot:
-    """The slot of a file's value `key`, its learner indices checked."""
     if not key.endswith(LEARNERS):
         if key not in slots:
             raise _fail(path, f"holds {key!r}, which is no weight of this model; it belongs to another model")
         return slots[key]
     layer, _, proj = key.removesuffix(LEARNERS).rpartition(".mlp.")
     ffn = f"{layer}.mlp.{OUTPUT}"
-    if ffn not in ffns or proj not in (*INPUTS, OUTPUT):
+    if ffn not in ffns or proj not in NODE_DIM:
         raise _fail(path, f"holds {key!r}, which is no FFN projection of this model; it belongs to another model")
     nodes = tensors.get(ffn + INDICES)
-    ok = nodes is not None and nodes.dtype == torch.int64 and nodes.dim() == 1 and 0 < nodes.numel() <= n_nodes
-    ok = ok and bool(nodes[0] >= 0) and bool(nodes[-1] < n_nodes) and bool((nodes[1:] > nodes[:-1]).all())
-    if not ok:
+    if not sorted_node_indices(nodes, n_nodes):
         raise _fail(path, f"needs {ffn + INDICES}: sorted distinct int64 node indices in [0, {n_nodes})")
     weight = slots[f"{layer}.mlp.{proj}.weight"].weight
-    return Slot(key, weight, 1 if proj == OUTPUT else 0, nodes)
+    return Slot(key, weight, NODE_DIM[proj], nodes)
 
 
 def active_lean_learners(model: LeanCausalLM) -> ActiveLeanLearners | None:
@@ -345,10 +338,9 @@ def revert(model: LeanCausalLM, active: ActiveLeanLearners) -> None:
 def load_learners(model: LeanCausalLM, path: str | os.PathLike) -> LeanCausalLM:
     """Apply a GGUF causal LM's learners file (`far.llm.lean_saving.save_trained`) to the stock model, in place.
 
-    A model that holds another user's file gets the stock values back first, so that it then holds
-    exactly stock + this file (A -> B -> A leaves it as loading A fresh, bit for bit). The model keeps
-    the stock values this file overwrites (the size of its values in the model's storage) for that;
-    `unload_learners` gives the stock model back. Everything is checked before the model is touched.
+    A model holding another user's file gets the stock values back first, so that it then holds exactly
+    stock + this file (A -> B -> A leaves it as loading A fresh, bit for bit); it keeps the stock values
+    this file overwrites for that. Everything is checked before the model is touched.
 
     Args:
         model: The stock model (`far.models.load_lean_lm(name)`), or one holding another user's file.

@@ -1,12 +1,9 @@
-"""A small Llama / Gemma-3 decoder in plain torch, for prompt classification in little memory.
+"""A small Llama / Gemma-3 decoder in plain torch, weights in compact storage (`far.llm.compact`), fp32 compute.
 
-The lean runtime reads a model tensor by tensor into compact storage (`far.llm.compact`) and
-computes in fp32. A prompt classifier needs only the label words' logits at each prompt's last token
-(`label_logits`); a language model's fine-tune the next-token loss at every position, computed over
-the vocabulary in slices (`next_token_loss`); generation the vocabulary's logits at the last token,
-layer by layer with a `KVCache` of the tokens before (`next_token_logits`, `far.llm.generate`). The
-module names follow transformers' (`layers.3.mlp.down_proj`, ...), so a transformers state dict
-loads by name (`from_state_dict`), which is how the parity tests compare the two on tiny configs.
+A prompt classifier needs only the label words' logits at each prompt's last token (`label_logits`);
+a fine-tune on text the next-token loss over the vocabulary in slices (`next_token_loss`); generation
+the last token's logits over a `KVCache` (`next_token_logits`). Module names follow transformers', so a
+transformers state dict loads by name (`from_state_dict`): the parity tests compare the two.
 
     >>> model = from_state_dict(config, hf_model.state_dict())
     >>> model.label_logits(input_ids, attention_mask, label_ids)   # (batch, n_labels)
@@ -57,8 +54,7 @@ def rotary(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tens
 
 
 class KVCache:
-    """The keys and values of the tokens a model has read, per layer: decoding a token reads them
-    instead of running the whole text again (`LeanCausalLM.next_token_logits`)."""
+    """The keys and values of the tokens a model has read, per layer, for decoding one token at a time."""
 
     def __init__(self, num_layers: int) -> None:
         self.keys: list[Tensor | None] = [None] * num_layers
@@ -180,13 +176,13 @@ class _Builder:
 
 
 class LeanCausalLM(nn.Module):
-    """A decoder whose every weight is a `CompactWeight`; logits only for the label words.
+    """A decoder whose every weight is a `CompactWeight`.
 
     Args:
         config: The model's `LeanConfig`.
         embed_tokens: A frozen `Q8Embedding` or `DenseEmbedding` (also the tied LM head).
         tensors: Every other weight by transformers name (`model.layers.0.mlp.up_proj.weight`, ...).
-        dtype: Storage dtype of the matrices (bf16 by default; see `far.llm.compact`).
+        dtype: Storage dtype of the matrices.
     """
 
     def __init__(
@@ -231,14 +227,9 @@ class LeanCausalLM(nn.Module):
         return embedding + self._released_values + sum(w.stored.numel() for w in self.compact_weights())
 
     def release_bottom(self, n_layers: int) -> int:
-        """Free the weights of layers 0..n_layers-1, for a run that has kept their output for every input it
-        will read (`far.llm.prefix.PrefixCache.prefill`): they are never read again. Returns the bytes freed.
-
-        The weights keep their modules and indices (MeZO's directions are seeded by index); running a
-        released layer raises instead.
-
-        Raises:
-            ValueError: one of those layers holds a trainable weight.
+        """Free the weights of layers 0..n_layers-1, whose output a run has kept for every input it reads
+        (`PrefixCache.prefill`); returns the bytes freed. Modules and indices stay (MeZO seeds directions by
+        index); running a released layer raises. ValueError if one holds a trainable weight.
         """
         if n_layers > self.lowest_trainable_layer():
             raise ValueError(
@@ -256,8 +247,7 @@ class LeanCausalLM(nn.Module):
 
     @contextlib.contextmanager
     def input_gradients(self) -> Iterator[None]:
-        """Within the block, forwards build an autograd graph from the embeddings on (gradient priming),
-        checkpointed layer by layer."""
+        """Within the block, forwards build an autograd graph from the embeddings on, checkpointed per layer."""
         self._input_grad = True
         try:
             yield
@@ -307,10 +297,8 @@ class LeanCausalLM(nn.Module):
         return self.answer_logits(self.hidden_states(input_ids), attention_mask, label_ids)
 
     def lowest_trainable_layer(self) -> int:
-        """The index of the lowest layer holding a trainable weight (the number of layers if none does).
-
-        Everything below it is frozen, the embedding always is: its output for a prompt never changes
-        while MeZO trains (`far.llm.prefix`).
+        """The lowest layer holding a trainable weight (the number of layers if none): below it, a prompt's
+        states never change while MeZO trains (`far.llm.prefix`).
         """
         for i, layer in enumerate(self.layers):
             if any(isinstance(w, CompactWeight) and w.trainable for w in layer.modules()):
@@ -318,7 +306,7 @@ class LeanCausalLM(nn.Module):
         return len(self.layers)
 
     def _next_token_positions(self, input_ids: Tensor, start: Tensor | None, start_layer: int) -> tuple[Tensor, Tensor]:
-        """The final norm's output at every position but the last, (B * (T - 1), hidden), and the tokens it predicts."""
+        """The final norm's output at every position but the last, (B * (T - 1), hidden), and its targets."""
         if start is None and start_layer:
             raise ValueError("start_layer needs start, the input of that layer (e.g. a PrefixCache's states)")
         h = self.run_layers(self.embed(input_ids) if start is None else start, start_layer)
@@ -326,10 +314,8 @@ class LeanCausalLM(nn.Module):
         return hidden, input_ids[:, 1:].reshape(-1)
 
     def next_token_loss(self, input_ids: Tensor, start: Tensor | None = None, start_layer: int = 0) -> Tensor:
-        """Mean next-token cross-entropy over packed rows (B, T), no padding: position t predicts token t + 1.
-
-        The logits over the vocabulary are never held whole (`far.llm.next_token`). With `start`, the
-        input of layer `start_layer` (a frozen bottom's cached output), only the layers from there run.
+        """Mean next-token cross-entropy over packed rows (B, T), no padding, without the vocabulary's logits
+        held whole. With `start` (the input of layer `start_layer`), only the layers from there run.
         """
         hidden, targets = self._next_token_positions(input_ids, start, start_layer)
         return next_token_loss(hidden, targets, self.embed_tokens, self.config.vocab_size)
@@ -348,10 +334,8 @@ class LeanCausalLM(nn.Module):
 
     @torch.no_grad()
     def next_token_logits(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Logits over the vocabulary for the token after each row's last, (B, vocab): rows of equal length.
-
-        With a `cache`, `input_ids` are the tokens after those it holds (the whole prompt first, then one
-        token a step), and it is extended with them.
+        """Logits over the vocabulary for the token after each row's last, (B, vocab); with a `cache`,
+        `input_ids` are the tokens after those it holds, and it is extended with them.
         """
         self._check_not_released(0)
         h = self.embed(input_ids)
@@ -373,10 +357,7 @@ class LeanCausalLM(nn.Module):
 def from_state_dict(
     config: LeanConfig, state_dict: Mapping[str, Tensor], dtype: torch.dtype = torch.float32
 ) -> LeanCausalLM:
-    """A `LeanCausalLM` from a transformers `LlamaForCausalLM` / `Gemma3ForCausalLM` state dict.
-
-    The embedding is kept dense in `dtype`; fp32 gives the transformers model's logits to rounding.
-    """
+    """A `LeanCausalLM` from a transformers Llama / Gemma-3 state dict, the embedding dense in `dtype`."""
     embedding = DenseEmbedding(state_dict["model.embed_tokens.weight"], dtype)
     return LeanCausalLM(config, embedding, lambda name: state_dict[name], dtype).eval()
 

@@ -1,14 +1,10 @@
-"""What a lean fine-tune changed, as a learners file for its GGUF base, and how to train on from one.
+"""What a lean fine-tune changed, as a learners file for its GGUF base (`far.llm.lean_learners`), and how
+to train on from one.
 
-`save_trained` writes the learners file of `far.llm.lean_learners`: the learner nodes' rows and
-columns of each split FFN and every other trained weight, each kept as its difference from the stock
-GGUF weight where that is exact and smaller, with the GGUF file's sha256 as the base fingerprint.
-`far.load_learners(model, path)` applies one to the stock model for inference (and swaps users);
-`load_trained` puts a fine-tune back as it was trained (FFNs split, the same weights trainable), so
-that MeZO can go on from it.
-
-The file is written tensor by tensor straight from memory (safetensors' own writer first copies every
-tensor into a bytes object, adding the file's size to the run's peak), then renamed into place.
+`far.load_learners(model, path)` applies a file to the stock model for inference; `load_trained` puts
+a fine-tune back as it was trained (FFNs split, the same weights trainable), so that MeZO can go on.
+The file is written tensor by tensor from memory: safetensors' own writer first copies every tensor
+into a bytes object, adding the file's size to the run's peak.
 
     >>> save_trained(model, "out/learners.safetensors", base=gguf_path)
     >>> model = load_lean_model(gguf_path)
@@ -28,7 +24,7 @@ from torch import Tensor, nn
 from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.gguf_file import read_weights
 from far.llm.gguf_source import GGUFSource
-from far.llm.lean_far import OUTPUT, ffn_names, split_ffns
+from far.llm.lean_far import ffn_names, ffn_of, split_ffns
 from far.llm.lean_learners import (
     DELTA8,
     FORMAT,
@@ -52,10 +48,8 @@ _DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"
 
 
 def trained_slots(model: LeanCausalLM) -> list[Slot]:
-    """Every trained value of `model`: a split FFN's learner block at its nodes, any other weight whole.
-
-    Raises:
-        ValueError: a frozen block of a split FFN is marked trainable (a file keeps learners and whole weights only).
+    """Every trained value: a split FFN's learner block at its nodes, any other weight whole (ValueError if
+    a frozen block is trainable).
     """
     modules = dict(model.named_modules())
     slots = []
@@ -75,7 +69,7 @@ def trained_slots(model: LeanCausalLM) -> list[Slot]:
 
 
 def _stock(read, slot: Slot) -> Tensor:
-    """The stock GGUF value (fp32) of what `slot` holds: a whole weight, or a projection's learner nodes."""
+    """The stock GGUF value (fp32) of what `slot` holds."""
     if slot.nodes is None:
         return read(f"model.{slot.key}")
     return read(f"model.{slot.key.removesuffix(LEARNERS)}.weight").index_select(slot.node_dim, slot.nodes)
@@ -95,7 +89,7 @@ def save_trained(
         path: Where to write, e.g. `"alice.safetensors"`.
         base: The GGUF file the model was read from: the file records its sha256.
         values_dtype: Keep the trained values in this dtype (rounded to nearest), e.g. bfloat16 for weights
-            trained in float32: one byte a value as a difference from the stock bf16 value, where float32 takes
+            trained in float32: one byte a value as a difference from the stock bf16 value where float32 takes
             four, and a file any base loaded in bf16 applies. None: the dtype they were trained in.
 
     Returns:
@@ -119,8 +113,7 @@ def save_trained(
             values[slot.key] = {"encoding": encoding, "dtype": str(value.dtype).removeprefix("torch.")}
             tensors.update({slot.key + suffix: tensor for suffix, tensor in parts.items()})
             if slot.nodes is not None:
-                ffn = f"{slot.key.split('.mlp.')[0]}.mlp.{OUTPUT}"
-                tensors[ffn + INDICES] = slot.nodes.to(torch.int64).contiguous()
+                tensors[ffn_of(slot.key) + INDICES] = slot.nodes.to(torch.int64).contiguous()
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -137,14 +130,15 @@ def save_trained(
 
 @torch.no_grad()
 def round_trained(model: LeanCausalLM, dtype: torch.dtype) -> None:
-    """Round every trained weight to `dtype`'s values in place (its storage dtype unchanged): the model then
-    holds what `save_trained(..., values_dtype=dtype)` keeps, and scores what the file will."""
+    """Round every trained weight to `dtype`'s values in place, so the model scores what
+    `save_trained(..., values_dtype=dtype)` keeps.
+    """
     for weight in model.trainable_weights():
         weight.stored.copy_(weight.stored.to(dtype))
 
 
 def _write(path: str | os.PathLike, metadata: dict[str, str], tensors: dict[str, Tensor]) -> None:
-    """A safetensors file, tensor by tensor from memory (no bytes copy of the whole file), atomically."""
+    """A safetensors file, tensor by tensor from memory, atomically."""
     header: dict[str, dict] = {"__metadata__": metadata}
     offset = 0
     for name, tensor in tensors.items():
@@ -165,10 +159,8 @@ def _write(path: str | os.PathLike, metadata: dict[str, str], tensors: dict[str,
 def load_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.PathLike) -> LeanCausalLM:
     """Put a `save_trained` fine-tune back on `model`, freshly read from `base`, as it was trained, in place.
 
-    The FFNs are split as in training (when the file has learners), each saved weight is written (in the
-    dtype it was trained in) and exactly those are marked trainable, so that MeZO can go on from here.
-    For inference and for swapping users, `far.load_learners` applies the same file without splitting.
-    Every check runs before anything changes.
+    FFNs split as in training, each saved weight written in its trained dtype and exactly those trainable,
+    so that MeZO can go on. Every check runs before anything changes.
 
     Raises:
         ValueError: `model` was not read from `base`, is not the stock model, or the file does not fit it
@@ -184,7 +176,7 @@ def load_trained(model: LeanCausalLM, path: str | os.PathLike, base: str | os.Pa
     if len(dtypes) > 1:
         raise ValueError(f"{path} holds learners in several dtypes ({sorted(map(str, dtypes))}); save it again")
     if learners:  # every FFN split, as `prime_and_split` left them: empty where a layer had no learners
-        by_ffn = {f"{key.split('.mlp.')[0]}.mlp.{OUTPUT}": nodes for key, nodes in learners.items()}
+        by_ffn = {ffn_of(key): nodes for key, nodes in learners.items()}
         empty = torch.empty(0, dtype=torch.int64)
         split_ffns(model, {name: by_ffn.get(name, empty) for name in ffn_names(model)}, dtypes.pop())
     modules = dict(model.named_modules())

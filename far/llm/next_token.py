@@ -1,9 +1,8 @@
 """The next-token loss over a whole vocabulary without its logits in memory: the vocabulary is read in slices.
 
-The logits are (tokens, vocab): 2,048 tokens of SmolLM2 (vocab 49,152) are 400 MB in fp32, kept by
-autograd for backward. Here the tied output embedding is dequantised `VOCAB_SLICE` rows at a time, each
-slice's logits folded into a running log-sum-exp, target logit and arg-max, then dropped; backward reads
-the slices again and adds (softmax - one-hot) @ slice into the hidden states' gradient.
+The logits of 2,048 SmolLM2 tokens are 400 MB in fp32, kept by autograd for backward. Here the tied
+embedding is dequantised `VOCAB_SLICE` rows at a time into a running log-sum-exp, target logit and
+arg-max; backward reads the slices again and adds (softmax - one-hot) @ slice into the hidden gradient.
 
     >>> loss = next_token_loss(final_hidden, targets, model.embed_tokens)   # mean over positions
     >>> nll_sum, correct, n = next_token_counts(final_hidden, targets, model.embed_tokens)
@@ -20,17 +19,7 @@ VOCAB_SLICE = 4096
 
 @torch.no_grad()
 def scan_vocabulary(hidden: Tensor, targets: Tensor, embedding: nn.Module, vocab_size: int) -> tuple[Tensor, ...]:
-    """Per position: log-sum-exp of the logits, the target's logit and the arg-max token.
-
-    Args:
-        hidden: (N, hidden) fp32, the final norm's output.
-        targets: (N,) token ids.
-        embedding: The tied output embedding, with `rows(ids) -> (len(ids), hidden)` fp32.
-        vocab_size: Rows of the embedding.
-
-    Returns:
-        lse (N,), target_logit (N,), argmax (N,).
-    """
+    """Per position of `hidden` (N, hidden): the logits' log-sum-exp, the target's logit and the arg-max."""
     n = hidden.shape[0]
     running_max = torch.full((n,), float("-inf"))
     running_sum = torch.zeros(n)
@@ -52,21 +41,15 @@ def scan_vocabulary(hidden: Tensor, targets: Tensor, embedding: nn.Module, vocab
 
 
 def _in_slice(targets: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
-    """Which targets lie in the slice [start, stop), and each one's column there (clamped into it for the others).
-
-    Masks rather than the indices of the rows inside: shapes that never depend on the data, which
-    `torch.export` needs (`far.device.lm_view` exports this loss).
+    """Which targets lie in [start, stop), and each one's column there (clamped for the others): masks, not
+    indices, so shapes never depend on the data (`torch.export`, `far.device.lm_view`).
     """
     inside = (targets >= start) & (targets < stop)
     return inside, (targets - start).clamp(0, stop - start - 1)
 
 
 def vocabulary_gradient(hidden: Tensor, targets: Tensor, lse: Tensor, embedding: nn.Module, vocab_size: int) -> Tensor:
-    """The gradient of the summed cross-entropy in `hidden` (N, hidden): (softmax - one-hot) @ embedding, in slices.
-
-    Args:
-        lse: (N,) the log-sum-exp of each position's logits (`scan_vocabulary`).
-    """
+    """The gradient of the summed cross-entropy in `hidden`: (softmax - one-hot) @ embedding, in slices."""
     grad_hidden = torch.zeros_like(hidden)
     for start in range(0, vocab_size, VOCAB_SLICE):
         stop = min(start + VOCAB_SLICE, vocab_size)
@@ -111,13 +94,9 @@ def next_token_loss_in_graph(
 ) -> tuple[Tensor, Tensor]:
     """`next_token_loss` without a custom autograd function, for a graph that torch.export differentiates.
 
-    Both passes over the vocabulary run forward, on `hidden` detached: the loss and its gradient in
-    `hidden`, `g`. The loss is returned as `loss + sum(hidden * g) - sum(hidden.detach() * g)`: the
-    same value (the two sums are the same numbers), and `g` as its gradient, so that backward reads
-    no vocabulary slice and nothing of (N, vocab) is kept for it.
-
-    Returns:
-        (mean cross-entropy, arg-max hits as an int64 count).
+    Both vocabulary passes run forward on `hidden` detached, giving the loss and its gradient `g`; the loss
+    is returned as `loss + sum(hidden * g) - sum(hidden.detach() * g)`: the same value, with `g` as its
+    gradient, so backward reads no vocabulary slice. Returns (mean cross-entropy, arg-max hits).
     """
     fixed = hidden.detach()
     lse, target_logit, argmax = scan_vocabulary(fixed, targets, embedding, vocab_size)

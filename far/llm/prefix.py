@@ -1,14 +1,9 @@
 """The frozen bottom of a lean model, computed once per prompt: MeZO then runs only the layers it trains.
 
-When every trainable weight lies at or above layer K, the embedding and layers 0..K-1 map a prompt to
-the same hidden states at every step and in both of MeZO's passes. `PrefixCache` keeps them per prompt,
-unpadded, and each loss runs layers K.. only: a step costs 2 (L - K) / L of the forward passes, and a
-full cache the bottom once a step instead of twice. States live in memory, up to `max_bytes`, or in a
-scratch file (`far.llm.state_file.StateFile`) that a text run fills before freeing the bottom layers'
-weights (`LeanCausalLM.release_bottom`).
-
-Rows are cached by their tokens: right-padded, a causal row's states depend on its own tokens alone;
-positions past a row's end are zeros, which only padded positions read.
+When every trainable weight lies at or above layer K, layers 0..K-1 map a prompt to the same states at
+every step and in both of MeZO's passes: a step costs 2 (L - K) / L of the forward passes. States live
+in memory up to `max_bytes`, or in a scratch file (`far.llm.state_file`). Rows are keyed by their tokens:
+right-padded, a causal row's states depend on its own tokens alone.
 
     >>> cache = PrefixCache(model)                 # K = model.lowest_trainable_layer()
     >>> loss_fn = cache.loss_fn(label_ids)         # a drop-in for far.data.prompts.prompt_loss_fn
@@ -33,15 +28,9 @@ class PrefixCache:
     """Hidden states after a lean model's frozen bottom layers, kept per prompt.
 
     Args:
-        model: The model; nothing below layer `n_layers` may be trainable while the cache is used.
-        n_layers: How many bottom layers the cache covers (default: all frozen ones,
-            `model.lowest_trainable_layer()`).
-        max_bytes: Memory the kept states may take; rows seen once it is full are computed each
-            time they are asked for (once for both of a MeZO step's passes, through `loss_fn`).
-        store: Keep the states in this file instead, all of them (`max_bytes` does not apply).
-
-    Raises:
-        ValueError: `n_layers` covers a trainable weight, or is not in [0, number of layers].
+        n_layers: Bottom layers covered (default: all frozen ones, `model.lowest_trainable_layer()`).
+        max_bytes: Memory the kept states may take; rows seen once it is full are computed each time.
+        store: Keep every state in this file instead (`max_bytes` does not apply).
     """
 
     def __init__(
@@ -97,7 +86,7 @@ class PrefixCache:
         return out
 
     def prefill(self, input_ids: Tensor) -> None:
-        """Compute and keep the states of packed rows (N, T) not kept yet, one row at a time (as a step reads them)."""
+        """Compute and keep the states of packed rows (N, T), one row at a time (as a step reads them)."""
         for row in input_ids.split(1):
             self.hidden(row, torch.ones_like(row))
 
@@ -121,10 +110,8 @@ class PrefixCache:
         return self.model.answer_logits(top, attention_mask, label_ids)
 
     def loss_fn(self, label_ids: Tensor) -> Callable[[LeanCausalLM, dict[str, Tensor]], Tensor]:
-        """`far.data.prompts.prompt_loss_fn(label_ids)` on the cached states, for the cache's model.
-
-        The bottom layers' output for a batch is looked up (or computed) once and reused while the
-        same batch object comes back, so MeZO's two passes of a step share it even when the cache is full.
+        """`far.data.prompts.prompt_loss_fn(label_ids)` on the cached states: the bottom's output is reused while
+        the same batch object comes back, so MeZO's two passes share it even when the cache is full.
         """
         last: dict[str, object] = {"batch": None, "h": None}
 

@@ -1,9 +1,6 @@
-"""What runs a lean causal LM trained by prompts for the training engine (`far.training.engine`).
-
-The runner gives the model its layout (FAR: gradient priming on the first examples of the run's
-seeded order, then the split), computes the frozen bottom's output once per prompt (`far.llm.prefix`)
-and takes MeZO's steps (`far.llm.zo`). It keeps no optimizer state, so writes no checkpoint; scoring
-is the recipe's, after the last step.
+"""What runs a lean causal LM trained by prompts for the training engine (`far.training.engine`): the layout
+(FAR primed on the first examples of the seeded order), the frozen bottom once per prompt, MeZO's steps.
+No optimizer state, so no checkpoint; scoring is the recipe's.
 
     >>> runner = PromptRunner(model, batch_of, loss_fn, label_ids, layout, PromptTraining(100, 16, 1e-6))
     >>> train(runner, Cadence(100, evaluate=False), None, progress=False)
@@ -127,5 +124,4 @@ class PromptRunner:
         raise NotImplementedError("a prompted run keeps no optimizer state to checkpoint")
 
     def training_seconds(self) -> float:
-        """Wall seconds since the optimizer was made."""
         return time.perf_counter() - self._started

@@ -11,11 +11,10 @@ from torch import Tensor, nn
 
 
 class Recompute(torch.autograd.Function):
-    """Run `layer(h, *args)` keeping only `h`; run it again in backward, with the same random draws (dropout).
+    """Run `layer(h, *args)` keeping only `h`; run it again in backward with the same RNG state (dropout).
 
     torch.utils.checkpoint does the same, but its first call imports torch._dynamo and sympy
-    (docs/design.md, "Resident memory"), which a memory-bound process cannot spend. The RNG state of the
-    first pass is restored for the second (and the caller's put back after), so dropout draws the same masks.
+    (docs/design.md, "Resident memory"), which a memory-bound process cannot spend.
     """
 
     @staticmethod

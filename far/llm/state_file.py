@@ -1,10 +1,8 @@
-"""Tensors kept in a scratch file instead of memory, read back on demand.
+"""Tensors kept in a nameless scratch file instead of memory, read back on demand.
 
-A frozen bottom's states grow with the corpus (590 KB a chunk of 256 tokens for SmolLM2-135M); in a
-file they cost disk, not resident memory: reads go through `readinto` into a fresh tensor, never
-through a mapping whose pages would count in the RSS. The file has no name (`tempfile.TemporaryFile`),
-so its disk comes back when it is closed or the process ends, killed or not. A write that finds the
-disk full takes back what it wrote and raises `DiskFull`, naming the disk and the bytes.
+Reads go through `readinto` into a fresh tensor, never a mapping whose pages would count in the RSS.
+The file has no name (`tempfile.TemporaryFile`), so its disk comes back when it is closed or the
+process ends, killed or not. A write that finds the disk full takes back what it wrote (`DiskFull`).
 
     >>> with StateFile(out) as states:
     ...     states.put(b"key", h)
@@ -27,11 +25,7 @@ from far.storage.atomic import disk_full
 
 
 class StateFile:
-    """An append-only, nameless scratch file of tensors by key.
-
-    Args:
-        folder: Where the file's disk is taken (the run's folder: on the disk the user chose).
-    """
+    """An append-only, nameless scratch file of tensors by key, taking its disk in `folder`."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
@@ -47,11 +41,7 @@ class StateFile:
         return len(self._where)
 
     def put(self, key: bytes, tensor: Tensor) -> None:
-        """Append `tensor` under `key` (a key already there keeps its first tensor).
-
-        Raises:
-            DiskFull: the disk has no room for it; what was written of it is taken back, the rest is intact.
-        """
+        """Append `tensor` under `key` (a key already there keeps its first); `DiskFull` takes back a partial write."""
         if key in self._where:
             return
         data = tensor.detach().contiguous().cpu()
@@ -88,7 +78,6 @@ class StateFile:
         return out
 
     def close(self) -> None:
-        """Close the file, which gives its disk back."""
         self._file.close()
         self._where.clear()
 

@@ -50,8 +50,9 @@ STATE_BYTES = {
 
 @dataclass(frozen=True)
 class TrainedShare:
-    """What trains: the bottom `frozen_layers` layers not at all; above them everything outside the FFNs
-    and `ffn_share` of the FFN nodes of the whole model (FAR's retention; 1.0: every node above)."""
+    """What trains: nothing in the bottom `frozen_layers`; above, everything outside the FFNs and `ffn_share`
+    of the whole model's FFN nodes (1.0: every node above).
+    """
 
     frozen_layers: int
     ffn_share: float
@@ -103,10 +104,8 @@ def plan_text_memory(
     batch_size: int,
     max_length: int,
 ) -> TextMemoryPlan:
-    """The largest micro-batch (and kept states) that fits `budget_mib`, from the GGUF header alone.
-
-    Raises:
-        MemoryBudgetError: no micro-batch size fits; names the minimum.
+    """The largest micro-batch (and kept states) that fits `budget_mib`, from the GGUF header alone
+    (`MemoryBudgetError` with the minimum otherwise).
     """
     header = read_header(gguf_path)
     config = read_config(header)

@@ -1,8 +1,6 @@
-"""What runs a lean causal LM on packed text for the training engine (`far.training.engine`).
-
-The runner primes and splits (`far.llm.lean_far`), keeps the frozen bottom's output per chunk (on disk,
-else in memory), steps in micro-batches (`far.llm.text_steps`), scores the held-out chunks with the
-function it is given, and checkpoints (`far.llm.lean_checkpoint`); the engine decides when.
+"""What runs a lean causal LM on packed text for the training engine (`far.training.engine`): priming and
+split, the frozen bottom's output per chunk (on disk, else in memory), micro-batched steps, scoring with
+the function given, checkpoints.
 
     >>> runner = TextRunner(model, train_ids, validation_ids, layout, training, perplexity, out)
     >>> train(runner, Cadence(training.total_steps, epoch_steps=training.steps_per_epoch), out / "log.jsonl",
@@ -41,19 +39,13 @@ logger = logging.getLogger(__name__)
 
 
 def cpu_seconds() -> float:
-    """This process's CPU seconds so far, user and system (`time.process_time`; far.recipes.own_texts reads it)."""
+    """This process's CPU seconds so far (far.recipes.own_texts reads it)."""
     return time.process_time()
 
 
 @dataclass(frozen=True)
 class TextTraining:
-    """How a run steps through its chunks: the optimizer, the batches, the steps and what a resumed run must match.
-
-    Args:
-        hyperparameters: The run's hyper-parameters as given; a resumed run refuses others.
-        priming_chunks: Chunks scored by gradient priming (FAR with a selection that needs scores).
-        prefix_cache_mib: The frozen bottom's states kept in memory when the disk has no room for them.
-    """
+    """How a run steps through its chunks; `hyperparameters` (as given) must match on resume."""
 
     optimizer: str
     lr: float
@@ -101,7 +93,6 @@ class TextRunner:
         self._orders: dict[int, list[int]] = {}
 
     def order(self, epoch: int) -> list[int]:
-        """Epoch `epoch`'s order of the training chunks, drawn from the run's seed alone."""
         if epoch not in self._orders:
             generator = torch.Generator().manual_seed(derive_seed(self.training.seed, epoch))
             self._orders[epoch] = torch.randperm(len(self.train_ids), generator=generator).tolist()
@@ -160,7 +151,7 @@ class TextRunner:
         return Start(first, resumed=resume is not None, opening={"step": 0, "epoch": 0.0, "eval": self.before})
 
     def _keep_bottom(self, first: int) -> None:
-        """The frozen bottom's output of every chunk the run reads from step `first` on: on disk, else in memory."""
+        """The frozen bottom's output of every chunk read from step `first` on: on disk, else in memory."""
         if not self.depth:
             return
         read = sorted({row for step in range(first, self.training.total_steps) for row in self.rows(step)})
@@ -205,12 +196,13 @@ class TextRunner:
         save_lean_checkpoint(self.out, done, self.model, self.steps.state(), state)
 
     def training_seconds(self) -> float:
-        """The training's wall seconds (from after the scores before training), summed over resumed runs."""
+        """Wall seconds of training (after the scores before it), summed over resumed runs."""
         return self.prior_seconds + time.perf_counter() - self._started
 
     def final_scores(self, shipped: torch.dtype | None) -> tuple[dict, dict | None]:
-        """The scores at the last step and, when the weights ship in `shipped` and train in another dtype, the
-        trained precision's scores beside those of the model rounded as it ships (then rounded in place)."""
+        """The last step's scores; when the weights ship in `shipped` but train in another dtype, the shipped
+        (rounded in place) model's scores beside the trained precision's.
+        """
         total = self.training.total_steps
         final = self.evals[-1] if self.evals and self.evals[-1]["step"] == total else {"step": total, **self._score()}
         if shipped is None or self.layout.dtype == shipped:

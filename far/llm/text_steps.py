@@ -1,9 +1,6 @@
-"""A step of a causal LM's fine-tune on packed text: MeZO's two forward passes, the batched one-sided
-zeroth-order estimator's n + 1 (`far.llm.zo_batched`), or AdamW's forward and backward.
-
-Each reads the frozen bottom's output of each chunk from a `PrefixCache`, runs the trained layers above
-it and takes the mean next-token loss over micro-batches (losses, or gradients, summed with their share
-of the batch). Priming scores nodes from the same loss, backward stopping at the frozen depth.
+"""A step of a causal LM's fine-tune on packed text: MeZO's two forward passes, the batched zeroth-order
+estimator's n + 1 (`far.llm.zo_batched`), or AdamW's forward and backward, each above the frozen
+bottom (`PrefixCache`), the mean loss over micro-batches.
 
     >>> steps = TextSteps(model, "adamw", 1e-4, PrefixCache(model))
     >>> loss = steps([chunks[:2], chunks[2:4]])
@@ -45,15 +42,16 @@ def priming_loss(depth: int) -> Callable[[LeanCausalLM, Tensor], Tensor]:
 
 
 def bottom_states(cache: PrefixCache | None, ids: Tensor) -> Tensor | None:
-    """The frozen bottom's output for chunks (B, T), chunk by chunk: a chunk's states then depend on it alone, not on
-    the batch it came in, so a resumed run recomputes what the killed one had kept to the bit."""
+    """The frozen bottom's output for chunks (B, T), chunk by chunk: a chunk's states then never depend on its
+    batch, so a resumed run recomputes them to the bit.
+    """
     if cache is None:
         return None
     return torch.cat([cache.hidden(row, torch.ones_like(row)) for row in ids.split(1)])
 
 
 class TextSteps:
-    """One optimizer step on a batch of chunks, in micro-batches: MeZO's two passes, or AdamW's forward and backward."""
+    """One optimizer step on a batch of chunks, in micro-batches."""
 
     def __init__(
         self,
@@ -80,7 +78,7 @@ class TextSteps:
             self.adamw = FusedAdamW(self.gradients.parameters(), lr=lr, weight_decay=weight_decay)
 
     def state(self) -> dict:
-        """What a checkpoint keeps of the optimizer: MeZO's step counter (its directions' seeds), AdamW's moments."""
+        """What a checkpoint keeps: MeZO's step counters (its directions' seeds), AdamW's moments."""
         if self.optimizer_name != "adamw":
             return {"steps_taken": self.zeroth_order.steps_taken, "steps_skipped": self.zeroth_order.steps_skipped}
         return self.adamw.state_dict()

@@ -1,8 +1,7 @@
 """The tokenizer of a GGUF file through the `tokenizers` library alone (a few MB, not transformers).
 
-transformers converts a GGUF file's vocabulary into a fast tokenizer once, in a child process; its
-`tokenizer.json` is cached by the file's sha256 (`far.llm.gguf.gguf_cache_path`) and later runs load it
-with `tokenizers`. A damaged cache, or one with token ids beyond its vocabulary, is converted again.
+transformers converts the vocabulary once, in a child process; its `tokenizer.json` is cached by the
+file's sha256 and later loaded with `tokenizers`. A damaged cache is converted again.
 
     >>> tokenizer = load_gguf_tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf")
     >>> tokenizer(" great", add_special_tokens=False)["input_ids"]
@@ -34,10 +33,7 @@ class TokenizerCacheError(ValueError):
 
 
 class LeanTokenizer:
-    """A `tokenizers.Tokenizer` with the small part of transformers' tokenizer API the prompt code uses.
-
-    `tokenizer(text, add_special_tokens=True)["input_ids"]`, `pad_token_id`, `eos_token_id`.
-    """
+    """A `tokenizers.Tokenizer` with the part of transformers' tokenizer API the prompt code uses."""
 
     def __init__(self, tokenizer: Tokenizer, pad_token_id: int, eos_token_id: int | None = None) -> None:
         self.tokenizer, self.pad_token_id, self.eos_token_id = tokenizer, int(pad_token_id), eos_token_id
@@ -83,14 +79,8 @@ def _special_ids(folder: Path) -> tuple[int, int | None]:
 
 
 def read_tokenizer_cache(folder: str | os.PathLike) -> LeanTokenizer:
-    """The tokenizer a cache folder holds (`build_tokenizer_cache`), checked before it is used.
-
-    Every token id it can give (its vocabulary's, its added tokens', the pad and end-of-text ids)
-    must be below the number of tokens it holds: a hostile or damaged file cannot send a model an
-    id past its embedding table.
-
-    Raises:
-        TokenizerCacheError: a file missing, unreadable or damaged, or ids outside the vocabulary.
+    """The tokenizer a cache folder holds, checked: every id it can give must lie inside its vocabulary,
+    so a damaged file cannot send a model an id past its embedding (`TokenizerCacheError`).
     """
     folder = Path(folder)
     pad, eos = _special_ids(folder)
@@ -112,7 +102,7 @@ def read_tokenizer_cache(folder: str | os.PathLike) -> LeanTokenizer:
 
 
 def _convert(gguf_path: str | os.PathLike, folder: Path) -> None:
-    """Run `build_tokenizer_cache` in a child process (transformers' import and conversion stay out of this one)."""
+    """Run `build_tokenizer_cache` in a child process: transformers stays out of this one."""
     code = "import sys; from far.llm.tokenizer import build_tokenizer_cache as b; b(sys.argv[1], sys.argv[2])"
     done = subprocess.run([sys.executable, "-c", code, str(gguf_path), str(folder)], capture_output=True, text=True)
     if done.returncode != 0 or not (folder / SPECIAL_FILE).is_file():
@@ -120,13 +110,8 @@ def _convert(gguf_path: str | os.PathLike, folder: Path) -> None:
 
 
 def load_gguf_tokenizer(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> LeanTokenizer:
-    """The tokenizer of `gguf_path`, converted once (in a child process) and cached.
-
-    A cached folder that fails `read_tokenizer_cache` is converted again (with a warning), never used.
-
-    Raises:
-        RuntimeError: the conversion failed (its error output is in the message).
-        TokenizerCacheError: the conversion wrote a tokenizer that fails its own checks.
+    """The tokenizer of `gguf_path`, converted once (in a child process) and cached; a cache that fails
+    `read_tokenizer_cache` is converted again, with a warning.
     """
     folder = Path(f"{gguf_cache_path(gguf_path, cache_dir)}-tokenizer")
     if folder.exists():

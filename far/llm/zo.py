@@ -1,14 +1,9 @@
 """MeZO for the lean runtime: the perturbation is never written into the stored weights.
 
-`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023, Algorithm 1): the closure is
-evaluated with the model's `Perturbation` set to (seed, +eps), then (seed, -eps), and every trainable
-weight moves by `-lr * g * z`, z drawn again from the seed. A forward reads a trainable weight as
-`stored + scale * z` into the fp32 temporary it computes with anyway (`far.llm.compact`), so the
-stored weights are never perturbed: no restore pass, no drift, nothing the size of the model kept.
-
-Layer-sparse steps (LeZO, Wang et al. 2024): with `layer_fraction` below 1, a step perturbs and
-updates the trainable weights of a random subset of the layers (drawn from the step's seed), plus
-those outside the layers: less noise a step, every layer trained over many steps.
+`CompactMeZO.step(closure)` is MeZO's SPSA step (Malladi et al., 2023): the closure at (seed, +eps),
+then (seed, -eps), and each trainable weight moves by `-lr * g * z`, z drawn again from the seed. The
+perturbation is applied on read (`far.llm.compact`): no restore pass, no drift. With `layer_fraction`
+below 1 (LeZO, Wang et al. 2024), a step perturbs a random subset of the layers, plus what is outside them.
 
     >>> optimizer = CompactMeZO(model, lr=1e-4, eps=1e-3, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))
@@ -26,21 +21,21 @@ from torch import Tensor
 from far.llm.compact import CompactWeight
 from far.llm.lean_model import LeanCausalLM
 from far.seeds import derive_seed
+from far.training.options import check_float
 
 
 class CompactZO:
-    """What the lean runtime's zeroth-order optimizers share: checked settings, step counters, the skip of a
-    step whose losses are not all finite, and decoupled weight decay."""
+    """Shared by the lean zeroth-order optimizers: checked settings, step counters, skipping a step whose
+    losses are not all finite, decoupled weight decay (matrices only).
+    """
 
     name = "zeroth-order"
 
     def __init__(self, model: LeanCausalLM, lr: float, eps: float, seed: int, weight_decay: float) -> None:
-        for name, value in (("lr", lr), ("eps", eps)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        lr, eps = check_float("lr", lr, low=0, strict=True), check_float("eps", eps, low=0, strict=True)
         if not model.trainable_weights():
             raise ValueError("the model has no trainable weight; mark some with far.llm.lean_far.set_trainable")
-        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, float(lr), float(eps), seed, weight_decay
+        self.model, self.lr, self.eps, self.seed, self.weight_decay = model, lr, eps, seed, weight_decay
         self.steps_taken = 0
         self.steps_skipped = 0
 
@@ -66,16 +61,8 @@ class CompactZO:
 
 
 class CompactMeZO(CompactZO):
-    """MeZO over a `LeanCausalLM`'s trainable weights, perturbed on read, updated in place.
-
-    Args:
-        model: The model; its `trainable_weights()` are trained.
-        lr: Learning rate.
-        eps: Perturbation scale.
-        seed: Base seed; with the step counter it fixes every direction.
-        weight_decay: Decoupled L2 factor, on matrices only.
-        layer_fraction: Fraction of the decoder layers perturbed each step (1: all; LeZO uses 0.25
-            or less). At least one layer is always drawn.
+    """MeZO over a `LeanCausalLM`'s trainable weights; `layer_fraction` of the layers perturbed a step (1: all;
+    LeZO uses 0.25 or less; one at least).
     """
 
     name = "MeZO"

@@ -1,15 +1,11 @@
-"""A batched one-sided zeroth-order step for the lean runtime (FZOO-style), perturbed on read like MeZO.
+"""A batched one-sided zeroth-order step for the lean runtime (FZOO, Dang et al. 2025), perturbed on read.
 
-`CompactBatchedZO.step(closure)` evaluates the closure once at the stored weights, L0, then at n
-perturbed points `w + eps z_i`, and moves every trainable weight by
+The closure runs once at the stored weights, L0, then at n points `w + eps z_i`, and
 
     w <- w - lr * (1/n) sum_i g_i z_i,    g_i = (L(w + eps z_i) - L0) / eps
 
-(FZOO, Dang et al. 2025). n directions cost n + 1 forward passes where n MeZO steps cost 2n, and the
-mean over n cuts the estimate's variance by n. As in `far.llm.zo.CompactMeZO`, each z_i is drawn
-again from its seed for the update and read through the model's `Perturbation`, so the stored
-weights are untouched until the update. The directions are standard normal where FZOO draws
-Rademacher signs: both have E[z z^T] = I, so the estimate is unbiased either way.
+n directions cost n + 1 forward passes where n MeZO steps cost 2n. The directions are standard normal
+where FZOO draws Rademacher signs: both have E[z z^T] = I, so the estimate is unbiased either way.
 
     >>> optimizer = CompactBatchedZO(model, lr=1e-4, eps=1e-3, directions=4, seed=0)
     >>> loss = optimizer.step(lambda: loss_fn(model, batch))
@@ -28,16 +24,7 @@ from far.seeds import derive_seed
 
 
 class CompactBatchedZO(CompactZO):
-    """One-sided zeroth-order steps over `directions` seeded directions and one shared unperturbed pass.
-
-    Args:
-        model: The model; its `trainable_weights()` are trained.
-        lr: Learning rate.
-        eps: Perturbation scale.
-        directions: Directions per step, n (each one forward pass more).
-        seed: Base seed; with the step counter and the direction's number it fixes every direction.
-        weight_decay: Decoupled L2 factor, on matrices only.
-    """
+    """One-sided zeroth-order steps over `directions` seeded directions and one shared unperturbed pass."""
 
     name = "batched ZO"
 

@@ -1,14 +1,9 @@
-"""The learners file a model holds now, and the base values it overwrote: what makes users swappable.
+"""The learners file a model holds, and the base values it overwrote: what makes users swappable.
 
-One stock base serves many users: `far.load_learners(model, user_b)` on a model that holds user
-A's file first puts back the base values of everything A overwrote, then applies B. To do so,
-`load_learners` keeps, on the model as `model.far_learners`, a copy of exactly the values the
-active file overwrote (its learner rows and whole tensors, in the model's current layout): the
-memory is the base plus one file, never a copy of the model per user. `unload_learners` gives the
-stock model back.
-
-It also keeps the digests of the base values (`far.saving.digests`), so that checking the next
-user's file against the base hashes only what changed since; they go with it on each swap.
+`far.load_learners(model, user_b)` on a model holding user A's file first puts back the base values of
+everything A overwrote, then applies B. The copy (`model.far_learners`) holds exactly what the active
+file overwrote: the memory is the base plus one file, never a model per user. It also keeps the base's
+digests (`far.saving.digests`), so checking the next user's file hashes only what changed.
 """
 
 from __future__ import annotations
@@ -32,18 +27,12 @@ class ActiveLearners:
     """The learners file applied to a model, kept on it as `model.far_learners`.
 
     Attributes:
-        path: The file applied.
-        content_sha256: Its content hash (which user it is, whatever the path).
-        base: `{parameter name: value before the file was applied}`, in the model's current layout
-            (a split projection's `learner_weight` rows as stored), on the model's device.
-        relayout: The model was plain before this file split it, so another file may split it
-            with other learners (and `unload_learners` merges it back).
-        digests: Digests of the base values (the model's tensors, and `base` for what the file
-            overwrote), valid until a tensor is written; reused by the next swap's check.
-        verified: `{file identity: content sha256}` of the learners files this model has verified
-            (see `far.saving.learners_file`): an unchanged file is not hashed again.
-        labels: The base's head labels (`far.saving.labels.head_fields`), which the file's replace
-            on the model's config until it is swapped out or unloaded.
+        base: `{parameter name: value before the file was applied}`, in the model's current layout.
+        relayout: The model was plain before this file split it, so another file may split it with other
+            learners (and `unload_learners` merges it back).
+        digests: Digests of the base values, reused by the next swap's check.
+        verified: `{file identity: content sha256}` of the files this model verified (not hashed again).
+        labels: The base's head labels, which the file's replace on the model's config until unloaded.
     """
 
     path: str
@@ -56,7 +45,6 @@ class ActiveLearners:
 
     @property
     def nbytes(self) -> int:
-        """Memory the bookkeeping holds: the base values of the overwritten tensors."""
         return sum(t.numel() * t.element_size() for t in self.base.values())
 
 
@@ -81,8 +69,7 @@ def remember(
     digests: DigestCache | None = None,
     verified: dict[tuple, str] | None = None,
 ) -> ActiveLearners:
-    """Keep a copy of the current value of every parameter in `names` (and the head's labels), before a
-    file overwrites them."""
+    """Keep a copy of every parameter in `names` (and the head's labels) before a file overwrites them."""
     digests = DigestCache() if digests is None else digests
     params = dict(model.named_parameters(remove_duplicate=False))
     base = {}

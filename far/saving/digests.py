@@ -2,28 +2,18 @@
 the tensor is written.
 
 `hash_tensors` is the one content digest of named tensors: a prefix (a file's metadata), then for each tensor, in
-name order, a header that fixes the byte length of what follows (so the concatenation is unambiguous) and its
-bytes in C order. Learners files (`content_sha256`) and the device's state file (its own header) both use it.
+name order, a header that fixes the byte length of what follows and its bytes in C order. Learners files
+(`content_sha256`) and the device's state file (its own header) both use it.
 
-Checking a learners file against its base hashes the base's frozen values, ~70 MB for a MiniLM
-whose embeddings are frozen; swapping users would hash them again on every load although they
-never change. A `DigestCache` keeps each digest with what identifies the bytes it was taken of:
-the storage (held by a weak reference, so that memory freed and reused by another tensor never
-matches), the view's offset, shape, stride and dtype, and the tensor's version counter, which
-PyTorch bumps on every in-place write through the tensor or any view of it. A digest is reused
-only while all of these are unchanged; anything else is hashed again.
-
-Writes that bypass the version counter are not seen: through `tensor.data` (a new counter),
-through a NumPy view, or through a tensor built with `set_` over the same storage. Code that
-writes a model's frozen values that way must drop the cache (`far.saving.unload_learners`, or
-`DigestCache.clear`). FAR itself writes frozen values through their parameters only.
-
-An entry goes with its storage: when the storage is freed (a user's copies of base values, swapped
-out), a callback of the weak reference drops its entries, so a model that swaps many users holds
-the digests of its live tensors only, never one set per user served.
-
-Row digests (one per row of a 2-D view, in C order) let the fingerprint of any subset of a
-projection's nodes be combined from 32-byte digests without reading the weights again.
+Checking a learners file against its base hashes the base's frozen values (~70 MB for a MiniLM with frozen
+embeddings) on every swap although they never change. A `DigestCache` keeps each digest with what identifies
+its bytes: the storage (weakly referenced, so memory freed and reused never matches), the view's offset, shape,
+stride and dtype, and the version counter PyTorch bumps on every in-place write through any view. Writes that
+bypass the counter (`tensor.data`, a NumPy view, `set_`) are not seen: such code must drop the cache
+(`far.saving.unload_learners`, `DigestCache.clear`); FAR writes frozen values through their parameters only.
+An entry goes with its storage (a weak-reference callback), so a model serving many users holds the digests
+of its live tensors only. Row digests let the fingerprint of any subset of a projection's nodes be combined
+from 32-byte digests without reading the weights again.
 """
 
 from __future__ import annotations
@@ -119,10 +109,8 @@ class DigestCache:
         return self._get("rows", rows, sha256_rows)
 
     def put_rows(self, rows: Tensor, digests: np.ndarray) -> None:
-        """Record the row digests of `rows`, whose bytes the caller has just written and knows.
-
-        For code that moves rows it had hashed (a user swap permutes a projection's frozen rows):
-        what it records must be exactly the digests of what `rows` now holds.
+        """Record the row digests of `rows`, which the caller has just written and knows (a swap moving rows it
+        had hashed): they must be exactly the digests of what `rows` now holds.
         """
         if digests.shape != (rows.shape[0], DIGEST_BYTES):
             raise ValueError(f"expected ({rows.shape[0]}, {DIGEST_BYTES}) row digests, got {digests.shape}")
@@ -167,8 +155,9 @@ class DigestCache:
 
 
 def _forget(cache: weakref.ref, key: tuple):
-    """The callback of an entry's weak reference: drop the entry when its storage is freed (unless the
-    key holds a newer entry by then). It holds the cache weakly, so the cache is freed with its model."""
+    """A weak-reference callback dropping an entry when its storage is freed (unless the key holds a newer one);
+    it holds the cache weakly, so the cache is freed with its model.
+    """
 
     def forget(ref: weakref.ref) -> None:
         entries = getattr(cache(), "_entries", {})

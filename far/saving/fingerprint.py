@@ -20,7 +20,6 @@ order, each item preceded by a JSON header `[name, dtype, shape]`:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -29,12 +28,23 @@ from torch import Tensor, nn
 
 from far.architectures import FFN, expand_nodes, projection_rows
 from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
-from far.saving.digests import DigestCache, as_rows, hash_tensors
+from far.saving.digests import DigestCache, as_rows, hash_tensors, json_header
 
 FINGERPRINT_VERSION = 2
 _V2_PREFIX = b"far.base_fingerprint/2\n"
 
 _Value = Callable[[Tensor], Tensor]  # a model tensor -> the value to hash for it
+
+
+def outside_split(model: nn.Module, names: Iterable[str]) -> list[str]:
+    """`names` less the split layers' own tensors: the parameters a learners file keeps whole, under their names."""
+    split = {
+        f"{name}.{part}"
+        for name, module in model.named_modules()
+        if isinstance(module, SplitLinear)
+        for part in ("learner_weight", "frozen_weight", "learner_bias", "frozen_bias")
+    }
+    return [name for name in names if name not in split]
 
 
 def complement(learners: Tensor, n_nodes: int) -> Tensor:
@@ -79,10 +89,8 @@ def _frozen_part(module: nn.Module, role: str, frozen: Tensor, value: _Value) ->
 def _covered(
     model: nn.Module, ffns: Mapping[str, FFN], learners: Mapping[str, Tensor], stored: Collection[str], value: _Value
 ) -> Iterator[tuple[str, Tensor | nn.Module, tuple[str, Tensor] | None]]:
-    """What a base fingerprint covers, in the plain model's names, for either version to hash its way.
-
-    Yields `(name, tensor, None)` for a whole tensor the file does not overwrite (read through `value`), and
-    `(projection name, module, (role, frozen rows))` for a split projection's frozen node rows.
+    """What a base fingerprint covers, in the plain model's names: `(name, tensor, None)` for a whole tensor the
+    file does not overwrite, `(projection name, module, (role, frozen rows))` for a projection's frozen rows.
     """
     projections = {name for ffn in ffns.values() for name in (*ffn.inputs, ffn.output)}
     # A stored parameter is overwritten under every name it is tied to (e.g. lm_head.weight).
@@ -102,15 +110,9 @@ def _covered(
                 yield f"{name}.bias", value(module.bias), None  # belongs to no node
 
 
-def _base_tensors(
-    model: nn.Module,
-    ffns: Mapping[str, FFN],
-    learners: Mapping[str, Tensor],
-    stored: Collection[str],
-    value: _Value,
-) -> Iterator[tuple[str, Tensor]]:
-    """(name, value) of every item of the version-1 fingerprint: the bytes themselves."""
-    for name, item, frozen in _covered(model, ffns, learners, stored, value):
+def _base_tensors(covered: Iterable, value: _Value) -> Iterator[tuple[str, Tensor]]:
+    """(name, value) of every `_covered` item, for the version-1 fingerprint: the bytes themselves."""
+    for name, item, frozen in covered:
         if frozen is None:
             yield name, item
             continue
@@ -121,8 +123,7 @@ def _base_tensors(
 
 
 def base_reader(model: nn.Module, base_values: Mapping[str, Tensor] | None) -> _Value:
-    """A model tensor -> its base value: from `base_values` (by parameter name) where a loaded file
-    overwrote it, else the tensor itself (detached)."""
+    """A model tensor -> its base value: from `base_values` (by parameter name) where a loaded file overwrote it."""
     base_values = base_values or {}
     named = model.named_parameters(remove_duplicate=False)  # every name, tied ones too
     by_id = {id(p): base_values[name] for name, p in named if name in base_values}
@@ -134,8 +135,9 @@ def base_reader(model: nn.Module, base_values: Mapping[str, Tensor] | None) -> _
 
 
 def node_digests(module: nn.Module, role: str, part: str, value: _Value, digests: DigestCache) -> np.ndarray | None:
-    """(n_rows, 32): the digest of each node row of a projection's weight (`part="weight"`) or node
-    bias (`"bias"`; None where it has none), in ORIGINAL row order, read through `value`."""
+    """(n_rows, 32): each node row's digest of a projection's weight or node bias (None where it has none),
+    in original row order, read through `value`.
+    """
     if isinstance(module, SplitLinear):
         learn, frozen = (
             (module.learner_weight, module.frozen_weight)
@@ -160,15 +162,10 @@ def _features(module: nn.Module, role: str) -> int:
 
 
 def _digest_items(
-    model: nn.Module,
-    ffns: Mapping[str, FFN],
-    learners: Mapping[str, Tensor],
-    stored: Collection[str],
-    value: _Value,
-    digests: DigestCache,
+    covered: Iterable, value: _Value, digests: DigestCache
 ) -> Iterator[tuple[str, torch.dtype, tuple[int, ...], bytes]]:
-    """(name, dtype, shape, sha256) of every item of the version-2 fingerprint, as `_base_tensors` for version 1."""
-    for name, item, frozen in _covered(model, ffns, learners, stored, value):
+    """(name, dtype, shape, sha256) of every `_covered` item, for the version-2 fingerprint."""
+    for name, item, frozen in covered:
         if frozen is None:
             yield name, item.dtype, tuple(item.shape), digests.tensor(item)
             continue
@@ -189,8 +186,7 @@ def _combined(table: np.ndarray, rows: np.ndarray) -> bytes:
 def _fingerprint_v2(items: Iterable[tuple[str, torch.dtype, tuple[int, ...], bytes]]) -> str:
     digest = hashlib.sha256(_V2_PREFIX)
     for name, dtype, shape, item in sorted(items, key=lambda item: item[0]):
-        header = json.dumps([name, str(dtype).removeprefix("torch."), list(shape)])
-        digest.update(header.encode() + b"\n" + item)  # a digest is 32 bytes: unambiguous
+        digest.update(json_header(name, str(dtype).removeprefix("torch."), list(shape)) + item)  # 32 bytes: unambiguous
     return digest.hexdigest()
 
 
@@ -223,10 +219,10 @@ def base_fingerprint(
     Returns:
         A hex digest, equal for a plain base and the same base reconfigured with `learners`.
     """
-    value = base_reader(model, base_values)
-    if version == 1:
-        return hash_tensors(_base_tensors(model, ffns, learners, stored, value))
-    if version != 2:
+    if version not in (1, 2):
         raise ValueError(f"unknown base fingerprint version {version!r}; this version of far knows 1 and 2")
-    digests = DigestCache() if digests is None else digests
-    return _fingerprint_v2(_digest_items(model, ffns, learners, stored, value, digests))
+    value = base_reader(model, base_values)
+    covered = _covered(model, ffns, learners, stored, value)
+    if version == 1:
+        return hash_tensors(_base_tensors(covered, value))
+    return _fingerprint_v2(_digest_items(covered, value, DigestCache() if digests is None else digests))

@@ -1,10 +1,8 @@
 """A task head's labels as a learners file carries them: what a bare base needs to name the head's outputs.
 
-A file records its model's Hugging Face config as `to_diff_dict` gives it, which leaves out every
-field at its default: a model built in Python with two classes (transformers names them `LABEL_0`
-and `LABEL_1`) would record no labels at all, and a reader could not tell its head's size. So the
-head's fields are recorded explicitly, and `far.load_learners` puts them on the model it loads the
-file onto (and the base's back when the file is swapped out or unloaded).
+`to_diff_dict` leaves out fields at their defaults, so a two-class model (transformers' `LABEL_0`,
+`LABEL_1`) would record no labels and a reader could not tell its head's size: the head's fields are
+recorded explicitly, and `far.load_learners` puts them on the model (the base's back on unload).
 """
 
 from __future__ import annotations
@@ -34,11 +32,8 @@ def head_fields(model: nn.Module) -> dict:
 
 
 def set_head_fields(model: nn.Module, fields: Mapping) -> None:
-    """Put recorded head fields (`head_fields`' or a file's) on `model.config`.
-
-    Only labels for as many outputs as the model's head has are set: a file records no labels, or
-    labels the model's head cannot hold, leaves the config as it is (the head's tensors were checked
-    to have the file's size before this is called).
+    """Put recorded head fields on `model.config`, only where they label as many outputs as the model's head has
+    (whose tensors were checked to have the file's size before).
     """
     config = getattr(model, "config", None)
     id2label = fields.get("id2label")

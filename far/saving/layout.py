@@ -1,16 +1,9 @@
 """A saved FAR layout rebuilt on a plain model: the one path from saved tensors back to split layers.
 
-A layout is saved in one of two ways:
-
-- in the weights: a reconfigured model's own state dict records it (each split FFN's
-  `node_order` and learner block), as `far.save_pretrained` and `far.finetune` checkpoints keep it;
-- beside plain weights: `far.training.trainer.FARTrainer` saves the merged model (`merged_state_dict`,
-  the tensors `far.restore` would give, under the plain model's names), which plain transformers
-  loads, and the learner indices with the `FARConfig` in `far_layout.safetensors` (`write_layout`).
-
-Both come back through `rebuild_from_learners` (`rebuild_layout` reads the learners from a state
-dict with `far.surgery.state.learners_from_state_dict`; `read_layout_file` from the layout file),
-which splits the model with `reconfigure_with_learners`.
+A layout is saved in the weights (a reconfigured model's state dict: each split FFN's `node_order` and
+learner block, as `far.save_pretrained` keeps it), or beside plain weights (`FARTrainer` saves the merged
+model, `merged_state_dict`, which plain transformers loads, and the learner indices with the `FARConfig`
+in `far_layout.safetensors`, `write_layout`). Both come back through `rebuild_from_learners`.
 """
 
 from __future__ import annotations
@@ -50,10 +43,8 @@ def read_layout(files: Iterable[str | os.PathLike]) -> dict[str, Tensor]:
 
 
 def inferred_config(model: nn.Module, chosen: Mapping[str, Tensor], spec: FFNSpec | None = None) -> FARConfig:
-    """A `FARConfig` for learners saved without one: the overall retention, and the selection it fits.
-
-    Only retention, the frozen bottom layers (FFNs with no learners) and attention retention (where
-    heads are split) can be read back from a layout; seed and freeze_embeddings take their defaults.
+    """A `FARConfig` for learners saved without one: the overall retention and the selection it fits (plus the
+    frozen depth and attention retention); seed and freeze_embeddings take their defaults.
     """
     ffns = find_ffns(model, spec)
     n_nodes = {name: ffn.n_nodes for name, ffn in ffns.items()}
@@ -91,18 +82,13 @@ def rebuild_layout(
     """Split `model` as the saved `tensors` record, in place, ready to load them.
 
     Args:
-        model: A plain model of the saved architecture, or one already split the same way (it is
-            then left as it is).
+        model: A plain model of the saved architecture, or one already split the same way (left as it is).
         tensors: The saved state dict, or at least its layout tensors (`read_layout`).
         config: The `FARConfig` to record on the model; None infers it (`inferred_config`).
-        spec: FFN layout for architectures that are not built in.
-
-    Returns:
-        The same model object.
 
     Raises:
-        ValueError: the tensors hold no layout for one of the model's FFNs, or the model is
-            already split with other learners.
+        ValueError: the tensors hold no layout for one of the model's FFNs, or the model is already split
+            with other learners.
     """
     wanted = learners_from_state_dict(model, tensors, spec)
     return rebuild_from_learners(model, wanted, config or inferred_config(model, wanted, spec), spec=spec)
@@ -117,10 +103,8 @@ def same_learners(model: nn.Module, wanted: Mapping[str, Tensor], spec: FFNSpec 
 def rebuild_from_learners(
     model: nn.Module, wanted: Mapping[str, Tensor], config: FARConfig, *, spec: FFNSpec | None = None
 ) -> nn.Module:
-    """Split `model` with the learners `wanted`, in place; a model already split so is left as it is.
-
-    Raises:
-        ValueError: the model is already split with other learners.
+    """Split `model` with the learners `wanted`, in place; one already split so is left as it is (ValueError
+    if split with other learners).
     """
     if is_reconfigured(model):
         if not same_learners(model, wanted, spec):
@@ -131,12 +115,8 @@ def rebuild_from_learners(
 
 @torch.no_grad()
 def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The state dict of `far.restore(model)`, without changing `model`.
-
-    Every split projection's tensors (`learner_weight`, `frozen_weight`, the biases, `node_order`)
-    become its plain `weight` and `bias`, rows in their original order, where the plain model has
-    them; every other entry is `model.state_dict()`'s own tensor. The split projections cost one
-    merged copy each.
+    """The state dict of `far.restore(model)` without changing `model`: each split projection's tensors become
+    its plain `weight` and `bias` (one merged copy each); every other entry is the model's own tensor.
     """
     splits = {name: m for name, m in model.named_modules() if isinstance(m, SplitLinear)}
     merged: dict[str, Tensor] = {}
@@ -153,11 +133,8 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 
 def write_layout(model: nn.Module, folder: str | os.PathLike, *, spec: FFNSpec | None = None) -> Path:
-    """Write reconfigured `model`'s layout to `folder`/far_layout.safetensors, atomically.
-
-    The file holds `<group>.learner_indices` (k,) int64 for every FFN (and attention block split by
-    heads), the sorted original indices of its learners, and the `FARConfig` in its metadata: what
-    `read_layout_file` needs to split a plain model of the same architecture as `model` is.
+    """Write reconfigured `model`'s layout to `folder`/far_layout.safetensors, atomically: `<group>.learner_indices`
+    (k,) int64, sorted original indices, and the `FARConfig` in its metadata.
     """
     chosen = learners(model, spec)
     config = get_config(model) or inferred_config(model, chosen, spec)

@@ -1,8 +1,5 @@
-"""A shared layout's file, read without the model: what `far prime` wrote (`far.saving.shared_layout`, which says
-the format), verified against its digest.
-
-Apart from the code that fits a layout to a model, because the command paths that never load transformers (far
-generate, a causal LM's run) read the settings that name a layout.
+"""A shared layout's file, read without the model (`far.saving.shared_layout` gives the format), verified
+against its digest: the command paths that never load transformers read it.
 """
 
 from __future__ import annotations
@@ -92,8 +89,7 @@ def _check_format(path: Path, metadata: Mapping[str, str]) -> None:
 
 
 def read_shared_layout(path: str | os.PathLike) -> SharedLayout:
-    """The layout in `path`, its contents verified against their sha256; raises `LayoutFileError` (a ValueError)
-    for a file that is unreadable, corrupted or not written by `far prime`."""
+    """The layout in `path`, verified against its sha256 (`LayoutFileError` otherwise)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no layout file at {str(path)!r}; write one with {WRITER}")

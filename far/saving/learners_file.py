@@ -39,7 +39,7 @@ from far.architectures import FFNSpec, NodeGroup, model_type
 from far.layers import INPUT, OUTPUT, SplitLinear
 from far.saving.active import ActiveLearners, active_learners, remember, revert
 from far.saving.digests import DigestCache, as_rows
-from far.saving.fingerprint import base_fingerprint, base_reader, node_digests
+from far.saving.fingerprint import base_fingerprint, base_reader, node_digests, outside_split
 from far.saving.labels import head_fields, set_head_fields
 from far.saving.learners_read import (
     FORMAT,
@@ -59,7 +59,7 @@ _MODEL_CONFIG_KEY = "model_config"
 
 
 def _sorted_learner_part(module: SplitLinear) -> tuple[Tensor, Tensor | None]:
-    """Learner weight (and input-projection bias) with nodes in ascending original order."""
+    """Learner weight (and input bias) with nodes in ascending original order."""
     perm = module.node_order[: module.n_learners].argsort()  # identity for FAR-built layers
     rows = module.learner_weight[perm]  # (k, f), nodes as rows
     if module.role == INPUT:
@@ -115,13 +115,7 @@ def save_learners(
             tensors[f"{name}.learner_weight"] = weight
             if bias is not None:
                 tensors[f"{name}.learner_bias"] = bias
-    split_params = {
-        f"{module_name}.{p}"
-        for module_name, module in model.named_modules()
-        if isinstance(module, SplitLinear)
-        for p in ("learner_weight", "frozen_weight", "learner_bias", "frozen_bias")
-    }
-    others = [n for n, p in model.named_parameters() if p.requires_grad and n not in split_params]
+    others = outside_split(model, [n for n, p in model.named_parameters() if p.requires_grad])
     clash = sorted(set(others) & set(tensors))
     if clash:
         raise ValueError(f"parameter names {clash[:3]} collide with the learners file layout; rename them")
@@ -195,9 +189,9 @@ def _node_tables(
 def _move_node_digests(
     modules: Mapping[str, nn.Module], tables: Mapping[str, Mapping[str, np.ndarray]], active: ActiveLearners
 ) -> None:
-    """Record the node-row digests of the base values where the swap moved them: the frozen rows in
-    the new layout, and the copies of the learner rows' base values. The swap only moved base rows
-    (and kept copies), so these are exactly their digests; nothing is hashed again."""
+    """Record the node-row digests of the base values where the swap moved them: the swap only moved base rows
+    (and kept copies), so these are exactly their digests and nothing is hashed again.
+    """
     for name, module in modules.items():
         order, k = module.node_order.cpu().numpy(), module.n_learners  # stored position -> original row
         for part, table in tables.get(name, {}).items():
@@ -210,26 +204,20 @@ def _move_node_digests(
 def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | None = None) -> nn.Module:
     """Apply a file written by `far.save_learners` to its base model, in place.
 
-    A plain base model is reconfigured with the recorded learners first; a model already
-    reconfigured with the same learners and config is updated as it is. On a model that holds
-    another file (another user's), that file's changes are undone first, so the model then
-    computes exactly what base + this file computes, whatever learners either file has. The
-    model keeps a copy of the base values this file overwrites (the size of the file's tensors)
-    for that; `far.saving.unload_learners` gives the base back. The head's labels and problem type
-    the file records go on `model.config` too (the base's come back with it).
+    A plain base is reconfigured with the recorded learners first; a model reconfigured with the same learners
+    and config is updated as it is. On a model holding another user's file, that file's changes are undone
+    first, so the model then computes exactly base + this file; it keeps a copy of the base values this file
+    overwrites for that (`far.saving.unload_learners` gives the base back). The file's head labels and problem
+    type go on `model.config` too.
 
-    Everything is checked before the model is touched: the file's own sha256, its format version,
-    the model type, the FFN layout, every shape and dtype, and the fingerprint of the base weights.
-    A file that fails any check raises and leaves the model (and the file it holds) as it was.
-
-    Swapping users is made cheap without skipping a check: the model keeps the digests of its base
-    values (rehashed only where a tensor was written since, see `far.saving.digests`) and the
-    identity of the files it verified (an unchanged file is not hashed again), and when only the
-    learners differ, each projection's rows move within its own storage (`far.surgery.reconfigure.resplit`).
+    Everything is checked before the model is touched: the file's sha256, format version, model type, FFN
+    layout, every shape and dtype, and the base fingerprint; a failing file leaves the model as it was.
+    Swapping stays cheap without skipping a check: the model keeps its base values' digests and the files it
+    verified, and when only the learners differ each projection's rows move within their own storage.
 
     Args:
-        model: The base model the file was trained from (plain, reconfigured the same way, or
-            holding another file for the same base).
+        model: The base model the file was trained from (plain, reconfigured the same way, or holding
+            another file for the same base).
         path: A learners file.
         spec: FFN layout for architectures that are not built in.
 
@@ -237,9 +225,9 @@ def load_learners(model: nn.Module, path: str | os.PathLike, *, spec: FFNSpec | 
         The same model object, now equal to the model that was saved.
 
     Raises:
-        LearnersFileError (a ValueError): the file is corrupted, truncated, not a FAR learners
-            file, of an unknown version, or belongs to another architecture or base model, or to one
-            with a head of another size (the message gives both sizes) or another dtype.
+        LearnersFileError (a ValueError): the file is corrupted, truncated, not a FAR learners file, of an
+            unknown version, or belongs to another architecture or base model, or to one with a head of
+            another size (the message gives both sizes) or another dtype.
 
     Example:
         >>> far.load_learners(base, "user-a.safetensors")

@@ -18,7 +18,7 @@ from far.layers import INPUT, OUTPUT, SplitLinear, node_rows
 from far.saving.active import ActiveLearners
 from far.saving.digests import DigestCache
 from far.saving.fingerprint import base_fingerprint
-from far.saving.safetensors_file import read_verified
+from far.saving.safetensors_file import read_verified, sorted_node_indices
 from far.surgery.state import get_config, is_reconfigured, learners, node_groups
 
 FORMAT = "far.learners"
@@ -47,8 +47,7 @@ def check_format(path: Path, metadata: Mapping[str, str]) -> None:
 
 
 def read_learners(path: Path, verified: dict[tuple, str] | None = None) -> tuple[dict[str, str], dict[str, Tensor]]:
-    """Metadata and tensors of a learners file whose contents match their sha256 (`read_verified`, with
-    `verified` the identities of the files a swapping model verified before); raises before anything is used."""
+    """Metadata and tensors of a learners file, verified (`read_verified`) before anything is used."""
     return read_verified(
         path, check_format, LearnersFileError, writer="far.save_learners(model, path)", verified=verified
     )
@@ -89,8 +88,7 @@ def _expect(
     *,
     head_size: int | None = None,
 ) -> None:
-    """Raise unless the file's `key` has `shape` and `dtype`; `head_size`: the model's number of labels,
-    for a whole parameter (a task head's rows are its labels)."""
+    """Raise unless the file's `key` has `shape` and `dtype`; `head_size` (the model's labels) for a whole parameter."""
     tensor = tensors.get(key)
     if tensor is None:
         raise LearnersFileError(f"{str(path)!r} lacks the tensor {key!r} its metadata announces")
@@ -109,7 +107,7 @@ def _why_mismatch(
     needed_dtype: torch.dtype,
     head_size: int | None,
 ) -> str:
-    """The cause of a tensor that does not fit, and what to do: the head's size, the dtype, or another model."""
+    """The cause of a tensor that does not fit, and what to do."""
     if head_size is not None and len(found) == len(needed) and found[1:] == needed[1:] and needed[0] == head_size:
         # Only the rows differ, and the model has that many labels: a task head of another size.
         return (
@@ -122,17 +120,6 @@ def _why_mismatch(
             f"(from_pretrained(..., dtype={dtype}))"
         )
     return f"the file belongs to a model of another size: {_ONTO_ITS_BASE}"
-
-
-def _check_learner_indices(path: Path, name: str, idx: Tensor, n_nodes: int, empty_ok: bool) -> None:
-    # Empty: a group in a layer frozen whole (freeze_layers); `reconfigure_with_learners` checks which.
-    ok = idx.dtype == torch.int64 and idx.dim() == 1 and (0 if empty_ok else 1) <= idx.numel() <= n_nodes
-    if ok and idx.numel():
-        ok = bool(idx[0] >= 0) and bool(idx[-1] < n_nodes) and bool((idx[1:] > idx[:-1]).all())
-    if not ok:
-        raise LearnersFileError(
-            f"{str(path)!r}: {name}.learner_indices must be sorted distinct int64 node indices in [0, {n_nodes})"
-        )
 
 
 def check_against_model(
@@ -166,7 +153,12 @@ def check_against_model(
     chosen, ffn_keys = {}, set()
     for ffn in ffns.values():
         idx = tensors.get(f"{ffn.name}.learner_indices", torch.empty(0))
-        _check_learner_indices(path, ffn.name, idx, ffn.n_nodes, config.freeze_layers is not None)
+        # Empty: a group in a layer frozen whole (freeze_layers); `reconfigure_with_learners` checks which.
+        if not sorted_node_indices(idx, ffn.n_nodes, empty_ok=config.freeze_layers is not None):
+            raise LearnersFileError(
+                f"{str(path)!r}: {ffn.name}.learner_indices must be sorted distinct int64 node indices in "
+                f"[0, {ffn.n_nodes})"
+            )
         chosen[ffn.name] = idx
         k = idx.numel()
         ffn_keys.add(f"{ffn.name}.learner_indices")

@@ -1,11 +1,9 @@
 """A whole model's weights as one safetensors file, split FFN layers included.
 
-`safetensors.torch.save_model` refuses a state dict in which two tensors are parts of one storage
-unless one of them covers it all; a `SplitLinear`'s learner and frozen weights are exactly that
-(two disjoint views of one contiguous tensor), and copying them apart would cost a copy of every
-FFN weight on each save. Disjoint views are written as they are (`save_file` accepts them); only
-tensors that are the very same memory under two names (tied weights, e.g. an LM head tied to the
-embeddings) are written once, and the file's metadata says which name stands for which.
+`safetensors.torch.save_model` refuses two tensors that are parts of one storage unless one covers it
+all; a `SplitLinear`'s learner and frozen weights are exactly that, and copying them apart would cost a
+copy of every FFN weight per save. Disjoint views are written as they are; only the very same memory under
+two names (tied weights) is written once, the metadata saying which name stands for which.
 """
 
 from __future__ import annotations

@@ -3,15 +3,12 @@
 Two layouts, both read by `far.from_pretrained`:
 
 - `far.save_pretrained` writes the split layers as they are (`learner_weight`, `frozen_weight`,
-  `node_order`, ...) to model.safetensors and the `FARConfig` to config.json under the key
-  `"far"`; only far reads it.
+  `node_order`, ...) to model.safetensors and the `FARConfig` to config.json under the key `"far"`;
+  only far reads it.
 - `far.training.trainer.FARTrainer` writes the plain model (the merged tensors `far.restore` would
-  give), which plain transformers loads, with the learner indices and the `FARConfig` beside it in
-  far_layout.safetensors (`far.saving.layout.write_layout`) and the learners file
-  (`far.save_learners`) in learners.safetensors (`write_far_files`). `load_folder` loads either
-  layout into a live model, as a resumed or best-model Trainer run needs.
-
-A plain model round-trips exactly as with Hugging Face alone.
+  give), which plain transformers loads, with far_layout.safetensors (`far.saving.layout.write_layout`)
+  and learners.safetensors (`far.save_learners`) beside it (`write_far_files`). `load_folder` loads
+  either layout into a live model, as a resumed or best-model Trainer run needs.
 """
 
 from __future__ import annotations
@@ -121,7 +118,7 @@ def _model_class(config: transformers.PretrainedConfig) -> type:
 
 
 def _recorded_config(path: Path, entry: object) -> FARConfig | None:
-    """The `FARConfig` recorded in config.json's "far" entry; None when there is no entry."""
+    """The `FARConfig` in config.json's "far" entry; None without one."""
     if entry is None:
         return None
     if not isinstance(entry, dict) or entry.get("format_version") != FORMAT_VERSION:
@@ -149,9 +146,7 @@ def _load_far(path: Path, files: list[Path], model_class: type | None, spec: FFN
         delattr(config, FAR_KEY)  # else a later save of the restored model would carry a stale entry
     cls = model_class or _model_class(config)
     model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config, **kwargs)
-    state_dict: dict[str, Tensor] = {}
-    for file in files:
-        state_dict.update(load_file(file))
+    state_dict = {key: tensor for file in files for key, tensor in load_file(file).items()}
     rebuild_layout(model, state_dict, far_config, spec=spec)
     if far_config is None:
         # Saved by the model's own save_pretrained: the layout is in the weights, the config is not.
@@ -240,11 +235,8 @@ def is_far_folder(path: str | os.PathLike) -> bool:
 
 
 def write_far_files(model: nn.Module, folder: str | os.PathLike, *, spec: FFNSpec | None = None) -> None:
-    """Write, beside a reconfigured model's plain weights in `folder`, its layout and its learners file.
-
-    far_layout.safetensors makes the folder a FAR checkpoint again (`far.from_pretrained`,
-    `load_folder`); learners.safetensors is what training changed, for the stock base
-    (`far.load_learners`). A model split by hand, without a `FARConfig`, gets the layout only.
+    """Write, beside a reconfigured model's plain weights in `folder`, its layout (a FAR checkpoint again) and
+    its learners file (what training changed); a model split by hand without a `FARConfig` gets the layout only.
     """
     write_layout(model, folder, spec=spec)
     if get_config(model) is not None:
@@ -264,33 +256,22 @@ def load_folder(
 ) -> nn.Module:
     """Load a saved folder's weights into `model`, in place, in the folder's FAR layout.
 
-    For resuming and for loading the best checkpoint of a Trainer run: a folder with a FAR layout
-    (plain weights and far_layout.safetensors, or split weights) leaves `model` reconfigured as the
-    folder records it, with the folder's weights; a plain folder leaves it plain. A model already
-    reconfigured with the folder's learners is merged, loaded and split again: its split parameters
-    are new objects, so an optimizer is made after this, as the Trainer does when it resumes.
+    For resuming and for a Trainer run's best checkpoint: a FAR folder leaves `model` reconfigured as it
+    records; a plain folder leaves it plain. A model already reconfigured with the folder's learners is merged,
+    loaded and split again: its split parameters are new objects, so make an optimizer after this.
 
     Args:
-        model: A plain model of the folder's architecture, or one reconfigured with its learners.
-        path: A Hugging Face folder with safetensors weights.
-        config: The `FARConfig` to record where the folder holds split weights without one (saved by
-            a reconfigured model's own `save_pretrained`); None infers it from the layout.
-        spec: FFN layout for architectures that are not built in.
-
-    Returns:
-        The same model object.
+        config: The `FARConfig` to record where the folder holds split weights without one; None infers it.
 
     Raises:
-        ValueError: a plain folder (saved before FAR's switch, or without FAR) and a reconfigured
-            model, which would mix the two; or a model reconfigured with other learners.
+        ValueError: a plain folder and a reconfigured model, which would mix the two; or a model
+            reconfigured with other learners.
     """
     path = Path(path)
     files = weight_files(path)
     if not files:
         raise FileNotFoundError(f"{str(path)!r} holds no safetensors weights (model.safetensors or an index)")
-    state_dict: dict[str, Tensor] = {}
-    for file in files:
-        state_dict.update(load_file(file))
+    state_dict = {key: tensor for file in files for key, tensor in load_file(file).items()}
     hint = f"pass a model of the class {str(path)!r} was saved from"
     training = model.training  # split layers are made in training mode: they take the model's back
     layout = read_layout_file(path)

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from far.saving.digests import CONTENT_KEY, content_sha256, hash_tensors  # noqa: F401 - read here, named here too
+from far.storage.atomic import file_identity
 
 # A run folder's learners file (far.save_learners' for an encoder, far.llm.lean_saving's for a GGUF causal LM).
 LEARNERS_FILE = "learners.safetensors"
@@ -29,12 +30,6 @@ LEARNERS_FILE = "learners.safetensors"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 MAX_VERIFIED = 4096  # files a swapping model remembers as verified (a few hundred bytes each)
 SETTLED_NS = 2_000_000_000  # a file written this recently is hashed on every load
-
-
-def file_identity(path: Path) -> tuple[int, ...]:
-    """What changes whenever a file's bytes do: any write moves its ctime, a new file is a new inode."""
-    st = path.stat()
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def read_verified(
@@ -48,19 +43,14 @@ def read_verified(
     """Metadata and tensors of a file whose contents match the sha256 it records; raises before anything is used.
 
     Args:
-        path: The safetensors file.
-        check_format: `check_format(path, metadata)` raises (an `error`) unless the metadata names the format
-            the caller reads; called before the contents are hashed.
+        check_format: `check_format(path, metadata)` raises unless the metadata names the caller's format;
+            called before the contents are hashed.
         error: The exception to raise, from a message that starts with the file's path.
         writer: What writes such files, for the messages ("far.save_learners").
-        verified: `{file identity: content sha256}`, kept on a model that swaps users: a file this process
-            verified before and that has not changed since (same inode, size, mtime and ctime, before and
-            after this read) is not hashed again. A file not in it is verified and added, once its last write
-            is `SETTLED_NS` old: a write in the same timestamp tick as the one verified would leave its ctime
-            as it was (git's "racily clean" files), so a recent file is hashed every time.
-
-    Returns:
-        (metadata, {name: tensor}), on the CPU.
+        verified: `{file identity: content sha256}`, kept on a model that swaps users: a file verified before
+            and unchanged since (same inode, size, mtime and ctime, before and after this read) is not hashed
+            again. A file is added once its last write is `SETTLED_NS` old: a write in the same timestamp tick
+            would leave its ctime as it was (git's "racily clean" files), so a recent file is hashed every time.
     """
     path = Path(path)
     if not path.is_file():
@@ -87,3 +77,11 @@ def read_verified(
             verified.clear()
         verified[identity] = recorded
     return metadata, tensors
+
+
+def sorted_node_indices(idx: Tensor | None, n_nodes: int, empty_ok: bool = False) -> bool:
+    """Whether a file's `idx` are sorted distinct int64 node indices in [0, n_nodes), none only if `empty_ok`."""
+    ok = idx is not None and idx.dtype == torch.int64 and idx.dim() == 1
+    if not ok or not (0 if empty_ok else 1) <= idx.numel() <= n_nodes:
+        return False
+    return not idx.numel() or (bool(idx[0] >= 0) and bool(idx[-1] < n_nodes) and bool((idx[1:] > idx[:-1]).all()))

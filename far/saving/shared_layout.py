@@ -54,8 +54,7 @@ from far.surgery.state import STATE_ATTRIBUTE, FARState, get_config, learners, n
 
 
 def head_parameters(model: nn.Module) -> list[str]:
-    """The parameters outside the model's base (`model.base_model_prefix`, transformers' backbone): its task head,
-    which each run draws anew (from its seed). None for a model without a named base: all of it is the base."""
+    """The parameters outside `model.base_model_prefix` (the task head, drawn anew each run); [] without a base."""
     prefix = getattr(model, "base_model_prefix", "")
     if not prefix or not isinstance(getattr(model, prefix, None), nn.Module):
         return []
@@ -81,11 +80,9 @@ def write_shared_layout(
     """Write the layout of `model`, reconfigured at the end of priming, to `path`, atomically.
 
     Args:
-        path: The file to write (replaced only once the new one is complete).
         model: The model priming reconfigured (`far.finetune(..., stop_after_priming=True)`).
         base_fingerprint: `backbone_fingerprint` of the plain model, taken before priming moved it.
         record: What primed it (task, model, configuration, ...), kept as JSON.
-        spec: FFN layout for architectures that are not built in.
     """
     config, state = get_config(model), getattr(model, STATE_ATTRIBUTE, None)
     if config is None or not isinstance(state, FARState):

@@ -1,9 +1,8 @@
 """A model's stock weights read back from the folder it was loaded from, one tensor when asked.
 
-`far.Primer(reference=...)` and `far.finetune(base_weights=...)` take such a reader: priming then keeps
-no copy of the FFNs in memory (on MiniLM 28 MB, on BERT-base 226 MB) and reads each projection back
-from the file when it scores nodes and when the surgery puts frozen nodes back. Each read opens the
-file, copies one tensor and closes it, so no page of the file stays mapped afterwards.
+`far.Primer(reference=...)` and `far.finetune(base_weights=...)` take such a reader, so priming keeps no
+copy of the FFNs (MiniLM 28 MB, BERT-base 226 MB). Each read opens the file, copies one tensor and closes
+it, so no page of the file stays mapped.
 
     >>> reader = stock_reader("runs/base-model", model)
     >>> torch.equal(reader("bert.encoder.layer.0.output.dense.weight"), model.bert.encoder.layer[0].output.dense.weight)
@@ -35,12 +34,10 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def stock_reader(folder: str | os.PathLike, model: nn.Module) -> Callable[[str], Tensor] | None:
-    """`read(parameter_name)` -> that parameter's tensor in `folder`'s safetensors file(s), or None where
-    the folder has no safetensors weights.
+    """`read(parameter_name)` -> that parameter's tensor in `folder`'s safetensors files, or None without any.
 
-    A parameter is found under its own name, or without (or with) the model's base-model prefix
-    (`bert.`), as a bare encoder's checkpoint names it. Reading a name the files do not hold (or hold in
-    another shape) raises KeyError.
+    A parameter is found under its own name, or without (or with) the model's base prefix (`bert.`); a name
+    the files do not hold, or hold in another shape, raises KeyError.
     """
     files = weight_files(Path(folder))
     if not files:

@@ -29,6 +29,12 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def file_identity(path: Path) -> tuple[int, ...]:
+    """What changes whenever a file's bytes do: any write moves its ctime, a new file is a new inode."""
+    st = Path(path).stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class DiskFull(OSError):
     """A write that found its disk full: the partial write is gone, and the previous version is intact."""
 

@@ -11,6 +11,7 @@ inside is the caller's (`far.training.checkpoint`, `far.llm.lean_checkpoint`).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from far.storage.atomic import atomic_dir, atomic_file, file_sha256
 
 CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+logger = logging.getLogger(__name__)
 
 
 def write_step_folder(output_dir: str | Path, step: int, write: Callable[[Path], None], keep: int | None) -> Path:
@@ -79,3 +81,17 @@ def manifest_problem(folder: Path, *, required: bool) -> str | None:
         if not file.is_file() or file.stat().st_size != entry["bytes"] or file_sha256(file) != entry["sha256"]:
             return f"corrupted ({name} does not match its size and sha256 in {MANIFEST})"
     return None
+
+
+def newest_intact(root: Path, problem: Callable[[Path], str | None]) -> tuple[Path | None, list[str]]:
+    """The newest step folder under `root` in which `problem(folder)` finds nothing wrong (None if there is none),
+    and what it found in each newer one; skipping damaged ones logs a warning."""
+    problems = []
+    for folder in step_folders(root):
+        found = problem(folder)
+        if found is None:
+            if problems:
+                logger.warning("skipping damaged checkpoints (%s); resuming from %s", "; ".join(problems), folder)
+            return folder, problems
+        problems.append(f"{folder.name}: {found}")
+    return None, problems
