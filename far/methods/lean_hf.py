@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from far.llm.compact import CompactLinear, CompactWeight
-from far.llm.lean_config import SLIDING, LeanConfig
+from far.llm.lean_config import HF_FIELDS, SLIDING, LeanConfig
 from far.llm.lean_learners import value_key
 from far.llm.lean_model import LeanCausalLM
 from far.methods.peft_adapter import check_output_dir
@@ -44,14 +44,8 @@ def hf_config(config: LeanConfig):
     transformers = _transformers()
 
     common = dict(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
+        **{hf: getattr(config, lean) for hf, lean in HF_FIELDS.items()},
         head_dim=config.head_dim,
-        rms_norm_eps=config.rms_eps,
         tie_word_embeddings=True,  # neither GGUF file has an output.weight: the head is the embedding
         attention_bias=False,
     )
