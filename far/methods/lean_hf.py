@@ -23,7 +23,7 @@ from torch import Tensor
 
 from far.llm.compact import CompactLinear, CompactWeight
 from far.llm.lean_config import HF_FIELDS, SLIDING, LeanConfig
-from far.llm.lean_learners import value_key
+from far.llm.lean_learners import active_lean_learners, check_stock, value_key
 from far.llm.lean_model import LeanCausalLM
 from far.methods.peft_adapter import check_output_dir
 from far.storage.atomic import atomic_dir
@@ -147,9 +147,16 @@ def save_hf_base(model: LeanCausalLM, output_dir: str | os.PathLike, *, overwrit
 
     Returns:
         The folder.
+
+    Raises:
+        ValueError: `output_dir` holds files (without `overwrite`), or `model` is not the stock model read from a
+            GGUF file (split, training, or holding a learners file).
     """
     out = Path(output_dir)
     check_output_dir(out, overwrite)
+    check_stock(model)
+    if active_lean_learners(model) is not None:
+        raise ValueError("this model holds a learners file; a base holds the stock weights: far.unload_learners(model)")
     record = base_record(model)
     hf = hf_model(model.config, hf_state_dict(model))
     with atomic_dir(out) as tmp:
