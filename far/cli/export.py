@@ -5,6 +5,7 @@ far export --checkpoint ckpt --learners-only user-42.safetensors
 far export --checkpoint ckpt --executorch OUT/ --batch-size 32 --max-length 64 --xnnpack matmul
 far export --checkpoint base/ --learners user-42.safetensors --executorch OUT/
 far export --checkpoint minilm --learners user-42.safetensors --peft user-42-lora/
+far export --model smollm2-135m --learners user-42.safetensors --peft user-42-lora/ --base-out smollm2-hf/
 far export --model smollm2-135m --executorch OUT/ --train-file notes/
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import far
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
-from far.cli.export_lm import Default, DefaultText, check_lm_args, export_lm, fill_defaults
+from far.cli.export_lm import Default, DefaultText, check_lm_args, export_lm, export_lm_peft, fill_defaults
 from far.device.lowering import INSTALL_HINT, XNNPACK_LEVELS, quietly
 from far.device.plan import EXPORTABLE
 from far.methods.peft_adapter import save_peft_adapter
@@ -64,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         metavar="NAME",
         help="with --executorch: a GGUF causal LM (smollm2-135m, gemma3-270m or a .gguf file), exported with FAR's "
-        "layout for text (docs/device.md)",
+        "layout for text (docs/device.md); with --peft: the GGUF base of --learners FILE (docs/llm.md)",
     )
     parser.add_argument(
         "--train-file",
@@ -89,14 +90,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="OUT",
         help="write --learners FILE as a PEFT LoRA adapter folder for the stock model --checkpoint (a folder or an "
-        "alias): each FFN projection's learners as LoRA factors of rank = their count, exact (docs/cli.md)",
+        "alias), or for the transformers form of the GGUF causal LM --model: each FFN projection's learners as LoRA "
+        "factors of rank = their count, exact (docs/cli.md)",
     )
     parser.add_argument(
         "--learners",
         type=Path,
         metavar="FILE",
         help="with --executorch or --peft: a learners file for --checkpoint, a stock model folder (or, with "
-        "--peft, an alias such as minilm)",
+        "--peft, an alias such as minilm); with --model and --peft: a causal LM's learners file (far train)",
+    )
+    parser.add_argument(
+        "--base-out",
+        type=Path,
+        metavar="DIR",
+        help="with --model and --peft: also write the base the adapter applies to, the GGUF model's weights as the "
+        "lean runtime holds them as a transformers folder (config.json, model.safetensors); a folder that already "
+        "holds this base is used as it is (once per base)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
     group = parser.add_argument_group("ExecuTorch (--executorch)")
@@ -194,7 +204,9 @@ def _no_model_folder(checkpoint: Path, executorch: bool) -> str:
             f"far export does not export: {supported}. A causal LM's run keeps what it trained in its own file, which "
             "far generate --learners FILE (or far.models.load_lean_lm(model, trained=FILE)) applies to the GGUF model. "
             f"To train the causal LM on a device, export it with --model: far export --executorch OUT --model "
-            f"{held.get('model', 'MODEL.gguf')} (a run's own learners do not carry over yet)"
+            f"{held.get('model', 'MODEL.gguf')} (a run's own learners do not carry over yet); as a PEFT adapter: far "
+            f"export --model {held.get('model', 'MODEL.gguf')} --learners {checkpoint / 'learners.safetensors'} "
+            "--peft OUT --base-out BASE"
         )
     return f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it): {supported}"
 
@@ -203,12 +215,14 @@ def _check_args(args: argparse.Namespace) -> None:
     if (args.checkpoint is None) == (args.model is None):
         raise ValueError(
             "name what to export: --checkpoint DIR (an encoder's FAR checkpoint) or, with --executorch, --model NAME "
-            "(a GGUF causal LM); one of them"
+            "(a GGUF causal LM; with --peft too); one of them"
         )
     if args.train_file is not None and args.model is None:
         raise ValueError("--train-file chooses a causal LM's learners from your texts: use it with --model NAME")
     if args.model is not None:
         return check_lm_args(args)
+    if args.base_out is not None:
+        raise ValueError("--base-out writes a GGUF causal LM's transformers base: use it with --model NAME and --peft")
     checkpoint = args.checkpoint
     if args.peft is not None:
         if args.learners is None:
@@ -310,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--executorch needs executorch, which this environment lacks: {INSTALL_HINT}")
     lock.hold(args.peft or args.executorch or args.merge or args.learners_only)
     if args.model is not None:
-        return export_lm(args)
+        return export_lm_peft(args) if args.peft is not None else export_lm(args)
     if args.peft is not None:
         return _export_peft(args)
     if args.executorch is not None:

@@ -1,15 +1,24 @@
-"""`far export --executorch OUT --model NAME`: a GGUF causal LM exported with FAR's layout for text.
+"""`far export --model NAME`: a GGUF causal LM exported with FAR's layout for text, or a user's file as a PEFT adapter.
 
 far export --model smollm2-135m --executorch OUT/ --train-file notes/
+far export --model smollm2-135m --learners alice.safetensors --peft alice-lora/ --base-out smollm2-hf/
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
+from pathlib import Path
 
 from far.device.export import check_out_dir
 from far.device.lm_export import export_causal_lm, priming_chunks, reconfigure_for_export
-from far.models import is_causal_lm, load_lean_lm
+from far.llm.gguf_file import load_lean_model
+from far.llm.lean_learners import values_dtype
+from far.methods.lean_hf import read_base_record, save_hf_base
+from far.methods.peft_adapter import check_output_dir
+from far.methods.peft_lean import check_base_dir, check_learners_file, save_lean_peft_adapter
+from far.models import find_gguf, is_causal_lm, load_lean_lm
 from far.recipes.own_texts import TEXT_DEFAULTS
 from far.training.options import LEARNING_RATES
 
@@ -48,13 +57,20 @@ def fill_defaults(args: argparse.Namespace) -> None:
 
 def check_lm_args(args: argparse.Namespace) -> None:
     """`--model`'s refusals, made before the model loads."""
-    if args.executorch is None:
-        raise ValueError("--model exports a GGUF causal LM for the device: add --executorch OUT")
+    if args.executorch is None and args.peft is None:
+        raise ValueError(
+            "--model exports a GGUF causal LM for the device (add --executorch OUT) or a learners file of it as a "
+            "PEFT adapter (add --learners FILE --peft OUT)"
+        )
     if not is_causal_lm(args.model):
         raise ValueError(
             f"--model {args.model!r} is not a GGUF causal LM (smollm2-135m, gemma3-270m or a .gguf file); export an "
             "encoder's FAR checkpoint with --checkpoint DIR"
         )
+    if args.peft is not None:
+        return _check_peft_args(args)
+    if args.base_out is not None:
+        raise ValueError("--base-out writes the base of a PEFT adapter: use it with --peft OUT")
     if args.learners is not None:
         raise ValueError(
             "--learners with --model (continuing a text run's training on the device) is not exported yet; export "
@@ -79,6 +95,59 @@ def check_lm_args(args: argparse.Namespace) -> None:
     if args.train_file is not None and not args.train_file.exists():
         raise ValueError(f"--train-file {str(args.train_file)!r} does not exist; name a folder or file of texts")
     check_out_dir(args.executorch, args.overwrite)
+
+
+def _check_peft_args(args: argparse.Namespace) -> None:
+    if args.learners is None:
+        raise ValueError("--peft writes a learners file as an adapter: add --learners FILE (a far train run's)")
+    if not args.learners.is_file():
+        raise ValueError(f"--learners {str(args.learners)!r} is not a file")
+    if args.train_file is not None:
+        raise ValueError("--train-file chooses the learners of an --executorch export; --peft exports those of FILE")
+    if args.model.endswith(".gguf") and not Path(args.model).is_file():
+        raise ValueError(f"--model {args.model!r}: no such GGUF file")
+    check_output_dir(args.peft, args.overwrite)
+    base = args.base_out
+    if base is not None and base.exists():
+        if not base.is_dir():
+            raise ValueError(f"--base-out {str(base)!r} is a file; name a folder for the base")
+        if any(base.iterdir()) and read_base_record(base) is None:
+            raise ValueError(
+                f"--base-out {str(base)!r} holds files but no base that far export wrote; name a new folder"
+            )
+
+
+def export_lm_peft(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    try:  # a first-order run's learners are float32: its base is the model stored in float32 (as far generate)
+        path = Path(args.model) if args.model.endswith(".gguf") else find_gguf(args.model)
+        model = load_lean_model(path, dtype=values_dtype(args.learners))  # no tokenizer: the adapter needs none
+    except ModuleNotFoundError as error:  # an alias whose package is not installed: its message names it
+        raise ValueError(str(error)) from None
+    check_learners_file(model, args.learners)  # a file of another base is refused before anything is written
+    base = args.base_out
+    if base is not None and read_base_record(base) is not None:
+        check_base_dir(base, model)
+        print(f"the base {base} holds this model's weights: used as it is")
+    elif base is not None:
+        save_hf_base(model, base)
+        size = sum(p.stat().st_size for p in base.iterdir() if p.is_file())
+        print(f"wrote the transformers base to {base}: {_size(size)}")
+    out = save_lean_peft_adapter(model, args.learners, args.peft, base_dir=base, overwrite=args.overwrite)
+    config = json.loads((out / "adapter_config.json").read_text())
+    ranks = sorted(config["rank_pattern"].values()) or [0]
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    print(
+        f"wrote a PEFT LoRA adapter to {out} in {time.perf_counter() - started:.1f} s: {len(config['rank_pattern'])} "
+        f"FFN projections as LoRA factors (r {ranks[0]}-{ranks[-1]}), {len(config['modules_to_save'] or [])} "
+        f"modules saved whole (modules_to_save); {_size(size)}"
+    )
+    where = base if base is not None else "BASE (far export --base-out BASE, once per base)"
+    print(
+        f"  load it with peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(where)!r}), "
+        f"{str(out)!r})"
+    )
+    return 0
 
 
 def export_lm(args: argparse.Namespace) -> int:

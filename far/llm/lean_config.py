@@ -9,6 +9,17 @@ from dataclasses import dataclass, field
 
 ARCHITECTURES = ("llama", "gemma3")
 FULL, SLIDING = "full_attention", "sliding_attention"
+# A transformers config's field -> the `LeanConfig` field of the same meaning, read one way by `from_hf_config` and
+# the other by `far.methods.lean_hf.hf_config`.
+HF_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "rms_norm_eps": "rms_eps",
+}
 
 
 @dataclass(frozen=True)
@@ -77,14 +88,8 @@ def from_hf_config(config) -> LeanConfig:
         local, types, scale, window = full, (), None, None
     return LeanConfig(
         arch=arch,
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
+        **{lean: getattr(config, hf) for hf, lean in HF_FIELDS.items()},
         head_dim=head_dim,
-        rms_eps=config.rms_norm_eps,
         rope_theta=float(full),
         rope_local_theta=float(local),
         layer_types=types,

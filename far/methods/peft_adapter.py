@@ -36,7 +36,9 @@ from far.storage.atomic import atomic_dir
 
 
 @dataclass
-class _Adapter:
+class Adapter:
+    """What an adapter holds: low-rank factors per module, and the modules saved whole."""
+
     factors: dict[str, tuple[Tensor, Tensor, Tensor | None]] = field(default_factory=dict)  # name -> (A, B, bias)
     whole: list[str] = field(default_factory=list)
 
@@ -68,10 +70,19 @@ def _factors(
     return a.to(dtype).contiguous(), b.to(dtype).contiguous(), bias
 
 
-def _adapter(base: nn.Module, tuned: nn.Module, splits: dict[str, tuple[str, Tensor]]) -> _Adapter:
-    """Factors for the split projections (`splits`: name -> (role, ascending learner indices)), whole modules else."""
+def compare(base: nn.Module, tuned: nn.Module, splits: dict[str, tuple[str, Tensor]]) -> Adapter:
+    """Compare the stock model with the user's (merged): factors for the split projections, whole modules else.
+
+    Args:
+        base: The stock model.
+        tuned: The user's model, merged: the same module names and shapes as `base`.
+        splits: Each split projection's name -> (role, its learner nodes' original indices, ascending).
+
+    Raises:
+        ValueError: a split projection that is no nn.Linear, or changed outside its learner nodes.
+    """
     stock = dict(base.named_modules())
-    adapter = _Adapter()
+    adapter = Adapter()
     for name, module in tuned.named_modules():
         if name in splits:
             role, nodes = splits[name]
@@ -86,7 +97,7 @@ def _adapter(base: nn.Module, tuned: nn.Module, splits: dict[str, tuple[str, Ten
     return adapter
 
 
-def _config(adapter: _Adapter) -> object:
+def _config(adapter: Adapter) -> object:
     """PEFT's LoraConfig for `adapter`: r and alpha per module its learner count, the rest saved whole."""
     peft = _peft()
     ranks = {re.escape(name): a.shape[0] for name, (a, _, _) in adapter.factors.items()}
@@ -124,8 +135,7 @@ def save_peft_adapter(
             something a LoRA adapter cannot hold; `far.saving.LearnersFileError` for a file of another base.
     """
     out = Path(output_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ValueError(f"{str(out)!r} already holds files; name a new folder, or pass overwrite=True")
+    check_output_dir(out, overwrite)
     if far.is_reconfigured(base):
         raise ValueError("base is reconfigured; pass the plain stock model the learners file was trained from")
     tuned = far.load_learners(copy.deepcopy(base), learners_file)
@@ -135,8 +145,31 @@ def save_peft_adapter(
         if isinstance(m, SplitLinear)
     }
     far.restore(tuned)  # the user's model, merged: the same module names and shapes as the base
-    adapter = _adapter(base, tuned, splits)
-    model = _peft().get_peft_model(copy.deepcopy(base), _config(adapter))
+    return write_adapter(copy.deepcopy(base), tuned, compare(base, tuned, splits), out)
+
+
+def check_output_dir(out: Path, overwrite: bool) -> None:
+    """Refuse an output folder that holds files (unless `overwrite`), or a file in its place."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ValueError(f"{str(out)!r} already holds files; name a new folder, or pass overwrite=True")
+
+
+def write_adapter(
+    model: nn.Module, tuned: nn.Module, adapter: Adapter, output_dir: Path, files: dict[str, str] | None = None
+) -> Path:
+    """Wrap `model` (a stock model this call may change) with PEFT's LoRA for `adapter`, and write it atomically.
+
+    Args:
+        model: The stock model, wrapped in place by `peft.get_peft_model`: pass a copy of one still needed.
+        tuned: The user's model, merged, from which the modules saved whole are taken.
+        adapter: `compare(base, tuned, splits)`.
+        output_dir: The adapter folder (`adapter_config.json`, `adapter_model.safetensors`).
+        files: More text files to write into the folder, by name.
+
+    Returns:
+        The folder.
+    """
+    model = _peft().get_peft_model(model, _config(adapter))
     with torch.no_grad():
         for name, (a, b, bias) in adapter.factors.items():
             layer = model.base_model.model.get_submodule(name)
@@ -147,8 +180,10 @@ def save_peft_adapter(
         for name in adapter.whole:
             wrapper = model.base_model.model.get_submodule(name)
             wrapper.modules_to_save["default"].load_state_dict(tuned.get_submodule(name).state_dict())
-    with atomic_dir(out) as tmp, warnings.catch_warnings():
+    with atomic_dir(output_dir) as tmp, warnings.catch_warnings():
         # PEFT takes every 1-D LoRA tensor for an ungathered FSDP shard; lora_B's bias is 1-D by design
         warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape")
         model.save_pretrained(tmp)
-    return out
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
+    return output_dir
