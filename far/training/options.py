@@ -44,6 +44,7 @@ OPTIMIZERS = tuple(DEFAULT_LR)
 # gradient L1 over those steps' batches before any update (far.training.gradient_priming; nothing trains on them).
 PRIMING_SCORES = ("change", "gradient")
 
+_BOOLEANS = "freeze_embeddings freeze_ffn reset_frozen bf16 cache_frozen group_by_length progress stop_after_priming"
 # The config's fields that far.finetune once took as keywords of its own.
 _DEPRECATED_FIELDS = ("retention", "selection", "attention_retention")
 
@@ -201,16 +202,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         self._check_surgery()
         self._check_layout()
-        for name in (
-            "freeze_embeddings",
-            "freeze_ffn",
-            "reset_frozen",
-            "bf16",
-            "cache_frozen",
-            "group_by_length",
-            "progress",
-            "stop_after_priming",
-        ):
+        for name in _BOOLEANS.split():
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.prime_frozen is not None and not isinstance(self.prime_frozen, bool):
