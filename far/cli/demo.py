@@ -34,6 +34,7 @@ from far.data.locate import locate_data_dir
 from far.evaluation.evaluators import GlueEvaluator
 from far.models import DEFAULT_MODEL, load_model_and_tokenizer
 from far.recipes.compare import cpu_timed, majority_baseline, paired_step_times, save_trained_tensors
+from far.recipes.configuration import Configuration
 from far.recipes.outputs import IDENTITY_KEYS, claim_output_dir, describe, existing_run
 from far.recipes.predict import Predictor, model_card
 from far.recipes.settings import first
@@ -160,25 +161,27 @@ def run(args: argparse.Namespace) -> int:
     setup = _prepare(args)
     full_model, bottom_model = copy.deepcopy(setup.model), copy.deepcopy(setup.model)
     print("time: process CPU seconds of each arm's whole far.finetune call (priming and the final evaluation included)")
-    full, full_seconds = _train_full(setup, full_model)
-    far_result, far_seconds, share, depth = _train_far(setup)
-    bottom, bottom_seconds, bottom_file = _train_bottom(setup, bottom_model)
+    full = _arm(setup, "full fine-tuning: every weight trains", full_model)
+    far_run, share, depth = _train_far(setup)
+    bottom = _arm(
+        setup,
+        f"frozen bottom: embeddings and layers 0-{BASELINE_DEPTH - 1} frozen and kept, every weight above trains",
+        bottom_model,
+        freeze_layers=BASELINE_DEPTH,
+        cache_frozen=True,
+    )
+    bottom_file = save_trained_tensors(bottom_model, setup.out / f"bottom{BASELINE_DEPTH}" / "trained.safetensors")
     if args.timing_rounds > 0:
         _time_steps(setup, {"full": full_model, "far": setup.model, "bottom": bottom_model})
     difference, learners_file, merged_bytes = _check_and_ship(setup)
     far_label = f"FAR {'auto' if args.retention == AUTO else f'r={args.retention:g}'}: {share:.0%} nodes, depth {depth}"
     arms = [
-        Arm(
-            "full fine-tuning", full.metrics["accuracy"], full_seconds, full.trainable_parameters, setup.out / "merged"
-        ),
-        Arm(far_label, far_result.metrics["accuracy"], far_seconds, far_result.trainable_parameters, learners_file),
-        Arm(
-            f"bottom {BASELINE_DEPTH} frozen, kept",
-            bottom.metrics["accuracy"],
-            bottom_seconds,
-            bottom.trainable_parameters,
-            bottom_file,
-        ),
+        Arm(label, result.metrics["accuracy"], seconds, result.trainable_parameters, shipped)
+        for label, (result, seconds), shipped in (
+            ("full fine-tuning", full, setup.out / "merged"),
+            (far_label, far_run, learners_file),
+            (f"bottom {BASELINE_DEPTH} frozen, kept", bottom, bottom_file),
+        )
     ]
     sizes = {arm.label: merged_bytes if arm.shipped.is_dir() else arm.shipped.stat().st_size for arm in arms}
     _summarize(setup, arms, sizes, bottom_file, difference, time.perf_counter() - started)
@@ -225,64 +228,37 @@ def _load(args: argparse.Namespace):
     )
 
 
-def _report(result, seconds: float) -> None:
+def _arm(setup: Setup, heading: str, model: torch.nn.Module, config: object = None, **options: object):
+    """One arm's whole `far.finetune` call, timed in CPU seconds and reported; returns (result, seconds)."""
+    _step(f"{heading} ({setup.shown})")
+    result, seconds = cpu_timed(
+        lambda: far.finetune(model, setup.train, config, progress=True, **options, **setup.hyper)
+    )
     print(
         f"dev accuracy {result.metrics['accuracy']:.4f}; {seconds:.0f} CPU s (wall: priming "
         f"{result.priming_seconds:.0f} s, training {result.training_seconds:.0f} s, evaluation "
         f"{result.eval_seconds:.0f} s)"
     )
-
-
-def _train_full(setup: Setup, model: torch.nn.Module):
-    _step(f"full fine-tuning: every weight trains ({setup.shown})")
-    result, seconds = cpu_timed(lambda: far.finetune(model, setup.train, None, progress=True, **setup.hyper))
-    _report(result, seconds)
     return result, seconds
 
 
 def _train_far(setup: Setup):
-    """FAR's arm, on the setup's own model; returns its result, CPU seconds, learner share and frozen depth."""
+    """FAR's arm, on the setup's own model; returns its (result, CPU seconds), learner share and frozen depth."""
     args = setup.args
     asked = dict(retention=args.retention, seed=args.seed, freeze_embeddings=not args.train_embeddings)
     config = "auto" if setup.default else far.FARConfig.auto(**asked)
     embeddings = "trained" if args.train_embeddings else "frozen"
     keep = "the nodes that hold half of each FFN's change" if args.retention == AUTO else f"{args.retention:.0%}"
     what = "FAR's default, its automatic configuration" if setup.default else "FAR, automatic"
-    _step(
+    heading = (
         f"{what}: prime 10% of the steps, keep {keep} as learners, embeddings {embeddings}, "
-        f"bottom layers frozen at the depth priming chooses and kept ({setup.shown})"
+        "bottom layers frozen at the depth priming chooses and kept"
     )
-    result, seconds = cpu_timed(
-        lambda: far.finetune(
-            setup.model,
-            setup.train,
-            config,
-            output_dir=setup.out / "far",
-            progress=True,
-            cache_frozen=True,
-            **setup.hyper,
-        )
-    )
-    _report(result, seconds)
+    ran = _arm(setup, heading, setup.model, config, output_dir=setup.out / "far", cache_frozen=True)
     far.summary(setup.model)
     configured = far.summary(setup.model, verbose=False)
     share = sum(k for k, _ in configured.learners.values()) / sum(n for _, n in configured.learners.values())
-    return result, seconds, share, configured.frozen_layers[0]
-
-
-def _train_bottom(setup: Setup, model: torch.nn.Module):
-    _step(
-        f"frozen bottom: embeddings and layers 0-{BASELINE_DEPTH - 1} frozen and kept, every weight above trains "
-        f"({setup.shown})"
-    )
-    result, seconds = cpu_timed(
-        lambda: far.finetune(
-            model, setup.train, None, freeze_layers=BASELINE_DEPTH, cache_frozen=True, progress=True, **setup.hyper
-        )
-    )
-    _report(result, seconds)
-    shipped = save_trained_tensors(model, setup.out / f"bottom{BASELINE_DEPTH}" / "trained.safetensors")
-    return result, seconds, shipped
+    return ran, share, configured.frozen_layers[0]
 
 
 def _time_steps(setup: Setup, models: dict) -> None:
@@ -356,14 +332,14 @@ def _summarize(setup: Setup, arms: list[Arm], sizes: dict, bottom_file: Path, di
 
 def _write_metrics(setup: Setup, arms: list[Arm], sizes: dict, depth: int) -> None:
     args = setup.args
-    configuration = {
-        "name": "auto" if setup.default else "custom",
-        "why": "the default of --method far" if setup.default else "--retention/--train-embeddings given",
-        "retention": args.retention,
-        "frozen_layers": depth,
-        "freeze_embeddings": not args.train_embeddings,
-        "cache_frozen": True,
-    }
+    chosen = (
+        Configuration("auto", "the default of --method far")
+        if setup.default
+        else Configuration("custom", "--retention/--train-embeddings given")
+    )
+    configuration = chosen.record(
+        args.retention, frozen_layers=depth, freeze_embeddings=not args.train_embeddings, cache_frozen=True
+    )
     write_json(
         setup.out / "metrics.json",
         {

@@ -41,7 +41,6 @@ from far.data.prompts import (
 )
 from far.hardware import peak_rss_bytes
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_far import Layout
 from far.llm.lean_saving import save_trained
 from far.llm.prompt_runner import PRIMING_MICRO_BATCH, PromptRunner, PromptTraining
 from far.llm.tokenizer import load_gguf_tokenizer
@@ -115,12 +114,6 @@ def _check(settings: RunSettings, task_name: str) -> PromptTemplate:
     return template
 
 
-def _layout(settings: RunSettings, n_layers: int) -> Layout:
-    """What trains: FAR with MeZO + FAR's depth by default, or without FAR plain freezing of the bottom layers
-    (--freeze-layers K without FAR's surgery)."""
-    return settings.lean_layout(n_layers, DTYPES[settings.trainable_dtype])
-
-
 def _prompt_sets(
     settings: RunSettings, template: PromptTemplate, root: Path, gguf_path: Path, max_length: int, memory: PhaseMemory
 ) -> tuple[Tensor, PromptBatches, PromptBatches]:
@@ -175,7 +168,8 @@ def lean_prompted_run(
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
-    layout = _layout(settings, len(model.layers)) if train else None
+    # What trains: FAR with MeZO + FAR's depth by default, or without FAR's surgery plain freezing (--freeze-layers K)
+    layout = settings.lean_layout(len(model.layers), DTYPES[settings.trainable_dtype]) if train else None
     training = PromptTraining(
         steps,
         hparams["batch_size"],

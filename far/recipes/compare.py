@@ -32,12 +32,8 @@ from far.training.optim import build_optimizer
 
 
 def majority_baseline(labels: Sequence[int], metric) -> tuple[int, dict[str, float]]:
-    """The most frequent label and the metric of predicting it for every example.
-
-    Args:
-        labels: The references (class ids).
-        metric: Anything with `compute(predictions=..., references=...)`.
-    """
+    """The most frequent label (class id) and `metric` (anything with `compute(predictions=, references=)`) of
+    predicting it for every example."""
     if not labels:
         raise ValueError("majority_baseline needs at least one label")
     majority = Counter(int(y) for y in labels).most_common(1)[0][0]
@@ -63,9 +59,6 @@ def save_trained_tensors(model: nn.Module, path: str | Path) -> Path:
 
     What a model fine-tuned with a plainly frozen bottom ships beside its stock base: everything else
     is the base's. Tied tensors are written once (`named_parameters` yields each tensor once).
-
-    Returns:
-        The path written.
     """
     trained = {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
     if not trained:
@@ -87,10 +80,8 @@ def paired_step_times(
     """Seconds of one AdamW training step (forward, backward, update) of each model, round by round.
 
     Each model is copied first (the models given are left as they are) and gets the optimizer
-    `far.finetune` builds: fused AdamW over its trainable tensors only.
-
-    Returns:
-        {name: [seconds per timed round]}, rounds aligned across names (for paired ratios).
+    `far.finetune` builds: fused AdamW over its trainable tensors only. Rounds are aligned across names (for
+    paired ratios): {name: [seconds per timed round]}.
     """
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds must be at least 1 and warmup at least 0, got {rounds} and {warmup}")

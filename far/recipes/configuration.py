@@ -43,9 +43,12 @@ OFF: Mapping[str, object] = dict(retention=None, freeze_embeddings=False, freeze
 
 
 def preset_fields(name: str) -> dict:
-    """The run's configuration fields of the named configuration (`far.config.PRESETS`): its `FARConfig`'s, and
-    the frozen bottom's output kept where it freezes one."""
-    config = FARConfig.preset(name)
+    """The run's configuration fields of the named configuration (`far.config.PRESETS`)."""
+    return _config_fields(FARConfig.preset(name))
+
+
+def _config_fields(config: FARConfig) -> dict:
+    # a FARConfig's fields, and the frozen bottom's output kept where it freezes one
     return {
         "retention": config.retention,
         "freeze_embeddings": config.freeze_embeddings,
@@ -108,13 +111,10 @@ def _layout_fields(given: Mapping[str, object], layout: SharedLayout, preset: st
             "--layout sets FAR's surgery as far prime chose it: use it with --method far"
             + (f", and drop {beside}" if beside else "")
         )
-    config, cache = layout.config, given.get("cache_frozen")
-    return {
-        "retention": config.retention,
-        "freeze_embeddings": config.freeze_embeddings,
-        "freeze_layers": config.freeze_layers,
-        "cache_frozen": config.freezes_depth if cache is None else cache,
-    }
+    fields = _config_fields(layout.config)
+    if given.get("cache_frozen") is not None:
+        fields["cache_frozen"] = given["cache_frozen"]
+    return fields
 
 
 def choose_configuration(
@@ -128,11 +128,8 @@ def choose_configuration(
 ) -> tuple[dict, Configuration]:
     """The run's four configuration fields (as `RunSettings` takes them) and the `Configuration` they make.
 
-    Args:
-        given: `FLAGS`' fields as the command line gave them, None where not given.
-        preset: `--preset`: "auto", "paper" or None.
-        method, model, memory_budget: The run's `--method`, `--model` and `--memory-budget`.
-        layout: `--layout`, read: its configuration, whole.
+    `given`: `FLAGS`' fields as the command line gave them, None where not given; the keywords are the run's
+    `--preset`, `--method`, `--model`, `--memory-budget` and `--layout` (read: its configuration, whole).
 
     Raises:
         ValueError: a preset where it cannot apply (a method without FAR's priming, a GGUF causal LM,

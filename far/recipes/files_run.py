@@ -17,7 +17,7 @@ from far.data.files import TextFiles
 from far.evaluation.labels import LabelEvaluator, TextMetric
 from far.recipes.report import TrainingRun
 from far.recipes.settings import FILE_DEFAULTS, RunSettings, train_and_eval_splits
-from far.recipes.task_model import COLUMNS_KEY, held_out, task_model
+from far.recipes.task_model import COLUMNS_KEY, task_model, task_run
 
 
 def text_files_run(settings: RunSettings, files: TextFiles, *, check_output: bool = True) -> TrainingRun:
@@ -36,7 +36,7 @@ def text_files_run(settings: RunSettings, files: TextFiles, *, check_output: boo
     labels = files.labels
     train_raw, dev_raw = train_and_eval_splits(settings, files.train, files.validation)
     columns = {COLUMNS_KEY: {"text": list(files.text_columns), "label": files.label_column}}
-    model, tokenizer, method_record = task_model(
+    loaded = model, tokenizer, _ = task_model(
         settings,
         hparams["max_length"],
         labels.kind,
@@ -44,31 +44,28 @@ def text_files_run(settings: RunSettings, files: TextFiles, *, check_output: boo
         label_names=labels.names or None,
         config=columns,
     )
-    collate = DataCollatorWithPadding(tokenizer)
+
+    def encode(rows: object) -> object:
+        return encode_texts(rows, tokenizer, files.text_columns, hparams["max_length"])
+
     evaluator = LabelEvaluator(
-        encode_texts(dev_raw, tokenizer, files.text_columns, hparams["max_length"]),
-        collate,
+        encode(dev_raw),
+        DataCollatorWithPadding(tokenizer),
         label_names=labels.names,
         metric=TextMetric(labels.kind),
         batch_size=settings.eval_batch_size,
         bf16=settings.options.precision_for(model).bf16,  # the training's precision
     )
-    return TrainingRun(
-        task=files.name,
-        settings=settings,
-        model=model,
-        tokenizer=tokenizer,
-        train_data=encode_texts(train_raw, tokenizer, files.text_columns, hparams["max_length"]),
-        collate_fn=collate,
-        evaluator=evaluator,
-        hyperparameters=hparams,
-        extra={
-            "train_examples": len(train_raw),
-            "eval_examples": len(dev_raw),
-            "text_columns": list(files.text_columns),
-            "label_column": files.label_column,
-            "labels": list(labels.names) if labels.names else "regression",
-            **held_out(settings),
-            **method_record,
-        },
+    return task_run(
+        settings,
+        files.name,
+        loaded,
+        encode(train_raw),
+        evaluator,
+        hparams,
+        train_examples=len(train_raw),
+        eval_examples=len(dev_raw),
+        text_columns=list(files.text_columns),
+        label_column=files.label_column,
+        labels=list(labels.names) if labels.names else "regression",
     )

@@ -62,12 +62,9 @@ def check_output_dir(folder: Path, identity: Mapping, *, resume: bool, overwrite
     """Refuse (ValueError), changing nothing, unless `folder` may take this run; returns the run it holds.
 
     The folder is held for this process first (`far.storage.lock`): a run started into it from another
-    process at the same moment is refused (`FolderInUse`), naming this one.
-
-    Args:
-        identity: The run, as `IDENTITY_KEYS` (see `RunSettings.run_identity`).
-        resume: Continue the run in `folder`, which must be this one.
-        overwrite: The run in `folder` is to be replaced.
+    process at the same moment is refused (`FolderInUse`), naming this one. `identity` is the run's
+    `IDENTITY_KEYS` (`RunSettings.run_identity`); `resume` continues the run in `folder`, which must be this one;
+    `overwrite` replaces it.
     """
     lock.hold(folder)
     held = existing_run(folder)

@@ -109,17 +109,6 @@ def model_card(model: str | os.PathLike, learners: str | os.PathLike | None = No
     return ModelCard.from_config(config.to_dict())
 
 
-def _base_for(
-    model: str | os.PathLike, card: ModelCard
-) -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase]:
-    """The base model with a head of the card's size and labels, to receive a learners file (which
-    replaces that head: transformers' report that it is newly initialised is not shown)."""
-    kind = "classification" if card.label_names else "regression"
-    return load_model_and_tokenizer(
-        os.fspath(model), kind, card.head_size, label_names=card.label_names or None, head_replaced=True
-    )
-
-
 def note_label_ids(learners: str | os.PathLike, card: ModelCard) -> None:
     """Say (a warning) that a learners file names no classes, so its predictions are label ids."""
     if card.label_names and not card.names_classes:
@@ -175,7 +164,12 @@ class Predictor:
         if learners is None:
             loaded, tokenizer = load_trained_model(model)
         else:
-            loaded, tokenizer = _base_for(model, card)
+            # The base with a head of the card's size and labels, which the file's tensors replace (so transformers'
+            # report that the head is newly initialised is not shown).
+            kind = "classification" if card.label_names else "regression"
+            loaded, tokenizer = load_model_and_tokenizer(
+                os.fspath(model), kind, card.head_size, label_names=card.label_names or None, head_replaced=True
+            )
             load_learners(loaded, learners)  # checks the file belongs to this base, before anything is written
             note_label_ids(learners, card)
         return cls(loaded, tokenizer, card, max_length=max_length, batch_size=batch_size)

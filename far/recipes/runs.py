@@ -18,14 +18,8 @@ from far.data.glue import GLUE_TASKS, GlueTask, load_glue, tokenize_glue
 from far.data.squad import DEFAULT_HOLDOUT_ARTICLES, load_squad, squad_eval_dataset, squad_train_dataset
 from far.evaluation.evaluators import GlueEvaluator, SquadEvaluator
 from far.recipes.report import TrainingRun
-from far.recipes.settings import (
-    GLUE_DEFAULTS,
-    SQUAD_DEFAULTS,
-    RunSettings,
-    first,
-    train_and_eval_splits,
-)
-from far.recipes.task_model import held_out, task_model
+from far.recipes.settings import GLUE_DEFAULTS, SQUAD_DEFAULTS, RunSettings, first, train_and_eval_splits
+from far.recipes.task_model import task_model, task_run
 
 
 @dataclass(frozen=True)
@@ -110,7 +104,7 @@ def glue_run(settings: RunSettings, task_name: str, *, check_output: bool = True
         settings.check_output(task.name)
     splits = load_glue(task.name, settings.data_dir)
     train_raw, dev_raw = train_and_eval_splits(settings, splits["train"], splits["validation"])
-    model, tokenizer, method_record = task_model(
+    loaded = model, tokenizer, _ = task_model(
         settings,
         hparams["max_length"],
         task.kind,
@@ -123,21 +117,16 @@ def glue_run(settings: RunSettings, task_name: str, *, check_output: bool = True
     evaluator = glue_evaluator(
         task, dev_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=bf16
     )
-    return TrainingRun(
-        task=task.name,
-        settings=settings,
-        model=model,
-        tokenizer=tokenizer,
-        train_data=tokenize_glue(train_raw, tokenizer, task, hparams["max_length"]),
-        collate_fn=DataCollatorWithPadding(tokenizer),
-        evaluator=evaluator,
-        hyperparameters=hparams,
-        extra={
-            "train_examples": len(train_raw),
-            "eval_examples": len(dev_raw),
-            **held_out(settings),
-            **method_record,
-        },
+    train = tokenize_glue(train_raw, tokenizer, task, hparams["max_length"])
+    return task_run(
+        settings,
+        task.name,
+        loaded,
+        train,
+        evaluator,
+        hparams,
+        train_examples=len(train_raw),
+        eval_examples=len(dev_raw),
     )
 
 
@@ -153,7 +142,7 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
     splits = squad.splits(settings.data_dir)
     train_raw = first(splits["train"], settings.max_train_samples)
     eval_raw = first(splits["validation"], settings.max_eval_samples)
-    model, tokenizer, method_record = task_model(
+    loaded = model, tokenizer, _ = task_model(
         settings, hparams["max_length"], "question-answering", finetuning_task=squad.task
     )
     train = squad_train_dataset(train_raw, tokenizer, hparams["max_length"], squad.doc_stride)
@@ -162,24 +151,19 @@ def squad_run(settings: RunSettings, squad: SquadSettings) -> TrainingRun:
         squad, eval_raw, tokenizer, hparams["max_length"], batch_size=settings.eval_batch_size, bf16=bf16
     )
     held_out = squad.holdout_articles or DEFAULT_HOLDOUT_ARTICLES
-    return TrainingRun(
-        task=squad.task,
-        settings=settings,
-        model=model,
-        tokenizer=tokenizer,
-        train_data=train,
-        collate_fn=DataCollatorWithPadding(tokenizer),
-        evaluator=evaluator,
-        hyperparameters=hparams,
-        extra={
-            "train_examples": len(train_raw),
-            "train_features": len(train),
-            "eval_examples": len(eval_raw),
-            "eval_features": len(evaluator.features),
-            "split": "train file" if squad.train_file else f"last {held_out} articles held out",
-            "doc_stride": squad.doc_stride,
-            "n_best": squad.n_best,
-            "max_answer_length": squad.max_answer_length,
-            **method_record,
-        },
+    return task_run(
+        settings,
+        squad.task,
+        loaded,
+        train,
+        evaluator,
+        hparams,
+        train_examples=len(train_raw),
+        train_features=len(train),
+        eval_examples=len(eval_raw),
+        eval_features=len(evaluator.features),
+        split="train file" if squad.train_file else f"last {held_out} articles held out",
+        doc_stride=squad.doc_stride,
+        n_best=squad.n_best,
+        max_answer_length=squad.max_answer_length,
     )

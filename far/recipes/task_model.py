@@ -7,8 +7,10 @@ the user's-files run and the GLUE/SQuAD runs share it without the one importing 
 from __future__ import annotations
 
 from torch import nn
+from transformers import DataCollatorWithPadding
 
 from far.models import check_max_length, load_model_and_tokenizer
+from far.recipes.report import TrainingRun
 from far.recipes.settings import RunSettings
 from far.saving.shared_layout import check_layout
 
@@ -41,3 +43,28 @@ def held_out(settings: RunSettings) -> dict:
     if settings.validation_from_train is None:
         return {}
     return {"validation_from_train": settings.validation_from_train}
+
+
+def task_run(
+    settings: RunSettings,
+    task: str,
+    loaded: tuple[nn.Module, object, dict],
+    train_data: object,
+    evaluator: object,
+    hparams: dict,
+    **extra: object,
+) -> TrainingRun:
+    """The `TrainingRun` of a `task_model` (`loaded`), batches padded by its tokenizer; `extra` goes on the record
+    with the held-out split and the method's record."""
+    model, tokenizer, method_record = loaded
+    return TrainingRun(
+        task=task,
+        settings=settings,
+        model=model,
+        tokenizer=tokenizer,
+        train_data=train_data,
+        collate_fn=DataCollatorWithPadding(tokenizer),
+        evaluator=evaluator,
+        hyperparameters=hparams,
+        extra={**extra, **held_out(settings), **method_record},
+    )

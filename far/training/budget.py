@@ -203,26 +203,25 @@ def estimate_mib(
     # the word embedding's (dense, vocab x hidden) where it trains, else a layer's largest matrix.
     matrix = 4 * shape.hidden * max(shape.ffn, shape.hidden)
 
-    def accumulation(embeddings_train: bool) -> float:
-        return 4 * shape.embedding_params if embeddings_train else matrix
+    def phase(name: str, trained: float, kept: float, embeddings_train: bool, extra: float = 0.0) -> float:
+        # optimizer state of what trains (+ `extra`) + backward's activations and accumulated gradient, if any
+        first_order = (
+            0.0 if name == "mezo" else act(kept) + (4 * shape.embedding_params if embeddings_train else matrix)
+        )
+        return STATE_BYTES[name] * trained + extra + first_order
 
-    frozen = shape.embedding_params if freeze_embeddings else 0
     if far is None:
-        trainable = shape.params - frozen
-        first_order = 0.0 if optimizer == "mezo" else act(1.0) + accumulation(not freeze_embeddings)
-        phases = [STATE_BYTES[optimizer] * trainable + first_order]
+        frozen = shape.embedding_params if freeze_embeddings else 0
+        phases = [phase(optimizer, shape.params - frozen, 1.0, not freeze_embeddings)]
     else:
-        kept = far.retention / (2 if recompute else 1)
         trainable = (
             shape.params - shape.embedding_params * far.freeze_embeddings - shape.ffn_params * (1 - far.retention)
         )
-        first_order = 0.0 if optimizer == "mezo" else act(kept) + accumulation(not far.freeze_embeddings)
-        phases = [STATE_BYTES[optimizer] * trainable + first_order]
+        phases = [phase(optimizer, trainable, far.retention / (2 if recompute else 1), not far.freeze_embeddings)]
         if priming_optimizer is not None:
             primed = shape.params - (shape.embedding_params if early_frozen_embeddings else 0)
             snapshot = 4 * shape.ffn_params if primer_copy else 0.0
-            priming = 0.0 if priming_optimizer == "mezo" else act(1.0) + accumulation(not early_frozen_embeddings)
-            phases.append(STATE_BYTES[priming_optimizer] * primed + snapshot + priming)
+            phases.append(phase(priming_optimizer, primed, 1.0, not early_frozen_embeddings, snapshot))
     return base_mib + (weights + max(phases) + evaluation) / MIB
 
 
@@ -302,23 +301,29 @@ def plan_memory(
     whole = batch_size * seq_len
     sizes = sorted({min(whole, seq_len * 2**k) for k in range(max(1, batch_size).bit_length() + 1)}, reverse=True)
     evals = [d for d in range(eval_batch_size, 0, -1) if eval_batch_size % d == 0]
+
+    def peak(tokens: int, eval_batch: int, lever: tuple[bool, bool, bool]) -> float:
+        early_on, recompute_on, layers_on = lever
+        return estimate_mib(
+            shape,
+            micro_tokens=tokens,
+            eval_batch_size=eval_batch,
+            early_frozen_embeddings=early_on,
+            recompute=recompute_on,
+            recompute_layers=layers_on,
+            **common,
+        )
+
     best: tuple[float, MemoryPlan] | None = None
     for tokens in sizes:
-        for early_on, recompute_on, layers_on in levers:
+        for lever in levers:
+            early_on, recompute_on, layers_on = lever
             time = _token_time(tokens) * (RECOMPUTE_LAYERS_TIME if layers_on else 1.0)
             if best is not None and time >= best[0]:
                 continue
             for eval_batch in evals:
-                peak = estimate_mib(
-                    shape,
-                    micro_tokens=tokens,
-                    eval_batch_size=eval_batch,
-                    early_frozen_embeddings=early_on,
-                    recompute=recompute_on,
-                    recompute_layers=layers_on,
-                    **common,
-                )
-                if peak <= budget_mib:
+                estimate = peak(tokens, eval_batch, lever)
+                if estimate <= budget_mib:
                     plan = MemoryPlan(
                         int(budget_mib),
                         batch_size,
@@ -328,24 +333,13 @@ def plan_memory(
                         recompute_on or (far is not None and far.recompute_activations),
                         layers_on,
                         eval_batch,
-                        math.ceil(peak),
+                        math.ceil(estimate),
                     )
                     best = (time, plan)
                     break
     if best is not None:
         return best[1]
-    least = levers[-1]
-    minimum = math.ceil(
-        estimate_mib(
-            shape,
-            micro_tokens=seq_len,
-            eval_batch_size=1,
-            early_frozen_embeddings=least[0],
-            recompute=least[1],
-            recompute_layers=least[2],
-            **common,
-        )
-    )
+    minimum = math.ceil(peak(seq_len, 1, levers[-1]))
     raise MemoryBudgetError(
         f"--memory-budget {budget_mib:g} MiB cannot fit this run (model of {shape.params:,} parameters, "
         f"{seq_len}-token sequences) even one example at a time; the smallest that fits is {minimum} MiB",

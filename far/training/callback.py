@@ -49,16 +49,12 @@ def retarget_optimizer(optimizer: Optimizer, model: nn.Module, group_of: dict[st
     """
     order = {id(p): i for i, (_, p) in enumerate(model.named_parameters())}
     trainable = {id(p): (name, p) for name, p in model.named_parameters() if p.requires_grad}
-    placed: set[int] = set()
     for group in optimizer.param_groups:
-        kept = []
         for p in group["params"]:
-            if id(p) in trainable:
-                kept.append(p)
-                placed.add(id(p))
-            else:
+            if id(p) not in trainable:
                 optimizer.state.pop(p, None)
-        group["params"] = kept
+        group["params"] = [p for p in group["params"] if id(p) in trainable]
+    placed = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for pid, (name, p) in trainable.items():
         if pid in placed:
             continue
@@ -211,8 +207,7 @@ class FARCallback(TrainerCallback):
             logger.info("FAR: resumed inside priming, at step %d of %d", step, self.priming_steps)
             return
         if self.priming_steps == 0:
-            self._switch(model, optimizer, None)
-            self._report_switch(state, model)
+            self._switch(state, model, optimizer, None)
             return
         self._primer = self.make_primer(model)
         logger.info(
@@ -230,8 +225,7 @@ class FARCallback(TrainerCallback):
             head_scores = self._primer.head_scores() if self._primer.watches_heads else None
             self._primer = None
             model = kwargs["model"]
-            self._switch(model, kwargs["optimizer"], scores, head_scores)
-            self._report_switch(state, model)
+            self._switch(state, model, kwargs["optimizer"], scores, head_scores)
             if state.best_metric is not None or state.best_model_checkpoint is not None:
                 logger.info("FAR: the best model is now chosen among evaluations after the switch")
             # The primed plain model is not a FAR model: its checkpoints never become the best one.
@@ -257,6 +251,7 @@ class FARCallback(TrainerCallback):
 
     def _switch(
         self,
+        state: TrainerState,
         model: nn.Module,
         optimizer: Optimizer,
         scores: dict[str, torch.Tensor] | None,
@@ -266,8 +261,6 @@ class FARCallback(TrainerCallback):
         group_of = {name: index[id(p)] for name, p in model.named_parameters() if id(p) in index}
         reconfigure(model, self.config, scores=scores, head_scores=head_scores, spec=self.spec)
         retarget_optimizer(optimizer, model, group_of)
-
-    def _report_switch(self, state: TrainerState, model: nn.Module) -> None:
         counts = summary(model, verbose=False)
         logger.info(
             "FAR: reconfigured at step %d of %d (%s); the Trainer's count of trainable parameters above was taken "

@@ -26,7 +26,6 @@ then falls back to the newest checkpoint that is intact, with a logged warning.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from far.architectures import FFNSpec
 from far.config import FARConfig
 from far.saving.layout import read_layout, rebuild_layout
 from far.saving.model_file import load_model_file, save_model_file
-from far.storage.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_problem, step_folders, write_step_folder
+from far.storage.step_folders import CHECKPOINTS, LATEST, STEP_DIR, manifest_problem, newest_intact, write_step_folder
 from far.surgery.reconfigure import restore
 from far.surgery.state import get_config, is_reconfigured
 from far.training.adamw import FusedAdamW
@@ -52,7 +51,6 @@ FORMAT = 3  # 2: split projections stored node-major (one row per node); 3: opti
 _FILES = ("model.safetensors", "far.json", "scheduler.pt", "rng.pt", "trainer_state.json")
 _OPTIMIZER, _OPTIMIZER_PT = "optimizer.safetensors", "optimizer.pt"  # format 3, format 2
 _PRIMER = "primer.safetensors"
-logger = logging.getLogger(__name__)
 
 
 def save_checkpoint(
@@ -130,18 +128,9 @@ def find_checkpoint(path: str | Path) -> Path:
     for root in (path, path / CHECKPOINTS):
         if not ((root / LATEST).is_file() or (root.is_dir() and root.name == CHECKPOINTS)):
             continue
-        problems = []
-        for folder in step_folders(root):
-            problem = verify_checkpoint(folder)
-            if problem is None:
-                if problems:
-                    logger.warning(
-                        "skipping damaged checkpoints (%s); resuming from the previous intact one, %s",
-                        "; ".join(problems),
-                        folder,
-                    )
-                return folder
-            problems.append(f"{folder.name}: {problem}")
+        folder, problems = newest_intact(root, verify_checkpoint)
+        if folder is not None:
+            return folder
         if problems:
             raise ValueError(f"no intact checkpoint under {str(root)!r}: {'; '.join(problems)}")
     raise ValueError(

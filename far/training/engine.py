@@ -31,24 +31,17 @@ logger = logging.getLogger(__name__)
 class Cadence:
     """When a run evaluates, logs and checkpoints, in steps done (1 after the first step).
 
-    Args:
-        total_steps: The run's steps.
-        evaluate: Whether the run evaluates at all (at the end, and as the fields below say).
-        eval_every: Evaluate every this many steps too (None or 0: not in between).
-        epoch_steps: Evaluate at the end of every epoch of this many steps too (None: not by epoch).
-        log_every: Write every this many steps' line; the last step's, and any with an evaluation or the
-            surgery's record, always.
-        checkpoint_every: Write a checkpoint every this many steps (None: none).
-        checkpoint_last: Write one after the last step too (a finished run's state, to go on from).
+    A run that evaluates does so at the end and as `eval_every` / `epoch_steps` say; the last step's log line,
+    and any with an evaluation or the surgery's record, is written whatever `log_every` says.
     """
 
     total_steps: int
     evaluate: bool = True
-    eval_every: int | None = None
-    epoch_steps: int | None = None
+    eval_every: int | None = None  # None or 0: not between
+    epoch_steps: int | None = None  # also at the end of every epoch of this many steps (None: not by epoch)
     log_every: int = 1
     checkpoint_every: int | None = None
-    checkpoint_last: bool = True
+    checkpoint_last: bool = True  # a checkpoint after the last step too: a finished run's state, to go on from
 
     def __post_init__(self) -> None:
         if self.total_steps < 0 or self.log_every < 1:

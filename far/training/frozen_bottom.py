@@ -71,6 +71,22 @@ def _select_rows(batch: Mapping[str, Any], rows: list[int], n: int) -> dict[str,
     }
 
 
+@contextmanager
+def _forwards(layers: Sequence[nn.Module], forwards: Sequence[Callable]) -> Iterator[None]:
+    """Within the block, each layer's `forward` is the one given; its own (or its class's) is put back after."""
+    own = [layer.__dict__.get("forward") for layer in layers]
+    for layer, forward in zip(layers, forwards, strict=True):
+        layer.forward = forward
+    try:
+        yield
+    finally:
+        for layer, forward in zip(layers, own, strict=True):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+
+
 class FrozenBottom:
     """States at the input of layer K (the lowest that trains), kept per training example.
 
@@ -127,24 +143,19 @@ class FrozenBottom:
     def _compute(self, loss_fn: Callable[[nn.Module, Any], Tensor], batch: Mapping[str, Any]) -> Tensor:
         """Layer K's input for `batch`: the model run in eval mode through `loss_fn` and stopped at layer K."""
         top, last_frozen = self.layers[self.k], self.layers[self.k - 1]
-        own_forward = top.__dict__.get("forward")
 
         def reached(*args: Any, **kwargs: Any) -> Any:
             raise _Reached(_hidden_of(args, kwargs))
 
         modes = [(module, module.training) for module in self.model.modules()]
         hook = last_frozen.register_forward_hook(self._record_outputs)
-        top.forward = reached
         self.model.eval()
         try:
-            loss_fn(self.model, batch)
+            with _forwards([top], [reached]):
+                loss_fn(self.model, batch)
         except _Reached as stop:
             return stop.hidden.detach()
         finally:
-            if own_forward is None:
-                del top.forward
-            else:
-                top.forward = own_forward
             hook.remove()
             for module, mode in modes:
                 module.training = mode
@@ -207,18 +218,8 @@ class FrozenBottom:
         def passing(*args: Any, **kwargs: Any) -> Any:
             return self._as_output(_hidden_of(args, kwargs))
 
-        bottom = self.layers[: self.k]
-        own = [layer.__dict__.get("forward") for layer in bottom]
-        for layer, forward in zip(bottom, [first, *[passing] * (self.k - 1)], strict=True):
-            layer.forward = forward
-        try:
+        with _forwards(self.layers[: self.k], [first, *[passing] * (self.k - 1)]):
             yield
-        finally:
-            for layer, forward in zip(bottom, own, strict=True):
-                if forward is None:
-                    del layer.forward
-                else:
-                    layer.forward = forward
 
 
 __all__ = ["DEFAULT_MAX_BYTES", "FrozenBottom"]

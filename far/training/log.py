@@ -7,7 +7,6 @@ import errno
 import json
 import shutil
 from pathlib import Path
-from types import TracebackType
 
 from tqdm.auto import tqdm
 
@@ -66,12 +65,6 @@ class RunLog:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-    def __enter__(self) -> RunLog:
-        return self
-
-    def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 def _step_of(line: str) -> int | None:

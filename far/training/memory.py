@@ -139,11 +139,7 @@ def to_private_memory(model: nn.Module, names: Iterable[str]) -> int:
 
     Each is copied, put in place of the original (same Parameter object, so optimizers and ties
     are unaffected), and the original's file pages are paged out before the next copy, so the
-    peak grows by one tensor at most.
-
-    Args:
-        model: The model that owns the parameters.
-        names: Qualified parameter names, e.g. every FFN weight before FAR's surgery.
+    peak grows by one tensor at most. `names` are qualified, e.g. every FFN weight before FAR's surgery.
 
     Returns:
         Bytes of file pages given back.

@@ -41,6 +41,7 @@ from far.seeds import derive_seed
 from far.training.scratch import CHUNK, Scratch, scratch_for
 
 _FULL_PRECISION = (torch.float32, torch.float64)
+_COUNTERS = ("seed", "steps_taken", "steps_skipped", "n_directions")  # what state_dict()["mezo"] keeps
 
 
 def _chunks(p: Tensor) -> Iterator[Tensor]:
@@ -250,12 +251,7 @@ class MeZO(Optimizer):
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["mezo"] = {
-            "seed": self.seed,
-            "steps_taken": self.steps_taken,
-            "steps_skipped": self.steps_skipped,
-            "n_directions": self.n_directions,
-        }
+        state["mezo"] = {name: getattr(self, name) for name in _COUNTERS}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -264,7 +260,5 @@ class MeZO(Optimizer):
         if not isinstance(mezo, dict):
             raise ValueError("not a MeZO state dict (it has no 'mezo' entry); was it saved by far.MeZO.state_dict()?")
         super().load_state_dict(state_dict)
-        self.seed = int(mezo["seed"])
-        self.steps_taken = int(mezo["steps_taken"])
-        self.steps_skipped = int(mezo["steps_skipped"])
-        self.n_directions = int(mezo["n_directions"])
+        for name in _COUNTERS:
+            setattr(self, name, int(mezo[name]))

@@ -20,14 +20,9 @@ from far.training.mezo import MeZO
 
 
 def trainable_parameters(model: nn.Module) -> list[tuple[str, Tensor]]:
-    """(name, parameter) of every tensor with requires_grad=True, tied weights once."""
-    seen: set[int] = set()
-    result = []
-    for name, p in model.named_parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            result.append((name, p))
-    return result
+    """(name, parameter) of every tensor with requires_grad=True, tied weights once (`named_parameters` skips
+    a tensor it has yielded)."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

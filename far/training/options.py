@@ -44,6 +44,7 @@ OPTIMIZERS = tuple(DEFAULT_LR)
 # gradient L1 over those steps' batches before any update (far.training.gradient_priming; nothing trains on them).
 PRIMING_SCORES = ("change", "gradient")
 
+_BOOLEANS = "freeze_embeddings freeze_ffn reset_frozen bf16 cache_frozen group_by_length progress stop_after_priming"
 # The config's fields that far.finetune once took as keywords of its own.
 _DEPRECATED_FIELDS = ("retention", "selection", "attention_retention")
 
@@ -87,21 +88,6 @@ def check_length(name: str, value: object) -> float | int:
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 <= value < 1.0:
         return float(value)
     raise ValueError(f"{name} must be a fraction of the steps in [0, 1) or a number of steps (an int), got {value!r}")
-
-
-def check_cache_frozen(cache_frozen: bool, depth: int | str | None, memory_budget: float | None) -> None:
-    """The frozen-bottom cache needs a frozen depth, and a memory budget does not plan for its states."""
-    if cache_frozen and (depth is None or depth == 0):
-        raise ValueError(
-            "cache_frozen (--cache-frozen) keeps the output of the frozen bottom layers, and this run freezes none: "
-            "freeze some (FARConfig(freeze_layers=K or 'auto'), or freeze_layers=K without a config; on the command "
-            "line --freeze-layers K or --freeze-layers auto, K >= 1)"
-        )
-    if cache_frozen and memory_budget is not None:
-        raise ValueError(
-            "cache_frozen (--cache-frozen) keeps states that the memory budget (--memory-budget) does not plan for: "
-            "use one of the two"
-        )
 
 
 def check_plain_depth(freeze_layers: object) -> int | None:
@@ -201,16 +187,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         self._check_surgery()
         self._check_layout()
-        for name in (
-            "freeze_embeddings",
-            "freeze_ffn",
-            "reset_frozen",
-            "bf16",
-            "cache_frozen",
-            "group_by_length",
-            "progress",
-            "stop_after_priming",
-        ):
+        for name in _BOOLEANS.split():
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.prime_frozen is not None and not isinstance(self.prime_frozen, bool):
@@ -223,7 +200,17 @@ class TrainOptions:
             check_precision(self.precision)
             if self.bf16 and self.precision != "bf16":
                 raise ValueError(f"bf16=True asks for bf16 and precision={self.precision!r} for another: give one")
-        check_cache_frozen(self.cache_frozen, self.depth, self.memory_budget)
+        if self.cache_frozen and self.depth in (None, 0):
+            raise ValueError(
+                "cache_frozen (--cache-frozen) keeps the output of the frozen bottom layers, and this run freezes "
+                "none: freeze some (FARConfig(freeze_layers=K or 'auto'), or freeze_layers=K without a config; on the "
+                "command line --freeze-layers K or --freeze-layers auto, K >= 1)"
+            )
+        if self.cache_frozen and self.memory_budget is not None:
+            raise ValueError(
+                "cache_frozen (--cache-frozen) keeps states that the memory budget (--memory-budget) does not plan "
+                "for: use one of the two"
+            )
         hint = "it must be > 0, e.g. 5e-5 for AdamW or 1e-6 for MeZO (None picks the optimizer's default)"
         set_ = self._set
         set_("optimizer", check_optimizer("optimizer", self.optimizer))

@@ -22,20 +22,16 @@ _BEFORE_THE_OPTION = {
 }
 
 
-def steps_of(value: float | int, total: int, name: str = "length") -> int:
-    """The steps that a length (see `check_length`) makes of `total` steps; a fraction rounds up.
+def length_in_steps(name: str, value: float | int, total: int, what: str | None = None) -> int:
+    """The steps that a length (see `check_length`; a fraction rounds up) makes of a run of `total` steps, refused
+    unless shorter than the run.
 
     Example:
-        >>> steps_of(0.1, 95), steps_of(5, 95), steps_of(0.001, 10)
+        >>> length_in_steps("priming", 0.1, 95), length_in_steps("priming", 5, 95), length_in_steps("warmup", 0.001, 10)
         (10, 5, 1)
     """
-    value = check_length(name, value)
-    return value if isinstance(value, int) else math.ceil(value * total)
-
-
-def length_in_steps(name: str, value: float | int, total: int, what: str | None = None) -> int:
-    """`steps_of` a run of `total` steps, refused unless shorter than the run."""
-    steps, what = steps_of(value, total, name), what or name
+    length, what = check_length(name, value), what or name
+    steps = length if isinstance(length, int) else math.ceil(length * total)
     if steps and steps >= total:
         raise ValueError(
             f"{name}={value!r} means {steps} steps of {what}, but the run has only {total} steps in all; "

@@ -39,17 +39,11 @@ CPUINFO = Path("/proc/cpuinfo")
 
 @dataclass(frozen=True)
 class Precision:
-    """The precision a run computes in, and why.
+    """The precision a run computes in, and why."""
 
-    Attributes:
-        name: What runs: `"fp32"`, or `"bf16"` (forward passes under bf16 autocast).
-        requested: What was asked: `"auto"`, `"fp32"` or `"bf16"`.
-        reason: Why `name` was chosen, in words (what the run log and metrics.json record).
-    """
-
-    name: str
-    requested: str
-    reason: str
+    name: str  # what runs: "fp32", or "bf16" (forward passes under bf16 autocast)
+    requested: str  # "auto", "fp32" or "bf16"
+    reason: str  # why `name` was chosen, in words (what the run log and metrics.json record)
 
     @property
     def bf16(self) -> bool:
@@ -96,17 +90,11 @@ def native_bf16_cpu(flags: Iterable[str] | None) -> bool:
 
 
 def choose_precision(requested: str, device: torch.device, *, cpu_flags: Iterable[str] | None = None) -> Precision:
-    """The precision a run on `device` computes in, given what was requested.
+    """What a run on `device` (where the model's parameters are) computes in, and why, given what was requested.
 
-    Args:
-        requested: `"fp32"` and `"bf16"` are taken as they are; `"auto"` is bf16 on a CPU whose flags show native
-            bf16 (`NATIVE_BF16_FLAGS`) or a CUDA GPU that supports it, fp32 otherwise.
-        device: Where the model's parameters are.
-        cpu_flags: A CPU's flags (for tests); default: this CPU's, read from /proc/cpuinfo, and where that file
-            does not exist, torch's own check of the CPU (`far.hardware.native_bf16`).
-
-    Returns:
-        A `Precision`: what runs and why.
+    "fp32" and "bf16" are taken as they are; "auto" is bf16 on a CPU whose flags show native bf16
+    (`NATIVE_BF16_FLAGS`) or a CUDA GPU that supports it, fp32 otherwise. `cpu_flags` (for tests) default to this
+    CPU's, from /proc/cpuinfo, else torch's own check of the CPU (`far.hardware.native_bf16`).
     """
     check_precision(requested)
     if requested != "auto":

@@ -16,12 +16,8 @@ class WarmupLinear:
     """The factor on the base learning rate at a run step: `warmup` steps up from 0, then down to 0.
 
     The same formula as transformers' `get_linear_schedule_with_warmup`. It is a callable object,
-    not a lambda, so that `LambdaLR.state_dict()` records its fields with the scheduler's state.
-
-    Args:
-        total_steps: Steps in the whole run (priming included).
-        warmup_steps: Steps of linear warmup at the start of the run.
-        offset: Run steps taken before the optimizer this schedule drives was built.
+    not a lambda, so that `LambdaLR.state_dict()` records its fields with the scheduler's state. Steps count the
+    whole run, priming included; `offset`: the run steps taken before the optimizer it drives was built.
     """
 
     def __init__(self, total_steps: int, warmup_steps: int = 0, offset: int = 0) -> None:

@@ -30,8 +30,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Trainer
 
-from far.architectures import FFNSpec
-from far.config import FARConfig
 from far.priming import primer_of
 from far.saving.layout import merged_state_dict
 from far.saving.pretrained import is_far_folder, load_folder, remove_far_files, write_far_files
@@ -62,7 +60,7 @@ class FARTrainerMixin:
         remove_far_files(folder)  # a FAR folder saved plain again must not keep the old layout
         (folder / PRIMER_FILE).unlink(missing_ok=True)
         if merged:
-            write_far_files(model, folder, spec=self._far_spec())
+            write_far_files(model, folder, spec=self._far_layout().get("spec"))
         primer = primer_of(model)
         if primer is not None:
             with atomic_file(folder / PRIMER_FILE) as tmp:
@@ -72,7 +70,7 @@ class FARTrainerMixin:
         target = self.model if model is None else model
         if is_far_folder(resume_from_checkpoint) or is_reconfigured(target):
             logger.info("Loading model from %s, with its FAR layout.", resume_from_checkpoint)
-            load_folder(target, resume_from_checkpoint, config=self._far_config(), spec=self._far_spec())
+            load_folder(target, resume_from_checkpoint, **self._far_layout())
         else:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
         snapshot = Path(resume_from_checkpoint) / PRIMER_FILE
@@ -87,20 +85,17 @@ class FARTrainerMixin:
         best = self.state.best_model_checkpoint
         if is_far_folder(best) or is_reconfigured(self.model):
             logger.info("Loading best model from %s (score: %s), with its FAR layout.", best, self.state.best_metric)
-            load_folder(self.model, best, config=self._far_config(), spec=self._far_spec())
+            load_folder(self.model, best, **self._far_layout())
         else:
             super()._load_best_model()
 
     def _far_callback(self) -> FARCallback | None:
         return next((cb for cb in self.callback_handler.callbacks if isinstance(cb, FARCallback)), None)
 
-    def _far_config(self) -> FARConfig | None:
+    def _far_layout(self) -> dict:
+        # the FARCallback's surgery, as load_folder takes it (none without the callback)
         callback = self._far_callback()
-        return None if callback is None else callback.config
-
-    def _far_spec(self) -> FFNSpec | None:
-        callback = self._far_callback()
-        return None if callback is None else callback.spec
+        return {} if callback is None else {"config": callback.config, "spec": callback.spec}
 
 
 class FARTrainer(FARTrainerMixin, Trainer):
