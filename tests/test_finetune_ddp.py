@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import torchrun
-from ddp_finetune_worker import run
+from conftest import TINY, torchrun, write_rows
+from ddp_finetune_worker import NO_DROPOUT, run
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
+from far.cli.main import main
 from far.training.batches import BatchStream
 from far.training.distributed import Parallel
 
@@ -25,8 +28,6 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 
 def checkpoint_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     return load_file(str(run_dir / "checkpoints" / f"step-{step}" / "model.safetensors"))
 
 
@@ -78,3 +79,43 @@ def test_one_process_is_the_plain_operation():
     assert parallel.on_main(lambda x: x + 1, 1) == 2 and parallel.seed(7) == 7
     with pytest.raises(ValueError, match="choose one of ddp, fsdp"):
         Parallel(strategy="horovod")
+
+
+@pytest.fixture(scope="module")
+def no_dropout_model_dir(tmp_path_factory, minilm_path):
+    """A tiny seeded BERT without dropout, with MiniLM's tokenizer, as a Hugging Face folder."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    config = BertConfig(**{**TINY, "vocab_size": tokenizer.vocab_size}, max_position_embeddings=64, **NO_DROPOUT)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bert-no-dropout")
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
+def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dropout_model_dir):
+    words = "good great fine bad awful dull".split()
+    rows = [{"text": f"{words[i % 6]} {words[i * 5 % 6]} film", "label": ["pos", "neg"][i % 6 >= 3]} for i in range(24)]
+    train, dev = write_rows(tmp_path / "train.csv", rows), write_rows(tmp_path / "dev.csv", rows[:8])
+    arguments = [
+        "train",
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(dev),
+        "--model",
+        str(no_dropout_model_dir),
+    ]
+    arguments += ["--max-steps", "4", "--batch-size", "8", "--lr", "1e-2", "--max-length", "16", "--no-progress"]
+    arguments += ["--checkpoint-every", "2"]
+    assert main([*arguments, "--output-dir", str(tmp_path / "one")]) == 0
+    torchrun("-m", "far.cli.main", *arguments, "--output-dir", str(tmp_path / "two"), cwd=tmp_path)
+
+    one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
+    assert one.keys() == two.keys() and one["files"].keys() == two["files"].keys()
+    assert one["steps"] == two["steps"] == 4 and one["learner_shares"] == two["learner_shares"]
+    assert all(abs(one["metrics"][k] - two["metrics"][k]) < 1e-4 for k in one["metrics"])
+    weights = [load_file(str(tmp_path / name / "model" / "model.safetensors")) for name in ("one", "two")]
+    assert max_difference(*weights) <= TOLERANCE
+    assert len(list((tmp_path / "two" / "checkpoints").glob("step-*"))) == 2  # written once, by the first process

@@ -38,8 +38,14 @@ T = TypeVar("T")
 TIMEOUT = timedelta(minutes=30)
 
 
-class PeerError(RuntimeError):
-    """What the first process raised, raised again in the other processes of the run."""
+class PeerError(ValueError):
+    """What the first process raised (mostly a user error: a folder it may not write), raised in the others."""
+
+
+def writes_outputs() -> bool:
+    """Whether this process writes (and checks, and locks) a run's output folder: the only process of a run, or the
+    first (RANK 0) of a torchrun run, before its process group is joined."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ class Parallel:
             if cuda:  # one GPU per process, by its rank on this machine
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
+            # Every process here: each has checked the run's inputs and output folder before the first claims it.
+            dist.barrier()
         return cls(dist.get_rank(), dist.get_world_size(), strategy)
 
     @property
