@@ -134,6 +134,11 @@ class Parallel:
         dist.all_reduce(total)
         return float(total)
 
+    def sum_(self, tensor: Tensor) -> None:
+        """`tensor` summed over the processes, in place (a gradient that each process's share of the loss made)."""
+        if self.active:
+            dist.all_reduce(tensor)
+
     def check_same(self, scores: dict[str, Tensor], what: str) -> None:
         """Raise unless every process holds the same `scores` (each tensor's sum and L1): the replicas must choose
         alike."""
