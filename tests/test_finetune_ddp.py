@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY, torchrun, write_rows
-from ddp_finetune_worker import NO_DROPOUT, run
+from ddp_finetune_worker import NO_DROPOUT, VARIANTS, run
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -38,6 +38,9 @@ def test_two_processes_train_as_one_and_resume_across_process_counts(tmp_path):
     fresh, resumed = (torch.load(tmp_path / "ddp" / name / "final.pt") for name in ("fresh", "resumed"))
     assert max_difference(one, fresh) <= TOLERANCE
     assert max_difference(one, resumed) <= TOLERANCE  # a one-process checkpoint, resumed under 2 processes
+    for name, changes in VARIANTS.items():
+        alone = run(tmp_path / f"one-{name}", None, **changes).state_dict()
+        assert max_difference(alone, torch.load(tmp_path / "ddp" / name / "final.pt")) <= TOLERANCE, name
 
     # The frozen nodes did not move after the switch (step 2) under DDP: as at the checkpoint of step 3.
     ddp_run = tmp_path / "ddp" / "fresh"
@@ -77,8 +80,8 @@ def test_one_process_is_the_plain_operation():
     model = torch.nn.Linear(2, 2)
     assert not parallel.active and parallel.wrap(model) is model and parallel.sum(1.5) == 1.5
     assert parallel.on_main(lambda x: x + 1, 1) == 2 and parallel.seed(7) == 7
-    with pytest.raises(ValueError, match="choose one of ddp, fsdp"):
-        Parallel(strategy="horovod")
+    with pytest.raises(ValueError, match="rank 2 is not one of the 2 processes"):
+        Parallel(2, 2)
 
 
 @pytest.fixture(scope="module")

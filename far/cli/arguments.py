@@ -13,7 +13,6 @@ from far.data.locate import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from far.methods import METHODS
 from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES
 from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES
-from far.training.distributed import STRATEGIES
 from far.training.options import PRIMING_SCORES, check_length
 from far.training.precision import PRECISIONS
 
@@ -315,12 +314,4 @@ def _add_run_outputs(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace the run that --output-dir holds (its files only); without it, a folder that holds a run is "
         "refused before anything loads",
-    )
-    parser.add_argument(
-        "--distributed",
-        choices=STRATEGIES,
-        default="ddp",
-        help="under torchrun (WORLD_SIZE > 1), how the processes share each global batch: ddp (each holds the model, "
-        "the gradients are averaged) or fsdp (FSDP2: the weights sharded, after FAR's surgery); one process ignores "
-        "it (default: ddp; docs/distributed.md)",
     )

@@ -252,7 +252,7 @@ def own_texts_run(
     total_steps, steps_per_epoch = training.total_steps, training.steps_per_epoch
     memory.mark("data")
     # Under torchrun: every process trains on its share of each batch, the first one writes the run's files.
-    parallel = Parallel.from_environment(settings.distributed)
+    parallel = Parallel.from_environment()
     out = parallel.on_main(settings.claim_output, texts.name)
     out.mkdir(parents=True, exist_ok=True)  # each process's scratch file of the frozen bottom's states goes there
 

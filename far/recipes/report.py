@@ -137,8 +137,8 @@ def frozen_layers(model: nn.Module) -> int | None:
 def train_and_report(run: TrainingRun) -> dict | None:
     """Train with `far.finetune`, evaluate, then write predictions, the model and metrics.json.
 
-    Under torchrun (WORLD_SIZE > 1) every process trains on its share of each batch (`run.settings.distributed`:
-    DDP or FSDP2) and the first one writes the run's files.
+    Under torchrun (WORLD_SIZE > 1) every process trains on its share of each batch (DDP,
+    `far.training.distributed`) and the first one writes the run's files.
 
     Returns:
         The record that metrics.json holds: the task, method, `far.FinetuneResult`'s fields, the
@@ -149,7 +149,7 @@ def train_and_report(run: TrainingRun) -> dict | None:
     options = settings.train_options(run.hyperparameters)
     plan_training(len(run.train_data), options)  # steps that cannot hold the priming are refused before the folder
     # Under torchrun: every process trains, the first one writes the run's files (far.training.distributed).
-    parallel = Parallel.from_environment(settings.distributed)
+    parallel = Parallel.from_environment()
     main = parallel.is_main
     out = parallel.on_main(settings.claim_output, run.task)
     with run_log(out) if main else contextlib.nullcontext():

@@ -29,7 +29,7 @@ from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.saving.layout_file import SharedLayout, read_shared_layout
 from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
-from far.training.distributed import STRATEGIES, writes_outputs
+from far.training.distributed import writes_outputs
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
 # "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
@@ -136,7 +136,6 @@ class RunSettings:
     overwrite: bool = False  # replace the run that output_dir holds (far.recipes.outputs)
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
-    distributed: str = "ddp"  # under torchrun: "ddp" or "fsdp" (far.training.distributed)
     # A layout file that `far prime` wrote: the run splits the model with its learners at step 0, no priming.
     layout: str | None = None
     # Which configuration the fields above make and why, as the command line chose it (far.recipes.configuration);
@@ -175,8 +174,6 @@ class RunSettings:
             )
         if self.runtime not in ("auto", *RUNTIMES):
             raise ValueError(f"runtime must be one of auto, {', '.join(RUNTIMES)}, got {self.runtime!r}")
-        if self.distributed not in STRATEGIES:
-            raise ValueError(f"distributed must be one of {', '.join(STRATEGIES)}, got {self.distributed!r}")
         if self.runtime == "lean" and self.method_spec.wraps_model:
             runnable = ", ".join(name for name, method in METHODS.items() if not method.wraps_model)
             raise ValueError(

@@ -2,7 +2,8 @@
 
 Under `torchrun --nproc_per_node N`, each process takes its share of every global batch (the batch of a
 one-process run: the same steps, the same mean loss), and the gradients are averaged by PyTorch's
-`DistributedDataParallel` (default) or sharded with FSDP2 (`torch.distributed.fsdp.fully_shard`). Whatever
+`DistributedDataParallel` (a lean causal LM, which steps block by block inside backward, sums each block's
+gradient itself: `far.llm.text_steps`). Whatever
 changes the model (priming's scores, FAR's surgery, a frozen bottom) happens alike in every process, so the
 replicas stay identical; the model is wrapped again after the surgery, whose new tensors the old wrapper
 does not know. What is written once (checkpoints, logs, the run's files) is written by the first process.
@@ -10,14 +11,13 @@ does not know. What is written once (checkpoints, logs, the run's files) is writ
 A run of one process (no WORLD_SIZE, or 1) gets `Parallel()`: no process group, and every method below is the
 plain one-process operation.
 
-    >>> parallel = Parallel.from_environment("ddp")   # under torchrun: joins the process group
+    >>> parallel = Parallel.from_environment()   # under torchrun: joins the process group
     >>> far.finetune(model, examples, "auto", parallel=parallel)
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,7 +31,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from far.seeds import derive_seed
 
-STRATEGIES = ("ddp", "fsdp")
 T = TypeVar("T")
 # How long a process waits for the others at a collective before the run fails (rather than hangs): the first
 # process evaluates alone while the others wait, so this is larger than an evaluation.
@@ -50,32 +49,26 @@ def writes_outputs() -> bool:
 
 @dataclass(frozen=True)
 class Parallel:
-    """This process's place in a data-parallel run: its rank, how many processes, and how gradients meet.
+    """This process's place in a data-parallel run: its rank and how many processes there are.
 
     Args:
         rank: This process's number, 0 to `world_size - 1`; 0 writes the run's files.
         world_size: How many processes share each global batch.
-        strategy: "ddp" (every process holds the whole model, gradients are averaged) or "fsdp" (FSDP2: the
-            parameters, gradients and optimizer state are sharded over the processes).
     """
 
     rank: int = 0
     world_size: int = 1
-    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"distributed={self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not one of the {self.world_size} processes")
 
     @classmethod
-    def from_environment(cls, strategy: str = "ddp") -> Parallel:
+    def from_environment(cls) -> Parallel:
         """The run's place from torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), joining its process group
         (gloo on CPU, nccl on CUDA) unless this process has joined one; `Parallel()` without WORLD_SIZE > 1."""
-        cls(strategy=strategy)  # a bad strategy fails before any process group
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return cls(strategy=strategy)
+            return cls()
         if not dist.is_initialized():
             cuda = torch.cuda.is_available()
             if cuda:  # one GPU per process, by its rank on this machine
@@ -83,7 +76,7 @@ class Parallel:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
             # Every process here: each has checked the run's inputs and output folder before the first claims it.
             dist.barrier()
-        return cls(dist.get_rank(), dist.get_world_size(), strategy)
+        return cls(dist.get_rank(), dist.get_world_size())
 
     @property
     def active(self) -> bool:
@@ -104,14 +97,11 @@ class Parallel:
         n = len(indices)
         return list(indices[self.rank * n // self.world_size : (self.rank + 1) * n // self.world_size])
 
-    def wrap(self, model: nn.Module, shard: bool = True) -> nn.Module:
-        """What the steps run `model` through: the model itself in one process, else its DDP wrapper, or with
-        "fsdp" and `shard` the model sharded in place by FSDP2 (priming, which watches whole tensors, and the
-        surgery run under DDP; the model is sharded after the surgery). Call again after a surgery."""
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """What the steps run `model` through: the model itself in one process, else its DDP wrapper. Call again
+        after a surgery: DDP's reducer is bound to the tensors it wrapped."""
         if not self.active or not any(p.requires_grad for p in model.parameters()):
             return model
-        if self.strategy == "fsdp" and shard:
-            return fully_shard_model(model)
         device = next(model.parameters()).device
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -176,10 +166,3 @@ class Parallel:
         if self.active and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
-
-
-def fully_shard_model(model: nn.Module) -> nn.Module:
-    """FSDP2 over `model`, in place, as one unit (its parameters sharded over the processes between steps)."""
-    # Imported when asked for: FSDP2's modules are not needed by a DDP or one-process run.
-    importlib.import_module("torch.distributed.fsdp").fully_shard(model)
-    return model

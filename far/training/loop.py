@@ -273,8 +273,8 @@ class Loop:
         """The optimizer and scheduler of the phase that takes step `step`."""
         plan = self.plan
         name = plan.optimizer_at(step)
-        # Wrapped again over the tensors the surgery made (MeZO's steps have no gradients to meet); FSDP after it.
-        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model, step >= plan.priming_steps)
+        # Wrapped again over the tensors the surgery made (MeZO's steps have no gradients to meet).
+        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model)
         self.optimizer = build_optimizer(
             name,
             self.model,
