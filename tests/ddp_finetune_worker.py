@@ -21,7 +21,7 @@ from far.training.distributed import Parallel
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 # Batches of 8 from 24 examples: 3 steps an epoch; priming 2 steps; a checkpoint every 3 steps.
-RUN = dict(max_steps=6, batch_size=8, lr=1e-2, priming=2, checkpoint_every=3, keep_checkpoints=None, progress=False)
+RUN = dict(max_steps=6, batch_size=8, lr=1e-3, priming=2, checkpoint_every=3, keep_checkpoints=None, progress=False)
 VARIANTS = {
     # Batches of 4 accumulated 2 to a step (the gradients meet once a step), scored by gradient priming.
     "accumulated": dict(batch_size=4, grad_accum=2, priming_scores="gradient"),
