@@ -101,16 +101,9 @@ def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dr
     words = "good great fine bad awful dull".split()
     rows = [{"text": f"{words[i % 6]} {words[i * 5 % 6]} film", "label": ["pos", "neg"][i % 6 >= 3]} for i in range(24)]
     train, dev = write_rows(tmp_path / "train.csv", rows), write_rows(tmp_path / "dev.csv", rows[:8])
-    arguments = [
-        "train",
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(dev),
-        "--model",
-        str(no_dropout_model_dir),
-    ]
-    arguments += ["--max-steps", "4", "--batch-size", "8", "--lr", "1e-2", "--max-length", "16", "--no-progress"]
+    arguments = ["train", "--train-file", str(train), "--validation-file", str(dev), "--no-progress"]
+    arguments += ["--model", str(no_dropout_model_dir), "--max-steps", "4", "--batch-size", "8", "--lr", "1e-2"]
+    arguments += ["--max-length", "16"]
     arguments += ["--checkpoint-every", "2"]
     assert main([*arguments, "--output-dir", str(tmp_path / "one")]) == 0
     torchrun("-m", "far.cli.main", *arguments, "--output-dir", str(tmp_path / "two"), cwd=tmp_path)
