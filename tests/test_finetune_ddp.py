@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import TINY, torchrun, write_rows
 from ddp_finetune_worker import NO_DROPOUT, VARIANTS, run
+from ddp_parallel_worker import disagree_and_fail
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -16,8 +17,10 @@ from far.cli.main import main
 from far.training.batches import BatchStream
 from far.training.distributed import Parallel
 
-pytestmark = pytest.mark.slow  # whole processes
-
+# Whole processes (torchrun's, or two spawned here): slow.
+distributed = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="this torch build has no torch.distributed"
+)
 WORKER = Path(__file__).with_name("ddp_finetune_worker.py")
 TOLERANCE = 1e-5
 
@@ -31,7 +34,8 @@ def checkpoint_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "checkpoints" / f"step-{step}" / "model.safetensors"))
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
+@pytest.mark.slow
+@distributed
 def test_two_processes_train_as_one_and_resume_across_process_counts(tmp_path):
     one = run(tmp_path / "one", None).state_dict()
     torchrun(WORKER, str(tmp_path / "ddp"), str(tmp_path / "one" / "checkpoints" / "step-3"), cwd=tmp_path)
@@ -96,7 +100,8 @@ def no_dropout_model_dir(tmp_path_factory, minilm_path):
     return path
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch build has no torch.distributed")
+@pytest.mark.slow
+@distributed
 def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dropout_model_dir):
     words = "good great fine bad awful dull".split()
     rows = [{"text": f"{words[i % 6]} {words[i * 5 % 6]} film", "label": ["pos", "neg"][i % 6 >= 3]} for i in range(24)]
@@ -115,3 +120,17 @@ def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dr
     weights = [load_file(str(tmp_path / name / "model" / "model.safetensors")) for name in ("one", "two")]
     assert max_difference(*weights) <= TOLERANCE
     assert len(list((tmp_path / "two" / "checkpoints").glob("step-*"))) == 2  # written once, by the first process
+
+
+@pytest.mark.slow
+@distributed
+def test_processes_that_disagree_stop_and_an_error_of_the_first_reaches_the_others(tmp_path):
+    torch.multiprocessing.spawn(disagree_and_fail, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        scores, failed = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert "the priming scores differ between the processes (largest gap 3" in scores
+        assert "every process must start from the same model and options" in scores
+    assert json.loads((tmp_path / "rank-0.json").read_text())[1] == "ValueError: no room on the disk"
+    assert json.loads((tmp_path / "rank-1.json").read_text())[1] == (
+        "PeerError: the first process failed: ValueError: no room on the disk"
+    )
