@@ -64,15 +64,25 @@ class Parallel:
             raise ValueError(f"rank {self.rank} is not one of the {self.world_size} processes")
 
     @classmethod
-    def from_environment(cls) -> Parallel:
+    def from_environment(cls, cuda: bool = False) -> Parallel:
         """The run's place from torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), joining its process group
-        (gloo on CPU, nccl on CUDA) unless this process has joined one; `Parallel()` without WORLD_SIZE > 1."""
+        unless this process has joined one; `Parallel()` without WORLD_SIZE > 1.
+
+        Args:
+            cuda: The model trains on CUDA: the processes talk over NCCL, each on the GPU of its rank on this
+                machine (LOCAL_RANK). Else over gloo, on the CPU (where the `far` commands train).
+        """
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls()
         if not dist.is_initialized():
-            cuda = torch.cuda.is_available()
-            if cuda:  # one GPU per process, by its rank on this machine
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            if cuda:
+                local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+                if local >= gpus:
+                    raise ValueError(
+                        f"process {local} of this machine has no GPU of its own ({gpus} here): start at most "
+                        f"{gpus} processes per machine (torchrun --nproc_per_node {gpus})"
+                    )
+                torch.cuda.set_device(local)
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
             # Every process here: each has checked the run's inputs and output folder before the first claims it.
             dist.barrier()
