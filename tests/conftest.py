@@ -280,8 +280,9 @@ def kill_session(session: int) -> None:
             pass
 
 
-def torchrun(worker: Path, *arguments: str, cwd: Path, timeout: int = 240) -> str:
-    """Run `worker` on 2 CPU processes (torchrun, gloo); what they printed, or the test fails with it."""
+def torchrun(worker: Path | str, *arguments: str, cwd: Path, timeout: int = 240) -> str:
+    """Run `worker` on 2 CPU processes (torchrun, gloo); what they printed, or the test fails with it. `worker` is a
+    script, or "-m" with the module to run first among `arguments` (as `torchrun -m far.cli.main ...`)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker)]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # A session of its own, so that a hang kills torchrun *and* its workers, and what they printed is shown.

@@ -9,7 +9,7 @@ from conftest import ARCHITECTURES, assert_state, pad, ragged_examples, state, t
 import far
 from far.encoder import LeanBertForSequenceClassification
 from far.training.frozen_bottom import FrozenBottom
-from far.training.loop import default_loss
+from far.training.losses import default_loss
 
 NO_DROPOUT = {
     "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),

@@ -165,6 +165,8 @@ def print_metrics(label: str, metrics: Mapping[str, float]) -> None:
 def report(run: TrainingRun) -> int:
     """Train and report `run` (`far.recipes.train_and_report`), then print its metrics and where it wrote."""
     record = train_and_report(run)
+    if record is None:  # a process of a distributed run other than the first, which reports
+        return 0
     print_metrics(run.title, record["metrics"])
     out: Path = run.output_dir
     print(f"wrote {out / METRICS_FILE}, predictions and the training log to {out}")

@@ -65,6 +65,8 @@ def _train_on_texts(args: argparse.Namespace) -> int:
     settings = settings_from(args, memory_budget=None)
     texts = own_texts.TextRun(args.train_file, args.validation_file, memory_budget=args.memory_budget)
     record = own_texts.own_texts_run(settings, texts)
+    if record is None:  # a process of a torchrun run other than the first, which reports
+        return 0
     before, after = record["before"], record["metrics"]
     print_metrics(f"{texts.name} ({settings.method}, {settings.optimizer})", after)
     print(

@@ -29,6 +29,7 @@ from far.llm.text_budget import PREFIX_CACHE_MIB
 from far.llm.text_steps import BATCHED_DIRECTIONS, PRIMING_MICRO_BATCH, TextSteps, priming_loss
 from far.seeds import derive_seed
 from far.storage.step_folders import CHECKPOINTS
+from far.training.distributed import Parallel
 from far.training.engine import Start
 from far.training.memory import PhaseMemory, release_freed_memory
 
@@ -77,8 +78,11 @@ class TextRunner:
         score: ScoreFn,
         out: Path,
         memory: PhaseMemory | None = None,
+        parallel: Parallel | None = None,
     ) -> None:
         self.model, self.train_ids, self.validation_ids = model, train_ids, validation_ids
+        # Under torchrun: this process steps on its share of each batch; the first one scores and checkpoints.
+        self.parallel = parallel or Parallel()
         self.layout, self.training, self.score, self.out = layout, training, score, out
         self.memory = memory or PhaseMemory()
         self.before: dict = {}
@@ -104,6 +108,11 @@ class TextRunner:
         size = self.training.batch_size
         return self.order(epoch)[index * size : (index + 1) * size]
 
+    def own_rows(self, step: int) -> list[int]:
+        """This process's share of step `step`'s chunks (all of them in a run of one process)."""
+        rows = self.rows(step)
+        return self.parallel.share(rows) if self.parallel.active else rows
+
     def begin(self) -> Start:
         training, model, layout = self.training, self.model, self.layout
         resume, trainer_state = None, {}
@@ -123,6 +132,9 @@ class TextRunner:
             ids = self.train_ids[self.order(0)[: self.primed]]
             micro_batches = [ids[i : i + PRIMING_MICRO_BATCH] for i in range(0, self.primed, PRIMING_MICRO_BATCH)]
             apply_layout(model, layout, micro_batches, priming_loss(layout.frozen_layers))
+            # Every process primed on the same chunks: their layouts (and so their trainable tensors) must agree.
+            learners = {str(i): weight.stored for i, weight in enumerate(model.trainable_weights())}
+            self.parallel.check_same(learners, "trainable tensors after priming")
         self.priming_seconds = time.perf_counter() - priming_started
         self.depth = model.lowest_trainable_layer()
         first = int(trainer_state["step"]) if resume is not None else 0
@@ -136,6 +148,7 @@ class TextRunner:
             directions=training.directions,
             seed=training.seed,
             weight_decay=training.weight_decay,
+            parallel=self.parallel,
         )
         release_freed_memory()
         self.memory.mark("priming" if layout.far is not None else "trainable")
@@ -154,7 +167,7 @@ class TextRunner:
         """The frozen bottom's output of every chunk read from step `first` on: on disk, else in memory."""
         if not self.depth:
             return
-        read = sorted({row for step in range(first, self.training.total_steps) for row in self.rows(step)})
+        read = sorted({row for step in range(first, self.training.total_steps) for row in self.own_rows(step)})
         chunks = [self.train_ids[read], self.validation_ids]
         self.train_cache = self.eval_cache = keep_bottom_on_disk(self.model, self.depth, chunks, self.out)
         if self.train_cache is None:  # no room on disk: in memory, as many as fit
@@ -163,9 +176,11 @@ class TextRunner:
             self.eval_cache = PrefixCache(self.model, max_bytes=int(mib / 3 * 2**20))
 
     def step(self, step: int) -> dict:
-        ids = self.train_ids[self.rows(step)]
+        rows, own = self.rows(step), self.own_rows(step)
+        # A process with no share of a short batch still takes part, with a stand-in chunk that counts for nothing.
+        ids, counts = (self.train_ids[own], None) if own else (self.train_ids[rows[:1]], [0])
         micro = self.training.micro_batch
-        loss = self.steps([ids[i : i + micro] for i in range(0, len(ids), micro)])
+        loss = self.steps([ids[i : i + micro] for i in range(0, len(ids), micro)], counts, whole=len(rows))
         done = step + 1
         epoch = round(done / self.training.steps_per_epoch, 4)
         return {"step": done, "epoch": epoch, "loss": loss, "lr": self.training.lr}
@@ -180,7 +195,8 @@ class TextRunner:
 
     def _score(self) -> dict:
         t = time.perf_counter()
-        scores = self.score(self.model, self.validation_ids, self.training.eval_batch, self.eval_cache)
+        score, batch = self.score, self.training.eval_batch  # the first process scores, the others wait for it
+        scores = self.parallel.on_main(score, self.model, self.validation_ids, batch, self.eval_cache)
         self.eval_seconds += time.perf_counter() - t
         return scores
 
@@ -193,7 +209,8 @@ class TextRunner:
     def save(self, done: int) -> None:
         state = {"ffn": self.layout.ffn, "frozen_layers": self.depth, "hyperparameters": self.training.hyperparameters}
         state.update(before=self.before, evals=self.evals, seconds=self.seconds, cpu_seconds=self.cpu)
-        save_lean_checkpoint(self.out, done, self.model, self.steps.state(), state)
+        # Written once, by the first process; the others wait until it is whole.
+        self.parallel.on_main(save_lean_checkpoint, self.out, done, self.model, self.steps.state(), state)
 
     def training_seconds(self) -> float:
         """Wall seconds of training (after the scores before it), summed over resumed runs."""

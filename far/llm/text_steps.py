@@ -20,6 +20,7 @@ from far.llm.prefix import PrefixCache
 from far.llm.zo import CompactMeZO
 from far.llm.zo_batched import CompactBatchedZO
 from far.training.adamw import FusedAdamW
+from far.training.distributed import Parallel
 
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
 # Gradient priming scores nodes from a few chunks (a backward pass of the layers above the frozen ones each).
@@ -64,10 +65,12 @@ class TextSteps:
         seed: int = 0,
         weight_decay: float = 0.0,
         directions: int = BATCHED_DIRECTIONS,
+        parallel: Parallel | None = None,
     ) -> None:
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
         self.model, self.cache, self.optimizer_name = model, cache, optimizer
+        self.parallel = parallel or Parallel()  # under torchrun: the losses, or the gradients, summed over processes
         self.depth = 0 if cache is None else cache.n_layers
         if optimizer == "mezo":
             self.zeroth_order = CompactMeZO(model, lr, eps, seed=seed, weight_decay=weight_decay)
@@ -91,32 +94,46 @@ class TextSteps:
         else:
             self.adamw.load_state_dict(state)
 
-    def __call__(self, micro_batches: list[Tensor]) -> float:
-        """One step on the batch that `micro_batches` (each (b, T)) make up; returns its mean loss."""
-        n = sum(len(ids) for ids in micro_batches)
+    def __call__(self, micro_batches: list[Tensor], counts: list[int] | None = None, whole: int | None = None) -> float:
+        """One step on the batch that `micro_batches` (each (b, T)) make up; returns its mean loss.
+
+        Args:
+            counts: The rows each micro-batch counts for (default: its rows; 0 for a process's stand-in piece when
+                its share of a data-parallel batch is empty).
+            whole: The rows of the step's whole batch, over every process of a data-parallel run (default: the sum
+                of `counts`).
+        """
+        counts = [len(ids) for ids in micro_batches] if counts is None else counts
+        n = sum(counts) if whole is None else whole
         starts = [bottom_states(self.cache, ids) for ids in micro_batches]  # once for all zeroth-order passes
-        model, depth = self.model, self.depth
+        model, depth, parallel = self.model, self.depth, self.parallel
+        pieces = list(zip(micro_batches, starts, counts, strict=True))
         if self.optimizer_name != "adamw":
 
             def closure() -> float:
-                return (
-                    sum(
-                        float(model.next_token_loss(ids, start=s, start_layer=depth)) * len(ids)
-                        for ids, s in zip(micro_batches, starts, strict=True)
-                    )
-                    / n
+                return parallel.sum(
+                    sum(float(model.next_token_loss(ids, start=s, start_layer=depth)) * c for ids, s, c in pieces) / n
                 )
 
             return self.zeroth_order.step(closure)
         total = 0.0
         with self.gradients, model.input_gradients(), torch.enable_grad():
-            for k, (ids, start) in enumerate(zip(micro_batches, starts, strict=True)):
-                loss = model.next_token_loss(ids, start=start, start_layer=depth) * (len(ids) / n)
+            for k, (ids, start, count) in enumerate(pieces):
+                loss = model.next_token_loss(ids, start=start, start_layer=depth) * (count / n)
                 # The last micro-batch completes each block's gradient: step it there and drop the gradient.
                 last = k == len(micro_batches) - 1
-                with self.gradients.stepping(self.adamw.step_one) if last else contextlib.nullcontext():
+                with self.gradients.stepping(self._step_one) if last else contextlib.nullcontext():
                     loss.backward()
                 total += float(loss.detach())
-        self.adamw.step()  # the norm gains, whose gradients autograd fills
+        for group in self.adamw.param_groups:  # the norm gains, whose gradients autograd fills
+            for p in group["params"]:
+                if p.grad is not None:
+                    parallel.sum_(p.grad)
+        self.adamw.step()
         self.gradients.zero()
-        return total
+        return parallel.sum(total)
+
+    def _step_one(self, param: Tensor) -> None:
+        """A learner block's step, its gradient summed over the processes first (in one process: as it is)."""
+        self.parallel.sum_(param.grad)
+        self.adamw.step_one(param)

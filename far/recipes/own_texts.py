@@ -52,6 +52,7 @@ from far.recipes.configuration import configuration_record
 from far.recipes.settings import RunSettings
 from far.saving.safetensors_file import DTYPES, LEARNERS_FILE
 from far.storage.atomic import write_json
+from far.training.distributed import Parallel
 from far.training.engine import Cadence, train
 from far.training.memory import PhaseMemory, release_freed_memory
 from far.training.options import LEARNING_RATES
@@ -226,9 +227,10 @@ def own_texts_run(
     texts: TextRun,
     memory: PhaseMemory | None = None,
     on_step: Callable[[dict], None] | None = None,
-) -> dict:
+) -> dict | None:
     """Fine-tune a GGUF causal LM on `texts`, score held-out perplexity; writes metrics.json, the log and the
-    learners file into the run's folder; returns the metrics record.
+    learners file into the run's folder; returns the metrics record (None in a process of a torchrun run other
+    than the first, which writes and returns it).
 
     Args:
         on_step: Called with each step's log record, after its checkpoint (if one is due) is written.
@@ -249,13 +251,16 @@ def own_texts_run(
     training = _training(settings, hparams, len(chunks.train), layout, plan)
     total_steps, steps_per_epoch = training.total_steps, training.steps_per_epoch
     memory.mark("data")
-    out = settings.claim_output(texts.name)
+    # Under torchrun: every process trains on its share of each batch, the first one writes the run's files.
+    parallel = Parallel.from_environment()
+    out = parallel.on_main(settings.claim_output, texts.name)
+    out.mkdir(parents=True, exist_ok=True)  # each process's scratch file of the frozen bottom's states goes there
 
     started, cpu_started = time.perf_counter(), cpu_seconds()
     model = load_lean_model(gguf_path)
     release_freed_memory()
     memory.mark("weights")
-    runner = TextRunner(model, chunks.train, chunks.validation, layout, training, perplexity, out, memory)
+    runner = TextRunner(model, chunks.train, chunks.validation, layout, training, perplexity, out, memory, parallel)
     cadence = Cadence(
         total_steps,
         eval_every=settings.eval_every,
@@ -263,12 +268,17 @@ def own_texts_run(
         checkpoint_every=settings.checkpoint_every,
         checkpoint_last=False,  # the learners file holds the finished run
     )
-    start = train(runner, cadence, out / "log.jsonl", progress=settings.progress, on_step=on_step)
+    main = parallel.is_main
+    log_path = out / "log.jsonl" if main else None
+    start = train(runner, cadence, log_path, progress=settings.progress and main, on_step=on_step)
     training_seconds = runner.training_seconds()
     memory.mark("training")
     shipped = SHIPPED_DTYPE if settings.save_model and total_steps else None
     final, trained_precision = runner.final_scores(shipped)
     bottom = runner.close_bottom()
+    if not main:  # the first process saves, writes and reports
+        parallel.close()
+        return None
 
     files = {"step_log": "log.jsonl"}
     learners_bytes = None
@@ -327,4 +337,5 @@ def own_texts_run(
         "resumed_from_step": start.first if start.resumed else None,
     }
     write_json(out / "metrics.json", record)
+    parallel.close()
     return record

@@ -36,6 +36,7 @@ from far.recipes.settings import RECORDED_OPTIONS, RunSettings
 from far.saving.layout_file import layout_metadata
 from far.saving.stock import stock_reader
 from far.storage.atomic import write_json
+from far.training.distributed import Parallel
 from far.training.plan import plan_training
 
 if TYPE_CHECKING:  # a type only: the evaluators module imports datasets
@@ -133,18 +134,25 @@ def frozen_layers(model: nn.Module) -> int | None:
         return None
 
 
-def train_and_report(run: TrainingRun) -> dict:
+def train_and_report(run: TrainingRun) -> dict | None:
     """Train with `far.finetune`, evaluate, then write predictions, the model and metrics.json.
+
+    Under torchrun (WORLD_SIZE > 1) every process trains on its share of each batch (DDP,
+    `far.training.distributed`) and the first one writes the run's files.
 
     Returns:
         The record that metrics.json holds: the task, method, `far.FinetuneResult`'s fields, the
-        metrics, the hyper-parameters, `run.extra`, the files and their sizes.
+        metrics, the hyper-parameters, `run.extra`, the files and their sizes. None in a process of a
+        distributed run other than the first.
     """
     settings, model = run.settings, run.model
     options = settings.train_options(run.hyperparameters)
     plan_training(len(run.train_data), options)  # steps that cannot hold the priming are refused before the folder
-    out = settings.claim_output(run.task)
-    with run_log(out):
+    # Under torchrun: every process trains, the first one writes the run's files (far.training.distributed).
+    parallel = Parallel.from_environment(cuda=next(model.parameters()).is_cuda)
+    main = parallel.is_main
+    out = parallel.on_main(settings.claim_output, run.task)
+    with run_log(out) if main else contextlib.nullcontext():
         logger.info(
             "far %s: model %s, optimizer %s, %d training examples; hyper-parameters %s",
             run.title,
@@ -166,7 +174,11 @@ def train_and_report(run: TrainingRun) -> dict:
             output_dir=out,
             # A killed run goes on from its newest intact checkpoint, to the same end as an uninterrupted one.
             resume_from=out if settings.resume else None,
+            parallel=parallel,
         )
+        if not main:  # the first process evaluates, writes and reports
+            parallel.close()
+            return None
         metrics = dict(result.metrics or {})
         if not metrics or run.evaluator.predictions is None:
             # No evaluation ran in this process (none was asked for, or a finished run was resumed): run it here,
@@ -209,4 +221,5 @@ def train_and_report(run: TrainingRun) -> dict:
         "far_version": far.__version__,
     }
     write_json(out / METRICS_FILE, record)
+    parallel.close()
     return record

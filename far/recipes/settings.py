@@ -29,6 +29,7 @@ from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.saving.layout_file import SharedLayout, read_shared_layout
 from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
+from far.training.distributed import writes_outputs
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
 # "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
@@ -279,7 +280,10 @@ class RunSettings:
         return {"task": task, "model": self.model, "method": self.method, "optimizer": self.optimizer}
 
     def check_output(self, task: str) -> None:
-        """Refuse, before anything loads or changes, an output folder that holds another run (`far.recipes.outputs`)."""
+        """Refuse, before anything loads or changes, an output folder that holds another run (`far.recipes.outputs`);
+        under torchrun, the first process does (it writes the run's files, `train_and_report`)."""
+        if not writes_outputs():
+            return
         check_output_dir(self.output_path(task), self.run_identity(task), resume=self.resume, overwrite=self.overwrite)
 
     def claim_output(self, task: str) -> Path:

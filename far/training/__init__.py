@@ -18,6 +18,7 @@ lazy_face(
     {
         "far.training.callback": ("FARCallback", "retarget_optimizer"),
         "far.training.trainer": ("FARTrainer", "FARTrainerMixin"),
+        "far.training.distributed": ("Parallel",),
         "far.training.finetune": ("finetune",),
         "far.training.gradient_priming": ("ffn_parameter_names", "gradient_scores", "prime_and_reconfigure"),
         "far.training.memory": ("page_out_after_forward", "release_freed_memory", "to_private_memory"),

@@ -28,11 +28,13 @@ GROUP_BATCHES = 50
 
 
 class MicroBatch(NamedTuple):
-    """A collated piece of a batch, how many examples it holds, and their indices in the dataset."""
+    """A collated piece of a batch, how many examples it holds, their indices in the dataset, and the examples of
+    the whole batch it is part of (over every process of a data-parallel run; 0: this piece's batch alone)."""
 
     batch: Any
     examples: int
     indices: tuple[int, ...] = ()
+    whole: int = 0
 
 
 def example_length(example: Any) -> int | None:
@@ -138,21 +140,38 @@ class BatchStream:
         shuffled = [whole[i] for i in torch.randperm(len(whole), generator=generator).tolist()]
         return torch.cat(shuffled + short) if shuffled or short else order
 
-    def batches(self, start: int = 0) -> Iterator[list[MicroBatch]]:
-        """Batches number `start`, `start + 1`, ... forever, each as its micro-batches."""
+    def batches(
+        self, start: int = 0, share: Callable[[list[int]], list[int]] | None = None
+    ) -> Iterator[list[MicroBatch]]:
+        """Batches number `start`, `start + 1`, ... forever, each as its micro-batches.
+
+        Args:
+            share: This process's share of a batch's indices in a data-parallel run (`far.training.distributed`);
+                each `MicroBatch.whole` then counts the whole batch. A process whose share is empty gets the
+                batch's first example as a piece of 0 examples, so that it still takes part in the step.
+        """
         epoch, offset = divmod(start, self.batches_per_epoch)
         while True:
             order = self.order(epoch)
             for b in range(offset, self.batches_per_epoch):
                 idx = order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
+                whole = len(idx)
+                if share is not None:
+                    mine = share(idx)
+                    if not mine:  # (weight 0: its gradient adds nothing)
+                        yield [MicroBatch(self.collate_fn([self.dataset[idx[0]]]), 0, (idx[0],), whole)]
+                        continue
+                    idx = mine
                 examples = [self.dataset[i] for i in idx]
                 if self.micro_tokens is None:
-                    yield [MicroBatch(self.collate_fn(examples), len(examples), tuple(idx))]
+                    yield [MicroBatch(self.collate_fn(examples), len(examples), tuple(idx), whole)]
                     continue
                 lengths = [example_length(e) or self.max_length for e in examples]
                 groups = split_batch(lengths, self.micro_tokens)
                 yield [
-                    MicroBatch(self.collate_fn([examples[i] for i in group]), len(group), tuple(idx[i] for i in group))
+                    MicroBatch(
+                        self.collate_fn([examples[i] for i in group]), len(group), tuple(idx[i] for i in group), whole
+                    )
                     for group in groups
                 ]
             epoch, offset = epoch + 1, 0

@@ -28,7 +28,9 @@ from far.training.budget import (
     resident_mib,
 )
 from far.training.checkpoint import has_run, read_checkpoint
-from far.training.loop import EvalFn, Loop, LossFn, default_loss
+from far.training.distributed import Parallel
+from far.training.loop import Loop
+from far.training.losses import EvalFn, LossFn, default_loss
 from far.training.memory import release_freed_memory
 from far.training.options import OPTION_NAMES, TrainOptions
 from far.training.plan import plan_training
@@ -124,6 +126,7 @@ def finetune(
     base_weights: Callable[[str], Tensor] | None = None,
     layout: str | os.PathLike | SharedLayout | None = None,
     stop_after_priming: bool = False,
+    parallel: Parallel | None = None,
     **deprecated: Any,
 ) -> FinetuneResult:
     """Prime, select learners, reconfigure and train `model`, in place, with AdamW or MeZO.
@@ -235,6 +238,9 @@ def finetune(
             it freezes a depth. A layout for another base or shape is refused before the model is touched.
         stop_after_priming: Run the priming phase only: the model ends reconfigured with what priming chose,
             untrained beyond it (what `far.training.prime_layout` writes out).
+        parallel: This process's place in a data-parallel run under torchrun (`far.training.distributed`,
+            `Parallel.from_environment()`): each process trains on its share of every batch, to the weights of one
+            process; the first one writes `output_dir`. None: one process.
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -293,6 +299,7 @@ def finetune(
         spec=spec,
         progress=options.progress,
         base_weights=base_weights,
+        parallel=parallel,
     )
     switch_recompute = memory is not None and memory.recompute_layers and not recomputes_layers(model)
     if switch_recompute:

@@ -128,6 +128,16 @@ def ffn_parameter_names(model: nn.Module, spec: FFNSpec | None = None, *, heads:
     return names
 
 
+def split_scores(
+    model: nn.Module, scores: dict[str, Tensor], spec: FFNSpec | None, *, heads: bool
+) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+    """`gradient_scores`' scores as the surgery takes them: the FFNs', and the attention blocks' (None without
+    `heads`)."""
+    ffns = find_ffns(model, spec)
+    ffn_scores = {name: s for name, s in scores.items() if name in ffns}
+    return ffn_scores, {name: s for name, s in scores.items() if name not in ffns} if heads else None
+
+
 def prime_and_reconfigure(
     model: nn.Module,
     batches: Iterable[dict[str, Tensor]],
@@ -167,8 +177,6 @@ def prime_and_reconfigure(
         reconfigure(model, config, spec=spec)
         return None
     scores = gradient_scores(model, batches, loss_fn, spec=spec, heads=heads)
-    ffns = find_ffns(model, spec)
-    ffn_scores = {name: s for name, s in scores.items() if name in ffns}
-    head_scores = {name: s for name, s in scores.items() if name not in ffns} if heads else None
+    ffn_scores, head_scores = split_scores(model, scores, spec, heads=heads)
     reconfigure(model, config, scores=ffn_scores, head_scores=head_scores, spec=spec)
     return scores

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import warnings
@@ -13,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from far.architectures import FFNSpec, find_ffns
+from far.architectures import FFNSpec
 from far.config import AUTO
 from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
 from far.hardware import peak_rss_bytes
@@ -21,7 +20,6 @@ from far.priming import Primer, trainable_embeddings
 from far.saving.shared_layout import apply_layout
 from far.seeds import derive_seed
 from far.selection import layer_changes
-from far.storage.atomic import atomic_file
 from far.surgery.reconfigure import freeze_ffns, reconfigure
 from far.surgery.state import learners, node_groups
 from far.training.batches import BatchStream, to_device
@@ -32,26 +30,16 @@ from far.training.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
+from far.training.distributed import Parallel
 from far.training.engine import Cadence, Start, train
 from far.training.frozen_bottom import FrozenBottom
-from far.training.gradient_priming import gradient_scores
+from far.training.gradient_priming import gradient_scores, split_scores
+from far.training.losses import EvalFn, LossFn
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
 from far.training.plan import TrainingPlan
 from far.training.result import FinetuneResult
 from far.training.schedule import run_schedule
-
-LossFn = Callable[[nn.Module, Any], Tensor]
-EvalFn = Callable[[nn.Module], Mapping[str, float]]
-
-
-def default_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-    """`model(**batch).loss`, the loss a transformers model computes when the batch has labels."""
-    output = model(**batch)
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if loss is None:
-        raise ValueError("the model returned no loss: give the examples labels (a 'labels' field), or pass loss_fn=")
-    return loss
 
 
 def _freeze_embeddings(model: nn.Module) -> None:
@@ -78,8 +66,10 @@ class Loop:
         spec: FFNSpec | None,
         progress: bool,
         base_weights: Callable[[str], Tensor] | None = None,
+        parallel: Parallel | None = None,
     ) -> None:
         self.model, self.stream, self.plan = model, stream, plan
+        self.parallel, self.wrapped = parallel or Parallel(), model  # what the steps run: the model, or its wrapper
         self.base_weights = base_weights
         self.loss_fn, self.eval_fn, self.spec, self.progress = loss_fn, eval_fn, spec, progress
         self.output_dir = output_dir
@@ -110,13 +100,14 @@ class Loop:
             log_every=plan.log_every,
             checkpoint_every=None if self.output_dir is None else plan.checkpoint_every,
         )
-        log_path = None if self.output_dir is None else self.output_dir / "log.jsonl"
+        main = self.parallel.is_main  # the one process that writes the log and the result
+        log_path = None if self.output_dir is None or not main else self.output_dir / "log.jsonl"
         try:
             # Dropout draws from torch's global RNG: seed it for this run only; fork_rng puts the
             # caller's RNG state back afterwards.
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(plan.seed)
-                train(self, cadence, log_path, progress=self.progress)
+                torch.manual_seed(self.parallel.seed(plan.seed))
+                train(self, cadence, log_path, progress=self.progress and main)
         finally:
             self.model.train(was_training)
         return self._result(log_path)
@@ -125,7 +116,8 @@ class Loop:
         resume = self._resume_from
         first = self._resume(resume) if resume is not None else self._start()
         self._prior_seconds = self.seconds["total"]
-        self._batches = self.stream.batches(first * self.plan.grad_accum)
+        share = self.parallel.share if self.parallel.active else None  # this process's examples of each batch
+        self._batches = self.stream.batches(first * self.plan.grad_accum, share)
         return Start(first, resumed=resume is not None)
 
     def switch(self, done: int, record: dict) -> None:
@@ -144,7 +136,8 @@ class Loop:
         plan = self.plan
         state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
         state.update(layer_change=self.layer_change, learner_shares=self.learner_shares)
-        self.checkpoint = save_checkpoint(
+        self.checkpoint = self.parallel.on_main(  # written once; the other processes wait for it
+            save_checkpoint,
             self.output_dir,
             done,
             self.model,
@@ -224,6 +217,7 @@ class Loop:
         """
         t = time.perf_counter()
         scores = self.primer.scores()
+        self.parallel.check_same(scores, "priming scores")  # every process must split its replica alike
         self.layer_change = self._layer_change(scores)
         head_scores = self.primer.head_scores() if self.primer.watches_heads else None
         self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
@@ -252,9 +246,7 @@ class Loop:
         scores = gradient_scores(
             self.model, pieces, lambda _, batch: self._loss(batch, ()), spec=self.spec, checkpointing=False, heads=heads
         )
-        ffn_names = set(find_ffns(self.model, self.spec))
-        ffn_scores = {name: s for name, s in scores.items() if name in ffn_names}
-        head_scores = {name: s for name, s in scores.items() if name not in ffn_names} if heads else None
+        ffn_scores, head_scores = split_scores(self.model, scores, self.spec, heads=heads)
         self.layer_change = self._layer_change(ffn_scores)
         reconfigure(self.model, far_config, scores=ffn_scores, head_scores=head_scores, spec=self.spec)
         self._note_surgery()
@@ -281,6 +273,8 @@ class Loop:
         """The optimizer and scheduler of the phase that takes step `step`."""
         plan = self.plan
         name = plan.optimizer_at(step)
+        # Wrapped again over the tensors the surgery made (MeZO's steps have no gradients to meet).
+        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model)
         self.optimizer = build_optimizer(
             name,
             self.model,
@@ -311,7 +305,7 @@ class Loop:
         lr = self.optimizer.param_groups[0]["lr"]
         # Every micro-batch's mean loss weighs as its share of the step's examples: the step's mean loss.
         pieces = [piece for batch in batches for piece in batch]
-        total = sum(piece.examples for piece in pieces)
+        total = sum(batch[0].whole or sum(p.examples for p in batch) for batch in batches)  # over every process
         weighted = [(to_device(piece.batch, self.device), piece.examples / total, piece.indices) for piece in pieces]
         if isinstance(self.optimizer, MeZO):
             loss = self.optimizer.step(lambda: self._mean_loss(weighted))
@@ -325,25 +319,28 @@ class Loop:
     def _loss(self, batch: Any, keys: tuple[int, ...]) -> Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.plan.bf16):
             if self.frozen is None:
-                loss = self.loss_fn(self.model, batch)
+                loss = self.loss_fn(self.wrapped, batch)
             else:  # the bottom layers hand back the examples' kept states
                 with self.frozen.serving(self.loss_fn, batch, keys):
-                    loss = self.loss_fn(self.model, batch)
+                    loss = self.loss_fn(self.wrapped, batch)
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
         return loss.float()
 
     def _mean_loss(self, weighted: list[tuple[Any, float, tuple[int, ...]]]) -> float:
-        return sum(float(self._loss(batch, keys)) * weight for batch, weight, keys in weighted)
+        return self.parallel.sum(sum(float(self._loss(batch, keys)) * weight for batch, weight, keys in weighted))
 
     def _first_order_step(self, weighted: list[tuple[Any, float, tuple[int, ...]]]) -> float:
         optimizer = self.optimizer
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for batch, weight, keys in weighted:
-            loss = self._loss(batch, keys)
-            (loss * weight).backward()  # gradient accumulation: the mean over the step's examples
+        for i, (batch, weight, keys) in enumerate(weighted):
+            with self.parallel.syncing(self.wrapped, last=i == len(weighted) - 1):
+                loss = self._loss(batch, keys)
+                # Gradient accumulation: the mean over the step's examples (DDP averages over the processes).
+                (loss * (weight * self.parallel.world_size)).backward()
             total += float(loss.detach()) * weight
+        total = self.parallel.sum(total)  # the same in every process: they skip a step alike
         if not math.isfinite(total):
             optimizer.zero_grad(set_to_none=True)
             warnings.warn(
@@ -362,7 +359,7 @@ class Loop:
         t, training = time.perf_counter(), self.model.training
         self.model.eval()
         with torch.no_grad():
-            metrics = self.eval_fn(self.model)
+            metrics = self.parallel.on_main(self.eval_fn, self.model)  # the others wait for its scores
         self.model.train(training)
         if not isinstance(metrics, Mapping) or not all(isinstance(v, (int, float)) for v in metrics.values()):
             raise TypeError(f"eval_fn must return a dict of metric name -> number, got {metrics!r}")
@@ -393,7 +390,6 @@ class Loop:
             learner_shares=self.learner_shares,
             history=self.history,
         )
-        if self.output_dir is not None:
-            with atomic_file(self.output_dir / "result.json") as tmp:
-                tmp.write_text(json.dumps(result.to_dict(), indent=1))
+        if self.output_dir is not None and self.parallel.is_main:
+            result.write(self.output_dir / "result.json")
         return result

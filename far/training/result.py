@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from far.storage.atomic import atomic_file
 
 
 @dataclass(frozen=True)
@@ -58,3 +62,8 @@ class FinetuneResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def write(self, path: Path) -> None:
+        """Write the result as JSON to `path` (a run's result.json), whole or not at all."""
+        with atomic_file(path) as tmp:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1))
