@@ -64,6 +64,10 @@ def cpu_flags() -> str:
     return f"{model.group(1).strip() if model else platform.processor()}; {' '.join(keep)}"
 
 
+def read_result(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
 def write_result(name: str, record: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
@@ -255,17 +259,13 @@ def part_metric(
     epochs: float | None,
     xnnpack: str,
     host_dropout: bool = True,
+    device_stage_only: bool = False,
 ) -> None:
     import torch
 
-    import far
     from far.data.locate import locate_data_dir
-    from far.device.learners import to_learners
-    from far.models import load_model_and_tokenizer, resolve_model
     from far.recipes.runs import glue_run
     from far.recipes.settings import RunSettings
-    from far.saving.stock import stock_reader
-    from far.training.checkpoint import load_model_state, read_checkpoint
     from far.training.plan import plan_training
 
     host_dir = work / f"host-{task}"
@@ -292,6 +292,29 @@ def part_metric(
     options = settings.train_options(run.hyperparameters)
     plan = plan_training(len(run.train_data), options)
     options = dataclasses.replace(options, checkpoint_every=plan.priming_steps, keep_checkpoints=None)
+    if device_stage_only:  # the host arm of this --work on file: go on from its switch checkpoint
+        record = {key: value for key, value in read_result(f"metric_{task}").items() if key != "device"}
+        if record["host"]["trained"]["log_path"] != str(host_dir / "log.jsonl") or record["plan"]["total_steps"] != (
+            plan.total_steps
+        ):
+            raise SystemExit(f"metric_{task}.json holds another host run than {host_dir}'s: run the whole part")
+        record["device_stage_command"] = " ".join(sys.argv)  # the file keeps the host run's own command
+    else:
+        record = host_arm(run, options, plan, host_dir, host_dropout, task)
+        if not host_dropout:
+            write_result(f"metric_{task}_host_no_dropout", record)
+            return
+        # The host's result goes on file first: a device stage cut short (the slowest part) leaves it there.
+        write_result(f"metric_{task}", {**record, "device": None})
+    device_stage(run, record, plan, host_dir, work, task, micro, max_train, xnnpack)
+
+
+def host_arm(run, options, plan, host_dir: Path, host_dropout: bool, task: str) -> dict:
+    """far.finetune in this process, with a checkpoint at the end of priming; its record for the result file."""
+    import far
+    from far.models import resolve_model
+    from far.saving.stock import stock_reader
+
     start = time.process_time()
     host_dir.mkdir(parents=True, exist_ok=True)
     result = far.finetune(
@@ -314,12 +337,15 @@ def part_metric(
         "dropout": host_dropout,
         "trained": result.to_dict(),
     }
-    record = {"task": task, "train_examples": len(run.train_data), "plan": plan_record, "host": host_record}
-    if not host_dropout:
-        write_result(f"metric_{task}_host_no_dropout", record)
-        return
-    # The host's result goes on file first: a device stage cut short (the slowest part) leaves it there.
-    write_result(f"metric_{task}", {**record, "device": None})
+    return {"task": task, "train_examples": len(run.train_data), "plan": plan_record, "host": host_record}
+
+
+def device_stage(run, record: dict, plan, host_dir: Path, work: Path, task: str, micro, max_train, xnnpack) -> None:
+    """The host run's switch checkpoint exported, trained on by far_train, and scored as a learners file."""
+    import far
+    from far.device.learners import to_learners
+    from far.models import load_model_and_tokenizer
+    from far.training.checkpoint import load_model_state, read_checkpoint
 
     # The run at the end of priming: FFNs split, learners chosen, priming's changes kept.
     switch = read_checkpoint(host_dir / "checkpoints" / f"step-{plan.priming_steps}")
@@ -391,6 +417,11 @@ def main() -> None:
         action="store_true",
         help="metric: only the host run, with dropout off as in the device program",
     )
+    parser.add_argument(
+        "--device-stage-only",
+        action="store_true",
+        help="metric: the device stage alone, from the host run that this --work and the result file hold",
+    )
     parser.add_argument("--eager-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -423,6 +454,7 @@ def main() -> None:
             args.epochs,
             args.xnnpack,
             host_dropout=not args.host_without_dropout,
+            device_stage_only=args.device_stage_only,
         )
 
 
