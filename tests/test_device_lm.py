@@ -23,6 +23,7 @@ import far.llm.next_token as next_token
 from far.cli.main import main
 from far.config import FARConfig
 from far.device.lm_export import export_causal_lm, plan_lm_export, reconfigure_for_export
+from far.device.lm_text import CHUNKS, read_chunks
 from far.device.manifest import MANIFEST, NEXT_TOKEN, DeviceFileError, read_manifest
 from far.device.optim import update
 from far.llm.backprop import LearnerGradients
@@ -227,6 +228,10 @@ def test_far_export_writes_a_causal_lm_primed_on_your_texts(gguf, tmp_path, caps
     assert manifest["base"] == {"gguf": "tiny.gguf", "sha256": file_sha256(gguf)}
     assert (manifest["batch_size"], manifest["micro_batch_size"], manifest["max_length"]) == (2, 1, 16)
     assert manifest["optimizer"]["name"] == "adamw" and manifest["far_config"]["freeze_layers"] == 1
+    train, held_out, sha = read_chunks(out / CHUNKS, manifest)  # the notes, packed for the runtimes to train on
+    assert train.shape[1] == held_out.shape[1] == 16 and len(held_out) > 0
+    counts = {"train_chunks": len(train), "held_out_chunks": len(held_out)}
+    assert manifest["text"] == {"file": CHUNKS, "sha256": sha, **counts}
 
 
 def test_a_reader_refuses_a_folder_of_the_other_objective(tmp_path):
