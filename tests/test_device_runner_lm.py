@@ -13,14 +13,13 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from test_device_runner import losses, runner  # noqa: F401  (runner: the session's far_train build)
+from test_device_runner import kill_at_step, losses, runner  # noqa: F401  (runner: the session's far_train build)
 from test_lm_train import write_tiny_gguf
 
 from far.cli.main import main
@@ -118,13 +117,7 @@ def test_runner_resumes_after_sigkill(runner, text_export, tmp_path):  # noqa: F
     run(runner, text_export, whole_run, *flags)
     killed = start(text_export, tmp_path / "killed.safetensors")
     cmd = [str(runner), str(text_export.out), "--examples", str(text_export.chunks), "--state", str(killed), *flags]
-    proc = subprocess.Popen([*cmd, "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:
-        if line.startswith("step=5 "):  # between the checkpoints at 3 and 6
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    kill_at_step([*cmd, "--threads", "1"], 5)  # between the checkpoints at 3 and 6
     assert 0 < read_state(killed, text_export.manifest).step < 8
     run(runner, text_export, killed, *flags)  # the same command again
     assert killed.read_bytes() == whole_run.read_bytes()

@@ -188,6 +188,9 @@ def export_causal_lm(
     )
     check_out_dir(out_dir, overwrite)
     depth = plan_lm_export(model, max_length)
+    if texts is not None and texts.train.shape[1] != max_length:
+        length = texts.train.shape[1]
+        raise ValueError(f"texts are packed in chunks of {length} tokens; pack them in max_length={max_length} tokens")
     if not isinstance(tokenizer, LeanTokenizer):
         raise ValueError(
             f"expected the model's LeanTokenizer (far.models.load_lean_lm), got {type(tokenizer).__name__}"
