@@ -22,6 +22,7 @@ from test_lm_train import write_tiny_gguf
 import far.llm.next_token as next_token
 from far.cli.main import main
 from far.config import FARConfig
+from far.data.texts import TextChunks
 from far.device.lm_export import export_causal_lm, plan_lm_export, reconfigure_for_export
 from far.device.lm_text import CHUNKS, read_chunks
 from far.device.manifest import MANIFEST, NEXT_TOKEN, DeviceFileError, read_manifest
@@ -173,6 +174,9 @@ def test_bad_settings_and_foreign_models_are_refused_before_anything_is_written(
         export_causal_lm(model, char_tokenizer(), tmp_path / "o", batch_size=4, micro_batch_size=3, max_length=8, lr=1)
     with pytest.raises(ValueError, match="optimizer"):
         export_causal_lm(model, char_tokenizer(), tmp_path / "o", batch_size=2, max_length=8, lr=1, optimizer="mezo")
+    texts = TextChunks(torch.zeros(4, 7, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunks of 7 tokens; pack them in max_length=8"):
+        export_causal_lm(model, char_tokenizer(), tmp_path / "o", batch_size=2, max_length=8, lr=1, texts=texts)
     assert [p.name for p in busy.iterdir()] == ["notes.txt"] and not (tmp_path / "o").exists()
 
 
