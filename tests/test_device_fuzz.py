@@ -1,10 +1,10 @@
 """The C++ runner's readers under AddressSanitizer and UndefinedBehaviorSanitizer, and its state writer on a full disk.
 
 `runtime/executorch/tests/fuzz_readers.cpp` feeds mutated inputs to far_train's readers (JSON, safetensors, the
-training state, manifest.json, the examples file, SHA-256): each must be accepted or refused with far's error
-and a message, with no crash, no sanitizer report and no allocation sized by a number in the file. It is built
-here with `-DFAR_SANITIZE=ON` (every finding fatal) and no ExecuTorch, into a temporary folder, and run with
-10,000 inputs per reader; CTest runs a few hundred without sanitizers in every build of the runner.
+training state, manifest.json, the examples file, a causal LM's chunks file, SHA-256): each must be accepted or
+refused with far's error and a message, with no crash, no sanitizer report and no allocation sized by a number in
+the file. It is built here with `-DFAR_SANITIZE=ON` (every finding fatal) and no ExecuTorch, into a temporary
+folder, and run with 10,000 inputs per reader; CTest runs a few hundred without sanitizers in every build of the runner.
 
 The state writer (`far::write_state`, what far_train checkpoints with) is run on a 64 KiB tmpfs: a state that
 does not fit stops with a message naming the disk and the bytes, exit status 1, and the previous state stays
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 RUNNER_DIR = Path(__file__).resolve().parents[1] / "runtime" / "executorch"
 INPUTS_PER_READER = 10_000
-READERS = ("json", "safetensors", "state", "manifest", "examples", "sha256")
+READERS = ("json", "safetensors", "state", "manifest", "examples", "chunks", "sha256")
 FUZZ_SEED = 52
 
 

@@ -22,7 +22,9 @@ from test_lm_train import write_tiny_gguf
 import far.llm.next_token as next_token
 from far.cli.main import main
 from far.config import FARConfig
+from far.data.texts import TextChunks
 from far.device.lm_export import export_causal_lm, plan_lm_export, reconfigure_for_export
+from far.device.lm_text import CHUNKS, read_chunks
 from far.device.manifest import MANIFEST, NEXT_TOKEN, DeviceFileError, read_manifest
 from far.device.optim import update
 from far.llm.backprop import LearnerGradients
@@ -172,6 +174,9 @@ def test_bad_settings_and_foreign_models_are_refused_before_anything_is_written(
         export_causal_lm(model, char_tokenizer(), tmp_path / "o", batch_size=4, micro_batch_size=3, max_length=8, lr=1)
     with pytest.raises(ValueError, match="optimizer"):
         export_causal_lm(model, char_tokenizer(), tmp_path / "o", batch_size=2, max_length=8, lr=1, optimizer="mezo")
+    texts = TextChunks(torch.zeros(4, 7, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunks of 7 tokens; pack them in max_length=8"):
+        export_causal_lm(model, char_tokenizer(), tmp_path / "o", batch_size=2, max_length=8, lr=1, texts=texts)
     assert [p.name for p in busy.iterdir()] == ["notes.txt"] and not (tmp_path / "o").exists()
 
 
@@ -227,6 +232,10 @@ def test_far_export_writes_a_causal_lm_primed_on_your_texts(gguf, tmp_path, caps
     assert manifest["base"] == {"gguf": "tiny.gguf", "sha256": file_sha256(gguf)}
     assert (manifest["batch_size"], manifest["micro_batch_size"], manifest["max_length"]) == (2, 1, 16)
     assert manifest["optimizer"]["name"] == "adamw" and manifest["far_config"]["freeze_layers"] == 1
+    train, held_out, sha = read_chunks(out / CHUNKS, manifest)  # the notes, packed for the runtimes to train on
+    assert train.shape[1] == held_out.shape[1] == 16 and len(held_out) > 0
+    counts = {"train_chunks": len(train), "held_out_chunks": len(held_out)}
+    assert manifest["text"] == {"file": CHUNKS, "sha256": sha, **counts}
 
 
 def test_a_reader_refuses_a_folder_of_the_other_objective(tmp_path):

@@ -337,6 +337,17 @@ def test_runner_refuses_before_training(runner, exported, tmp_path, case, messag
     assert state.read_bytes() == before
 
 
+def kill_at_step(cmd: list[str], step: int) -> None:
+    """Run far_train's `cmd` and SIGKILL it once it has printed step `step`'s line; check that it died so."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+        if line.startswith(f"step={step} "):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
 def test_runner_resumes_after_sigkill(runner, exported, tmp_path):
     epochs, every = "40", "3"  # 200 steps
     whole_run = tmp_path / "uninterrupted.safetensors"
@@ -345,14 +356,7 @@ def test_runner_resumes_after_sigkill(runner, exported, tmp_path):
 
     killed = tmp_path / "killed.safetensors"
     shutil.copy(exported.start, killed)
-    cmd = command(runner, exported, killed, "--epochs", epochs, "--checkpoint-every", every)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:
-        if line.startswith("step=8 "):  # between the checkpoints at 6 and 9
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    kill_at_step(command(runner, exported, killed, "--epochs", epochs, "--checkpoint-every", every), 8)  # 6 < 8 < 9
     stopped_at = read_state(killed, exported.manifest).step
     assert 0 < stopped_at < 200, "the kill came after the run had finished"
 

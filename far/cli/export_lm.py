@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from far.device.export import check_out_dir
-from far.device.lm_export import export_causal_lm, priming_chunks, reconfigure_for_export
+from far.device.lm_export import export_causal_lm, load_texts, priming_chunks, reconfigure_for_export
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_learners import values_dtype
 from far.methods.lean_hf import read_base_record, save_hf_base
@@ -155,7 +155,8 @@ def export_lm(args: argparse.Namespace) -> int:
         model, tokenizer = load_lean_lm(args.model)
     except ModuleNotFoundError as error:  # an alias whose package is not installed: its message names it
         raise ValueError(str(error)) from None
-    chunks = None if args.train_file is None else priming_chunks(args.train_file, tokenizer, args.max_length)
+    texts = None if args.train_file is None else load_texts(args.train_file, tokenizer, args.max_length)
+    chunks = None if texts is None else priming_chunks(texts)
     config = reconfigure_for_export(model, chunks)
     how = "by weight magnitude" if chunks is None else f"by gradient priming on {len(chunks)} chunks of your texts"
     print(
@@ -178,6 +179,7 @@ def export_lm(args: argparse.Namespace) -> int:
         max_grad_norm=args.max_grad_norm or None,
         far_config=config,
         overwrite=args.overwrite,
+        texts=texts,
     )
     print(f"wrote ExecuTorch programs to {result.out_dir} in {sum(result.seconds.values()):.0f} s:")
     for name, size in result.sizes.items():

@@ -16,12 +16,16 @@
     lm_view.py    a lean causal LM's export view: its own modules, made traceable, and the sliced next-token loss
     lm_export.py  `export_causal_lm`: a lean causal LM's FAR layout as a folder that trains on text
     lm_programs.py  a causal LM export's programs through the Python bindings (bottom, then a step)
+    lm_text.py    a user's texts as packed chunks in one file (text.safetensors), for every runtime
+    lm_learners.py  `lm_to_learners`: a causal LM export's state as the lean learners file of its stock GGUF
 
 >>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, optimizer="adamw", lr=1e-4)
 >>> far.device.write_examples("train.csv", tokenizer, "OUT", "OUT/train.safetensors")
 >>> far.device.train("OUT", "OUT/train.safetensors", epochs=3)
 >>> far.device.to_learners("OUT", "OUT/state.safetensors", stock_model, "user.safetensors")
->>> far.device.export_causal_lm(lean_model, tokenizer, "LM", batch_size=4, max_length=256, lr=3e-4)
+>>> far.device.export_causal_lm(lean_model, tokenizer, "LM", batch_size=4, max_length=256, lr=3e-4, texts=texts)
+>>> far.device.train("LM", "LM/text.safetensors", epochs=1)              # or runtime/executorch's far_train
+>>> far.device.lm_to_learners("LM", "LM/state.safetensors", stock_lean_model, "notes.safetensors")
 
 Exporting and training need executorch (the `device` extra: .venv-device, which .ci/setup makes, or
 `pip install 'far[device]'`); nothing here imports it until used.
@@ -40,5 +44,6 @@ lazy_face(
         "far.device.train": ("TrainResult", "train"),
         "far.device.learners": ("to_learners",),
         "far.device.lm_export": ("export_causal_lm", "reconfigure_for_export"),
+        "far.device.lm_learners": ("lm_to_learners",),
     },
 )

@@ -158,14 +158,17 @@ def write_folder(
     tokenizer_fields: dict,
     initial: Mapping,
     seconds: dict[str, float],
+    write_extra: Callable[[Path], None] | None = None,
 ) -> ExportResult:
-    """The export folder, atomically: the programs, the tokenizer, the step-0 state (`initial`, the trainable tensors
-    in the program's order), then the manifest that records them."""
+    """The export folder, atomically: the programs, the tokenizer, what `write_extra(folder)` adds (recording it in
+    the manifest), the step-0 state (`initial`, the trainable tensors in the program's order), then the manifest."""
     start = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
         write_programs(tmp, manifest, programs)
         write_tokenizer(tmp / TOKENIZER)
         manifest["tokenizer"] = {"file": TOKENIZER, "sha256": sha256_file(tmp / TOKENIZER), **tokenizer_fields}
+        if write_extra is not None:
+            write_extra(tmp)
         manifest["state"] = {"file": STATE, "initial_sha256": trainable_sha256(initial)}
         write_state(tmp / STATE, DeviceState(tensors=dict(initial)), manifest)
         write_json_into(tmp, MANIFEST, manifest)

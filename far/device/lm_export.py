@@ -7,6 +7,7 @@ The folder is `far.device.manifest`'s, with objective "next_token":
                       input_ids (B, T)), outputs loss, hits, then the gradients and the trainable tensors
     bottom.pte        the embedding and the frozen bottom layers, forward only: input_ids -> hidden
     tokenizer.json    the GGUF model's tokenizer; chunks are packed, max_length tokens, no padding
+    text.safetensors  with `texts`: the user's texts as packed training and held-out chunks (`far.device.lm_text`)
     manifest.json     the shapes, the layout (learners, frozen_layers), the optimizer, the base GGUF file
     state.safetensors the trainable tensors at step 0, named as in the lean model
 
@@ -26,11 +27,12 @@ import torch
 from torch import Tensor
 
 from far.config import FARConfig
-from far.data.texts import DEFAULT_HOLDOUT, load_text_chunks
+from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.device.export import ExportResult, check_out_dir, micro_batch, write_folder
+from far.device.lm_text import CHUNKS, write_chunks
 from far.device.lm_view import lm_views
 from far.device.lowering import lower_views
-from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, tensor_spec
+from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, sha256_file, tensor_spec
 from far.device.optim import optimizer_settings
 from far.llm.lean_far import ffn_names, lean_layout, prime_and_split
 from far.llm.lean_model import LeanCausalLM
@@ -64,12 +66,22 @@ def reconfigure_for_export(
     return layout.far
 
 
-def priming_chunks(train_file: str | os.PathLike, tokenizer: LeanTokenizer, max_length: int, seed: int = 0) -> Tensor:
-    """The chunks of a user's texts that gradient priming scores, as `far train --train-file` picks them:
-    packed as a text run packs them (held-out part left out), the first `MAX_PRIMING_CHUNKS` of the first
-    epoch's order. ValueError: texts not UTF-8, or shorter than one chunk.
+def load_texts(train_file: str | os.PathLike, tokenizer: LeanTokenizer, max_length: int, seed: int = 0) -> TextChunks:
+    """A user's texts packed as `far train --train-file` packs them (`far.data.texts`, its share held out).
+
+    Raises:
+        ValueError: texts that are not UTF-8, or shorter than one chunk (`far.data.texts`' messages).
     """
-    train = load_text_chunks(train_file, tokenizer, max_length, None, DEFAULT_HOLDOUT, seed).train
+    return load_text_chunks(train_file, tokenizer, max_length, None, DEFAULT_HOLDOUT, seed)
+
+
+def priming_chunks(texts: TextChunks, seed: int = 0) -> Tensor:
+    """The chunks of a user's texts that gradient priming scores, as `far train --train-file` picks them.
+
+    The training chunks (`load_texts`), the first `MAX_PRIMING_CHUNKS` of the run's first epoch order
+    (seeded by `seed`).
+    """
+    train = texts.train
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(derive_seed(seed, 0)))
     return train[order[:MAX_PRIMING_CHUNKS]]
 
@@ -138,6 +150,7 @@ def export_causal_lm(
     far_config: FARConfig | None = None,
     bottom_xnnpack: bool = True,
     overwrite: bool = False,
+    texts: TextChunks | None = None,
 ) -> ExportResult:
     """Write a FAR-reconfigured lean causal LM as ExecuTorch programs that train it on packed text, atomically.
 
@@ -153,6 +166,8 @@ def export_causal_lm(
         far_config: The FAR config the layout came from, recorded in the manifest.
         bottom_xnnpack: Delegate the bottom program to XNNPACK.
         overwrite: Replace a folder that holds files already.
+        texts: The user's texts as packed chunks (`load_texts`) of `max_length` tokens, written as
+            text.safetensors for the runtimes to train on (`far.device.lm_text`).
 
     Returns:
         An `ExportResult`: the folder, the files' sizes and the stages' seconds.
@@ -167,6 +182,9 @@ def export_causal_lm(
     )
     check_out_dir(out_dir, overwrite)
     depth = plan_lm_export(model, max_length)
+    if texts is not None and texts.train.shape[1] != max_length:
+        length = texts.train.shape[1]
+        raise ValueError(f"texts are packed in chunks of {length} tokens; pack them in max_length={max_length} tokens")
     if not isinstance(tokenizer, LeanTokenizer):
         raise ValueError(
             f"expected the model's LeanTokenizer (far.models.load_lean_lm), got {type(tokenizer).__name__}"
@@ -214,8 +232,18 @@ def export_causal_lm(
         "pad_token_id": tokenizer.pad_token_id,
         "packing": "texts packed into chunks of max_length tokens, no padding (far.data.texts)",
     }
-    result = write_folder(
-        out_dir, manifest, programs, lambda path: tokenizer.tokenizer.save(str(path)), fields, initial, seconds
-    )
+
+    def write_texts(folder: Path) -> None:
+        write_chunks(texts, folder / CHUNKS, manifest)
+        manifest["text"] = {
+            "file": CHUNKS,
+            "sha256": sha256_file(folder / CHUNKS),
+            "train_chunks": len(texts.train),
+            "held_out_chunks": len(texts.validation),
+        }
+
+    write_tokenizer = lambda path: tokenizer.tokenizer.save(str(path))  # noqa: E731
+    extra = None if texts is None else write_texts
+    result = write_folder(out_dir, manifest, programs, write_tokenizer, fields, initial, seconds, extra)
     logger.info("lowered and wrote the programs in %s", ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     return result

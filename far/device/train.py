@@ -20,7 +20,9 @@ import torch
 from torch import Tensor
 
 from far.device.examples import read_examples
-from far.device.manifest import STATE, DeviceFileError, read_manifest
+from far.device.lm_programs import LMPrograms
+from far.device.lm_text import is_chunks_file, read_chunks
+from far.device.manifest import NEXT_TOKEN, STATE, DeviceFileError, read_manifest
 from far.device.optim import lr_at, update
 from far.device.order import epoch_order
 from far.device.runtime import DevicePrograms
@@ -60,8 +62,9 @@ class ProgramRunner:
         self.manifest, self.data, self.examples_sha, self.held_out = manifest, data, examples_sha, held_out
         self.state, self.state_path, self.total = state, state_path, total
         self.micro, self.accumulate = int(manifest["micro_batch_size"]), int(manifest["accumulate"])
-        self.per_epoch = data["labels"].shape[0] // (self.micro * self.accumulate)
-        self.programs = DevicePrograms(out_dir, manifest)
+        self.per_epoch = _rows(data) // (self.micro * self.accumulate)
+        self.text = manifest.get("objective") == NEXT_TOKEN  # chunks of text: no labels, the loss and hits
+        self.programs = (LMPrograms if self.text else DevicePrograms)(out_dir, manifest)
         self.slots = {slot: {n: t.clone() for n, t in values.items()} for slot, values in state.slots.items()}
         self._order: tuple[int, Tensor] | None = None  # (epoch, its order)
         self.started = time.perf_counter()
@@ -78,7 +81,7 @@ class ProgramRunner:
     def _micro_batches(self, step: int) -> list[dict[str, Tensor]]:
         epoch, batch = divmod(step, self.per_epoch)
         if self._order is None or self._order[0] != epoch:
-            n = self.data["labels"].shape[0]
+            n = _rows(self.data)
             self._order = epoch, torch.from_numpy(epoch_order(self.state.order_seed, epoch, n))
         size = self.micro * self.accumulate
         rows = self._order[1][batch * size : (batch + 1) * size]
@@ -109,14 +112,19 @@ class ProgramRunner:
         """No switch: the program is FAR's model after the surgery."""
 
     def evaluate(self, done: int) -> dict[str, float]:
-        """The mean loss (and accuracy) on the held-out examples' whole micro-batches, in file order."""
-        n, micro, scores = self.held_out["labels"].shape[0], self.micro, {"loss": 0.0, "accuracy": 0.0}
+        """The mean loss (and accuracy: for text, the share of next tokens the arg-max predicts) on the held-out
+        examples' whole micro-batches, in file order."""
+        n, micro, scores = _rows(self.held_out), self.micro, {"loss": 0.0, "accuracy": 0.0}
         for start in range(0, n - n % micro, micro):
             batch = {key: value[start : start + micro] for key, value in self.held_out.items()}
-            loss, logits = self.programs.forward_backward(batch)
+            loss, out = self.programs.forward_backward(batch)
             scores["loss"] += loss / (n // micro)
-            scores["accuracy"] += float((logits.argmax(-1) == batch["labels"]).double().mean()) / (n // micro)
-        if self.manifest["task"]["kind"] == "regression":
+            if self.text:  # out: the hits among the micro-batch's B * (T - 1) predictions
+                accuracy = float(out) / batch["input_ids"][:, 1:].numel()
+            else:
+                accuracy = float((out.argmax(-1) == batch["labels"]).double().mean())
+            scores["accuracy"] += accuracy / (n // micro)
+        if not self.text and self.manifest["task"]["kind"] == "regression":
             del scores["accuracy"]
         return scores
 
@@ -136,6 +144,27 @@ class ProgramRunner:
             examples_sha256=self.examples_sha,
         )
         write_state(self.state_path, state, self.manifest)
+
+
+def _rows(data: Mapping[str, Tensor]) -> int:
+    """The examples (or chunks) in `data`."""
+    return next(iter(data.values())).shape[0]
+
+
+def _read_data(
+    out_dir: Path, examples: str | os.PathLike, eval_examples: str | os.PathLike | None
+) -> tuple[dict, dict[str, Tensor], str, dict[str, Tensor] | None]:
+    """(manifest, data, its file's sha256, held-out data): examples for a classifier, chunks of text for a causal LM."""
+    if not is_chunks_file(examples):
+        manifest = read_manifest(out_dir)
+        data, examples_sha = read_examples(examples, manifest)
+        held_out = None if eval_examples is None else read_examples(eval_examples, manifest)[0]
+        return manifest, data, examples_sha, held_out
+    manifest = read_manifest(out_dir, objective=NEXT_TOKEN)
+    train, held, examples_sha = read_chunks(examples, manifest)
+    if eval_examples is not None and Path(eval_examples) != Path(examples):
+        held = read_chunks(eval_examples, manifest)[1]
+    return manifest, {"input_ids": train}, examples_sha, None if eval_examples is None else {"input_ids": held}
 
 
 def _start(manifest: Mapping, state_path: Path, resume: bool, seed: int | None, examples_sha: str) -> DeviceState:
@@ -180,7 +209,8 @@ def train(
 
     Args:
         out_dir: The export folder (`export_executorch`).
-        examples: An examples file written for it (`write_examples`); at least one batch of them.
+        examples: An examples file written for it (`write_examples`); at least one batch of them. For a
+            causal LM's export (`export_causal_lm`), a chunks file (`far.device.lm_text`, OUT/text.safetensors).
         epochs: Train until this many epochs are done (counting those of a resumed run).
         state_path: The state file to write (and, with `resume`, to start from); default
             OUT/state.safetensors. Without `resume`, a file there that holds this export's state
@@ -195,6 +225,7 @@ def train(
         eval_examples: An examples file written for this export, scored at the end of the run (and every
             `eval_every` steps) by the training program's forward: mean loss and, for classification,
             accuracy over its whole micro-batches (the examples past the last whole one are not scored).
+            For a causal LM, a chunks file whose held-out chunks are scored (next-token loss and accuracy).
 
     Returns:
         A `TrainResult`.
@@ -212,13 +243,11 @@ def train(
     check_int("epochs", epochs, 0)
     check_int("checkpoint_every", checkpoint_every, 0)
     check_int("eval_every", eval_every, 0)
-    manifest = read_manifest(out_dir)
-    data, examples_sha = read_examples(examples, manifest)
-    held_out = None if eval_examples is None else read_examples(eval_examples, manifest)[0]
-    if held_out is not None and held_out["labels"].shape[0] < int(manifest["micro_batch_size"]):
+    manifest, data, examples_sha, held_out = _read_data(out_dir, examples, eval_examples)
+    if held_out is not None and _rows(held_out) < int(manifest["micro_batch_size"]):
         raise ValueError(f"eval_examples hold fewer examples than one micro-batch of {manifest['micro_batch_size']}")
     state = _start(manifest, state_path, resume, seed, examples_sha)
-    n, micro, accumulate = data["labels"].shape[0], int(manifest["micro_batch_size"]), int(manifest["accumulate"])
+    n, micro, accumulate = _rows(data), int(manifest["micro_batch_size"]), int(manifest["accumulate"])
     if n // (micro * accumulate) == 0:
         raise ValueError(
             f"{n} examples make no batch of {micro * accumulate} ({accumulate} micro-batch(es) of the programs' "

@@ -6,9 +6,10 @@ namespace far {
 
 const char* const kUsage =
     "usage: far_train OUT --examples FILE --state STATE --epochs N [--max-steps M] [--checkpoint-every S]\n"
-    "                 [--out STATE_OUT] [--resume] [--seed K] [--threads T]\n"
+    "                 [--out STATE_OUT] [--resume] [--seed K] [--threads T] [--bottom-cache FILE]\n"
     "  OUT                 folder written by `far export --executorch OUT` (train.pte, [bottom.pte], manifest.json)\n"
-    "  --examples FILE     safetensors: input_ids, attention_mask, [token_type_ids] int64 [N, L]; labels [N]\n"
+    "  --examples FILE     safetensors: input_ids, attention_mask, [token_type_ids] int64 [N, L]; labels [N];\n"
+    "                      for a causal LM's export, its chunks of text (OUT/text.safetensors)\n"
     "  --state STATE       the training state (OUT/state.safetensors, or a checkpoint of this export)\n"
     "  --epochs N          train until N epochs are done in all (a resumed state counts its steps)\n"
     "  --max-steps M       stop at M steps in all, if N epochs make more (0: no limit, the default)\n"
@@ -16,7 +17,9 @@ const char* const kUsage =
     "  --out STATE_OUT     where checkpoints and the final state go (default: STATE, updated in place)\n"
     "  --resume            start from STATE_OUT if it exists (after a kill), else from STATE\n"
     "  --seed K            the order of the examples, for a state at step 0 (default: its order_seed)\n"
-    "  --threads T         ExecuTorch threadpool size (default: its own choice, the performant cores)\n";
+    "  --threads T         ExecuTorch threadpool size (default: its own choice, the performant cores)\n"
+    "  --bottom-cache FILE  a causal LM's frozen bottom output per chunk, computed once and reused\n"
+    "                      (default: STATE_OUT.bottom)\n";
 
 namespace {
 
@@ -41,6 +44,7 @@ Args parse_args(int argc, const char* const* argv) {
     if (f == "--examples") a.examples = value();
     else if (f == "--state") a.state = value();
     else if (f == "--out") a.state_out = value();
+    else if (f == "--bottom-cache") a.bottom_cache = value();
     else if (f == "--epochs") a.epochs = parse_int(f, value(), 0);
     else if (f == "--max-steps") a.max_steps = parse_int(f, value(), 0);
     else if (f == "--checkpoint-every") a.checkpoint_every = parse_int(f, value(), 0);
@@ -55,6 +59,7 @@ Args parse_args(int argc, const char* const* argv) {
   if (a.out_dir.empty() || a.examples.empty() || a.state.empty() || a.epochs < 0)
     throw Refusal("OUT, --examples, --state and --epochs are required");
   if (a.state_out.empty()) a.state_out = a.state;
+  if (a.bottom_cache.empty()) a.bottom_cache = a.state_out + ".bottom";
   return a;
 }
 

@@ -1,9 +1,13 @@
 #include "far/disk.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -81,6 +85,64 @@ WriteError disk_full(const std::string& path, uint64_t needed, uint64_t room, bo
                     " free there; " + path +
                     (path_existed ? " keeps its previous version, unchanged" : " was not written") +
                     ". Free space on that disk, or write to a folder on another one");
+}
+
+AtomicFile::AtomicFile(const std::string& path, uint64_t needed)
+    : path_(path), tmp_(path + ".tmp"), dir_(folder_of(path)), needed_(needed) {
+  // Nothing is changed under `path` until the whole new file is on disk: a write that finds no room stops,
+  // removes its .tmp and says which disk and how much (a stale .tmp of a killed run is room we get back).
+  struct stat st;
+  existed_ = ::stat(path.c_str(), &st) == 0;
+  const uint64_t stale = ::stat(tmp_.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  uint64_t room = free_bytes(dir_);
+  if (room != UINT64_MAX) room += stale;
+  if (room != UINT64_MAX && room < needed) throw disk_full(path, needed, room, existed_);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd_ < 0) throw WriteError(tmp_ + ": cannot create: " + std::strerror(errno) + "; " + path + " is unchanged");
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+// A failed write, fsync or close: no partial file is left, and the message names the cause.
+void AtomicFile::fail(const char* what) {
+  const int err = errno;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  if (err == ENOSPC || err == EDQUOT) throw disk_full(path_, needed_, free_bytes(dir_), existed_);
+  throw WriteError(tmp_ + ": " + what + ": " + std::strerror(err) + "; " + path_ + " is unchanged");
+}
+
+void AtomicFile::put(const void* data, size_t n) {
+  auto c = static_cast<const char*>(data);
+  while (n) {
+    const ssize_t w = ::write(fd_, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = ENOSPC;  // a write that takes nothing has found no room
+      fail("write failed");
+    }
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) fail("fsync failed");
+  const int fd = fd_;
+  fd_ = -1;  // closed here, whatever close says
+  if (::close(fd) != 0) fail("close failed");
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("rename failed");
+  const int dfd = ::open(dir_.c_str(), O_RDONLY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 }  // namespace far

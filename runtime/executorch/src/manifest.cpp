@@ -193,6 +193,18 @@ Manifest parse_manifest(const std::string& text, const std::string& dir) {
       }
     }
   }
+  if (const Json* objective = root.find("objective")) {
+    if (!objective->is_string() || (*objective != "next_token" && *objective != "classification"))
+      throw root.fail("\"objective\" " + objective->dump().substr(0, 80) +
+                      " is not one far_train trains (\"classification\" or \"next_token\")");
+    m.next_token = *objective == "next_token";
+  }
+  if (m.next_token) {
+    m.vocab_size = root.integer("vocab_size", true);
+    m.hidden_size = root.integer("hidden_size", true);
+    if (m.vocab_size <= 0 || m.vocab_size > INT32_MAX || m.hidden_size <= 0)
+      throw root.fail("vocab_size and hidden_size must be positive (and the vocabulary fit int32 ids)");
+  }
   read_trainable(root, m);
   read_programs(root, m);
   read_optimizer(root, m);

@@ -200,62 +200,24 @@ std::string header_text(const std::vector<TensorView>& tensors, const std::map<s
 
 void write_atomic(const std::string& path, const std::vector<TensorView>& tensors,
                   const std::map<std::string, std::string>& metadata) {
-  const std::string text = header_text(tensors, metadata);
+  write_atomic_streamed(path, tensors, metadata, [&](AtomicFile& file) {
+    for (const auto& t : tensors) file.put(t.data, static_cast<size_t>(numel(t.shape)) * dtype_size(t.dtype));
+  });
+}
 
+void write_atomic_streamed(const std::string& path, const std::vector<TensorView>& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<void(AtomicFile&)>& put_data) {
+  const std::string text = header_text(tensors, metadata);
   uint64_t data_bytes = 0;
   for (const auto& t : tensors) data_bytes += static_cast<uint64_t>(numel(t.shape)) * dtype_size(t.dtype);
-  const uint64_t needed = 8 + text.size() + data_bytes;
-
-  // Nothing is changed under `path` until the whole new file is on disk: a write that finds no room stops,
-  // removes its .tmp and says which disk and how much (a stale .tmp of a killed run is room we get back).
-  const std::string tmp = path + ".tmp", dir = folder_of(path);
-  struct stat st;
-  const bool existed = ::stat(path.c_str(), &st) == 0;
-  const uint64_t stale = ::stat(tmp.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  uint64_t room = free_bytes(dir);
-  if (room != UINT64_MAX) room += stale;
-  if (room != UINT64_MAX && room < needed) throw disk_full(path, needed, room, existed);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw WriteError(tmp + ": cannot create: " + std::strerror(errno) + "; " + path + " is unchanged");
-  // A failed write, fsync or close: no partial file is left, and the message names the cause.
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    if (err == ENOSPC || err == EDQUOT) return disk_full(path, needed, free_bytes(dir), existed);
-    return WriteError(tmp + ": " + what + ": " + std::strerror(err) + "; " + path + " is unchanged");
-  };
-  auto put = [&](const void* p, size_t n) {
-    auto c = static_cast<const char*>(p);
-    while (n) {
-      const ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        if (w == 0) errno = ENOSPC;  // a write that takes nothing has found no room
-        const WriteError e = fail("write failed");
-        ::close(fd);
-        throw e;
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
+  AtomicFile file(path, 8 + text.size() + data_bytes);
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  put(len, 8);
-  put(text.data(), text.size());
-  for (const auto& t : tensors) put(t.data, static_cast<size_t>(numel(t.shape)) * dtype_size(t.dtype));
-  if (::fsync(fd) != 0) {
-    const WriteError e = fail("fsync failed");
-    ::close(fd);
-    throw e;
-  }
-  if (::close(fd) != 0) throw fail("close failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename failed");
-  const int dfd = ::open(dir.c_str(), O_RDONLY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  file.put(len, 8);
+  file.put(text.data(), text.size());
+  put_data(file);
+  file.commit();
 }
 
 }  // namespace far::safetensors

@@ -43,25 +43,6 @@ void set_input(Method& m, size_t i, const EValue& v, const char* what) {
 
 }  // namespace
 
-Role role_of(const std::string& name) {
-  if (name == "hidden" || name == "hidden_states") return Role::Hidden;
-  if (name == "input_ids") return Role::InputIds;
-  if (name == "attention_mask") return Role::AttentionMask;
-  if (name == "token_type_ids") return Role::TokenTypeIds;
-  if (name == "labels") return Role::Labels;
-  throw Refusal("manifest.json names a train.pte input '" + name + "' far_train does not know");
-}
-
-std::vector<Role> infer_roles(size_t n_inputs, bool has_bottom) {
-  if (has_bottom && n_inputs == 3) return {Role::Hidden, Role::AttentionMask, Role::Labels};
-  if (!has_bottom && n_inputs == 4) return {Role::InputIds, Role::AttentionMask, Role::TokenTypeIds, Role::Labels};
-  if (!has_bottom && n_inputs == 3) return {Role::InputIds, Role::AttentionMask, Role::Labels};
-  throw Refusal("train.pte's forward takes " + std::to_string(n_inputs) + " inputs; far_train expects " +
-                (has_bottom ? "3 (hidden, attention_mask, labels)"
-                            : "3 or 4 (input_ids, attention_mask, [token_type_ids], labels)") +
-                " or their names in manifest.json's programs.train.inputs");
-}
-
 // ---- everything is checked before the first step ----
 
 Trainer::Trainer(const Args& args) : args_(args), manifest_(read_manifest(args.out_dir)) {
@@ -69,9 +50,13 @@ Trainer::Trainer(const Args& args) : args_(args), manifest_(read_manifest(args.o
   check_programs();
   const bool resuming_from_out = args_.resume && args_.state_out != args_.state && exists(args_.state_out);
   state_ = read_state(resuming_from_out ? args_.state_out : args_.state, manifest_);
-  examples_ = read_examples(args_.examples, manifest_.max_length);
+  if (manifest_.next_token) {
+    chunks_ = read_chunks(args_.examples, manifest_.max_length, manifest_.vocab_size, manifest_.base_fingerprint);
+  } else {
+    examples_ = read_examples(args_.examples, manifest_.max_length);
+    check_examples();
+  }
   examples_sha_ = file_sha256(args_.examples);
-  check_examples();
   plan_steps();
   check_resume();
   open_programs();
@@ -80,54 +65,12 @@ Trainer::Trainer(const Args& args) : args_(args), manifest_(read_manifest(args.o
   open_bottom();
   make_batch_tensors();
   print_plan();
+  if (chunks_) cache_bottom();  // and the bottom program is let go
   // What a step reads of the mapped files is given back after it (pages.h), so resident memory holds one step's.
   std::vector<std::string> mapped = {manifest_.path(manifest_.train), args_.examples};
   if (bottom_) mapped.push_back(manifest_.path(manifest_.bottom));
+  if (bottom_cache_) mapped.push_back(bottom_cache_->path());
   file_pages_ = std::make_unique<FilePages>(mapped);
-}
-
-// The programs are the ones the manifest names, and STATE_OUT can be written.
-void Trainer::check_programs() const {
-  for (const ProgramFile* p : {&manifest_.train, &manifest_.bottom}) {
-    if (p->file.empty()) continue;
-    if (!exists(manifest_.path(*p))) throw Refusal(args_.out_dir + " lacks its program " + p->file);
-    if (file_sha256(manifest_.path(*p)) != p->sha256)
-      throw Refusal(manifest_.path(*p) + " is not the program manifest.json records (its sha256 differs: changed or "
-                    "damaged since the export); export the folder again");
-  }
-  const std::string& out = args_.state_out;
-  const std::string folder = out.find('/') == std::string::npos ? "." : out.substr(0, out.rfind('/') + 1);
-  if (::access(folder.c_str(), W_OK) != 0)
-    throw Refusal("cannot write " + out + " (its folder " + folder + " is missing or read-only)");
-}
-
-void Trainer::check_examples() const {
-  const Examples& ex = *examples_;
-  if (!ex.base_fingerprint.empty() && ex.base_fingerprint != manifest_.base_fingerprint)
-    throw Refusal(args_.examples + " was written for another export (another base model); write it for " +
-                  args_.out_dir);
-  // Another task of the same base: its class count, or the same count under other names, are not this program's.
-  if (!ex.num_labels.empty() && manifest_.num_labels > 0 && ex.num_labels != std::to_string(manifest_.num_labels))
-    throw Refusal(args_.examples + " was written for another task (" + ex.num_labels + " classes; this program has " +
-                  std::to_string(manifest_.num_labels) + "); write it for " + args_.out_dir);
-  if (!ex.labels.empty() && !manifest_.labels.empty()) {
-    Json names;
-    try {
-      names = parse_json(ex.labels);
-    } catch (const std::exception&) {
-      throw Refusal(args_.examples + ": its labels metadata is not a list of class names; write it again");
-    }
-    if (names != Json(manifest_.labels))
-      throw Refusal(args_.examples + " was written for another export: its classes " + ex.labels +
-                    " are not this program's " + Json(manifest_.labels).dump() + "; write it for " + args_.out_dir);
-  }
-  if (ex.float_label() != manifest_.regression)
-    throw Refusal(args_.examples + " has " + (ex.float_label() ? "float32" : "integer") + " labels; the program " +
-                  "trains " + (manifest_.regression ? "a regression (float32 labels)" : "a classifier (int64 class ids)"));
-  for (int64_t i = 0; i < ex.n && manifest_.num_labels > 0 && !manifest_.regression; ++i)
-    if (ex.int_labels[i] < 0 || ex.int_labels[i] >= manifest_.num_labels)
-      throw Refusal(args_.examples + ": example " + std::to_string(i) + " has label " + std::to_string(ex.int_labels[i]) +
-                    ", not a class id of the program (0-" + std::to_string(manifest_.num_labels - 1) + ")");
 }
 
 // Steps per epoch and the step to stop at; the order's seed.
@@ -135,29 +78,16 @@ void Trainer::plan_steps() {
   batch_ = manifest_.batch_size;
   accumulate_ = manifest_.accumulate;
   const int64_t per_step = batch_ * accumulate_;
-  if (examples_->n < per_step)
-    throw Refusal(args_.examples + " has " + std::to_string(examples_->n) + " examples, fewer than a step's " +
-                  std::to_string(per_step) + " (short batches are dropped, so nothing would train)");
-  per_epoch_ = examples_->n / per_step;
+  if (n_examples() < per_step)
+    throw Refusal(args_.examples + " has " + std::to_string(n_examples()) + (chunks_ ? " training chunks" : " examples") +
+                  ", fewer than a step's " + std::to_string(per_step) +
+                  " (short batches are dropped, so nothing would train)");
+  per_epoch_ = n_examples() / per_step;
   total_ = args_.epochs * per_epoch_;
   if (args_.max_steps > 0) total_ = std::min(total_, args_.max_steps);
   step_ = state_.step;
   seed_ = args_.seed_given ? args_.seed : state_.order_seed;
   slot_names_ = optim::slots(manifest_.optimizer);
-}
-
-// A state past step 0 goes on in the order, on the examples and with the optimizer state it was trained with.
-void Trainer::check_resume() const {
-  const std::string at = state_.path + " is at step " + std::to_string(state_.step);
-  if (args_.seed_given && state_.step > 0 && args_.seed != state_.order_seed)
-    throw Refusal(at + " of a run with order_seed " + std::to_string(state_.order_seed) + "; --seed " +
-                  std::to_string(args_.seed) + " would change its order (drop --seed to resume it)");
-  if (state_.step > 0 && state_.examples_sha256 != examples_sha_)
-    throw Refusal(at + " of a run on another examples file; pass the same --examples to resume it, or start from the "
-                  "export's state.safetensors");
-  if (!slot_names_.empty() && state_.step > 0 && !state_.slot(slot_names_[0], manifest_.trainable.front().name))
-    throw Refusal(at + " but holds no " + manifest_.optimizer.name +
-                  " state; resuming without it would not be the same run");
 }
 
 // The programs, mapped read-only: a training program whose trained tensors are the manifest's.
@@ -201,7 +131,9 @@ void Trainer::bind_inputs() {
   } else {
     roles_ = infer_roles(meta.num_inputs(), bottom_ != nullptr);
   }
-  const bool float_label = examples_->float_label();
+  if (chunks_ && roles_ != std::vector<Role>{Role::Hidden, Role::InputIds})
+    throw Refusal("a next_token export's train.pte must take (hidden, input_ids); export the folder again");
+  const bool float_label = examples_ && examples_->float_label();
   for (size_t i = 0; i < roles_.size(); ++i) {
     const auto info = meta.input_tensor_meta(i).get();
     const auto sz = sizes_of(info);
@@ -269,6 +201,12 @@ void Trainer::make_batch_tensors() {
   ids_ = make_tensor_ptr({b, l}, rows_->input_ids.data(), ScalarType::Long);
   mask_ = make_tensor_ptr({b, l}, rows_->attention_mask.data(), ScalarType::Long);
   token_types_ = make_tensor_ptr({b, l}, rows_->token_type_ids.data(), ScalarType::Long);
+  if (chunks_) {
+    const auto h = static_cast<int32_t>(manifest_.hidden_size);
+    hidden_.assign(static_cast<size_t>(batch_ * length_ * manifest_.hidden_size), 0.f);
+    hidden_in_ = make_tensor_ptr({b, l, h}, hidden_.data(), ScalarType::Float);
+    return;
+  }
   labels_ = examples_->float_label() ? make_tensor_ptr({b}, rows_->float_labels.data(), ScalarType::Float)
                                      : make_tensor_ptr({b}, rows_->int_labels.data(), ScalarType::Long);
 }
@@ -278,13 +216,13 @@ void Trainer::print_plan() const {
   for (const Param& p : params_) n_values += p.numel;
   char bottom[64] = "";
   if (bottom_) std::snprintf(bottom, sizeof bottom, ", bottom.pte (planned %.1f MB)", bottom_->planned_bytes() / 1e6);
-  const int64_t n = examples_->n;
+  const int64_t n = n_examples();
   std::printf("far_train: %s (planned %.1f MB)%s; %zu trainable tensors (%lld values); %s; batch %lld x %lld in %lld "
-              "micro-batch(es); %lld examples -> %lld batches/epoch (%lld left over each epoch); from step %lld to step "
+              "micro-batch(es); %lld %s -> %lld batches/epoch (%lld left over each epoch); from step %lld to step "
               "%lld; order_seed %llu\n",
               train_->path().c_str(), train_->planned_bytes() / 1e6, bottom, params_.size(), (long long)n_values,
               manifest_.optimizer.name.c_str(), (long long)(batch_ * accumulate_), (long long)length_,
-              (long long)accumulate_, (long long)n, (long long)per_epoch_,
+              (long long)accumulate_, (long long)n, chunks_ ? "chunks" : "examples", (long long)per_epoch_,
               (long long)(n - per_epoch_ * batch_ * accumulate_), (long long)step_, (long long)total_,
               (unsigned long long)seed_);
   std::fflush(stdout);
@@ -295,11 +233,12 @@ void Trainer::print_plan() const {
 void Trainer::train() {
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
+  if (chunks_) report_held_out("before");
   while (step_ < total_) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t epoch = step_ / per_epoch_;
     if (epoch != order_epoch) {
-      order = epoch_order(seed_, epoch, examples_->n);
+      order = epoch_order(seed_, epoch, n_examples());
       order_epoch = epoch;
     }
     const float loss = step_once(order);
@@ -313,6 +252,7 @@ void Trainer::train() {
     std::fflush(stdout);
   }
   checkpoint();
+  if (chunks_) report_held_out("after");
   std::printf("done step=%lld %s\n", (long long)step_, args_.state_out.c_str());
 }
 
@@ -320,8 +260,10 @@ float Trainer::step_once(const std::vector<int64_t>& order) {
   const int64_t next = step_ % per_epoch_;  // batch `next` of the epoch
   float loss = 0.f;
   for (int64_t part = 0; part < accumulate_; ++part) {  // each gradient is a micro-batch mean: their mean is the step's
-    for (int64_t r = 0; r < batch_; ++r)
-      rows_->set_row(r, *examples_, order[(next * accumulate_ + part) * batch_ + r], manifest_.pad_token_id);
+    const int64_t* rows = &order[(next * accumulate_ + part) * batch_];
+    if (chunks_) set_text_rows(rows);
+    else
+      for (int64_t r = 0; r < batch_; ++r) rows_->set_row(r, *examples_, rows[r], manifest_.pad_token_id);
     run_programs();
     const float part_loss = fwd_->get_output(0).toTensor().const_data_ptr<float>()[0];
     if (!std::isfinite(part_loss))
@@ -337,7 +279,7 @@ float Trainer::step_once(const std::vector<int64_t>& order) {
 
 // The bottom (if any) on the batch's tokens, then train.pte's forward and backward.
 void Trainer::run_programs() {
-  if (bottom_) {  // frozen bottom: tokens -> hidden states, forward only
+  if (bottom_ && !chunks_) {  // frozen bottom: tokens -> hidden states, forward only (text: cached)
     Method& bm = bottom_->forward();
     set_input(bm, 0, EValue(*ids_), "bottom.pte");
     set_input(bm, 1, EValue(*mask_), "bottom.pte");
@@ -347,7 +289,9 @@ void Trainer::run_programs() {
   }
   for (size_t i = 0; i < roles_.size(); ++i) {
     switch (roles_[i]) {
-      case Role::Hidden: set_input(*fwd_, i, bottom_->forward().get_output(0), "train.pte"); break;
+      case Role::Hidden:
+        set_input(*fwd_, i, chunks_ ? EValue(*hidden_in_) : bottom_->forward().get_output(0), "train.pte");
+        break;
       case Role::InputIds: set_input(*fwd_, i, EValue(*ids_), "train.pte"); break;
       case Role::AttentionMask: set_input(*fwd_, i, EValue(*mask_), "train.pte"); break;
       case Role::TokenTypeIds: set_input(*fwd_, i, EValue(*token_types_), "train.pte"); break;

@@ -3,7 +3,7 @@
 //
 //   fuzz_readers [--seed S] [--count N] [--reader R] [--regressions DIR] [--crash-file PATH] [--save DIR]
 //
-// R is one of json, safetensors, state, manifest, examples, sha256, or all (the default): N inputs each. Input i
+// R is one of json, safetensors, state, manifest, examples, chunks, sha256, or all (the default): N inputs each. Input i
 // of reader R is a function of (S, R, i) alone, so a finding is replayed by its three numbers. --regressions
 // DIR first feeds every file DIR/<reader>-*.bin to its reader (findings kept as files). --crash-file PATH
 // holds the input being read, so a crash (or a sanitizer's abort) leaves it behind; --save DIR keeps each
@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "far/chunks.h"
 #include "far/examples.h"
 #include "far/json.h"
 #include "far/manifest.h"
@@ -64,7 +65,7 @@ using far::Json;
 using far::safetensors::TensorView;
 using Rng = std::mt19937_64;
 
-const std::vector<std::string> kReaders = {"json", "safetensors", "state", "manifest", "examples", "sha256"};
+const std::vector<std::string> kReaders = {"json", "safetensors", "state", "manifest", "examples", "chunks", "sha256"};
 
 uint64_t pick(Rng& r, uint64_t n) { return n ? r() % n : 0; }
 
@@ -232,7 +233,7 @@ std::string mutate_safetensors(const std::string& file, Rng& r) {
 struct Seeds {
   far::Manifest manifest;  // the state's export
   std::string manifest_text, adamw_manifest_text;
-  std::vector<std::string> states, examples, plain;
+  std::vector<std::string> states, examples, chunks, plain;
   std::vector<float> w, b, mw, mb;
 };
 
@@ -282,8 +283,13 @@ Seeds make_seeds() {
                                          {{"base_fingerprint", "base-1"}}));
   s.examples.push_back(safetensors_bytes({{"input_ids", "I32", {3, 5}, ids32.data()}, {"attention_mask", "I64", {3, 5}, mask.data()},
                                           {"labels", "F32", {3}, scores.data()}}, {}));
+  static const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2};
+  s.chunks.push_back(safetensors_bytes({{"train", "I32", {2, 4}, tokens.data()}, {"held_out", "I32", {1, 4}, tokens.data() + 8}},
+                                       {{"format", "far.device.chunks"}, {"format_version", "1"},
+                                        {"base_fingerprint", "base-1"}, {"max_length", "4"}}));
   s.plain = s.states;
   s.plain.insert(s.plain.end(), s.examples.begin(), s.examples.end());
+  s.plain.insert(s.plain.end(), s.chunks.begin(), s.chunks.end());
   static const uint8_t odd[7] = {1, 2, 3, 4, 5, 6, 7};
   s.plain.push_back(safetensors_bytes({{"a", "U8", {7}, odd}, {"e", "F64", {0, 3}, odd}, {"s", "BF16", {}, odd}}, {}));
   return s;
@@ -391,6 +397,12 @@ void feed(const std::string& reader, const std::string& where, const std::string
       far::Batch batch(2, 8);
       const std::vector<int64_t> order = far::epoch_order(7, 0, ex->n);
       for (int64_t i = 0; i < ex->n && i < 64; ++i) batch.set_row(i % 2, *ex, order[i], 0);
+    } else if (reader == "chunks") {
+      const auto c = far::read_chunks(far::safetensors::Mapping::copy_of(input), name, 4, 10, "base-1");
+      int64_t sum = 0;
+      for (int64_t row = 0; row < c->n_train + c->n_held_out && row < 64; ++row)
+        for (int64_t j = 0; j < c->length; ++j) sum += c->id(row, j);
+      if (sum < 0) finding(reader, where, "an id outside the vocabulary was accepted", input, t);
     } else {
       // SHA-256 over arbitrary bytes: one update, or the same bytes in random pieces, give one digest.
       std::mt19937_64 r(input.size());
@@ -408,13 +420,14 @@ void feed(const std::string& reader, const std::string& where, const std::string
     refused = reader == "state" && std::strstr(e.what(), name.c_str());
     if (!refused) finding(reader, where, std::string("StateError without the file's name: ") + e.what(), input, t);
   } catch (const far::safetensors::FormatError& e) {
-    refused = (reader == "safetensors" || reader == "examples") && std::strstr(e.what(), name.c_str());
+    refused = (reader == "safetensors" || reader == "examples" || reader == "chunks") &&
+              std::strstr(e.what(), name.c_str());
     if (!refused) finding(reader, where, std::string("FormatError out of place: ") + e.what(), input, t);
   } catch (const std::runtime_error& e) {
     // parse_json and parse_manifest refuse with std::runtime_error, the examples reader too (naming the file).
     refused = (reader == "json" && std::strncmp(e.what(), "malformed JSON", 14) == 0) ||
               (reader == "manifest" && std::strncmp(e.what(), "OUT/manifest.json: ", 19) == 0) ||
-              (reader == "examples" && std::strstr(e.what(), name.c_str()));
+              ((reader == "examples" || reader == "chunks") && std::strstr(e.what(), name.c_str()));
     if (!refused) finding(reader, where, std::string("runtime_error out of place: ") + e.what(), input, t);
   } catch (const std::exception& e) {
     finding(reader, where, std::string("escaped exception (not far's): ") + e.what(), input, t);
@@ -451,6 +464,7 @@ std::string generate(const std::string& reader, const Seeds& s, Rng& r) {
     if (r() % 3 == 0) return sealed_state(s, r);
     return mutate_safetensors(s.states[pick(r, s.states.size())], r);
   }
+  if (reader == "chunks") return mutate_safetensors(s.chunks[pick(r, s.chunks.size())], r);
   if (reader == "examples") {
     if (r() % 3 == 0) return odd_examples(r);
     return mutate_safetensors(s.examples[pick(r, s.examples.size())], r);

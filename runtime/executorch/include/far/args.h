@@ -15,7 +15,7 @@ struct Refusal : std::runtime_error {
 extern const char* const kUsage;
 
 struct Args {
-  std::string out_dir, examples, state, state_out;
+  std::string out_dir, examples, state, state_out, bottom_cache;
   int64_t epochs = -1, max_steps = 0, checkpoint_every = 0, threads = 0;
   bool resume = false, seed_given = false, help = false;
   uint64_t seed = 0;

@@ -6,6 +6,8 @@
 //    "batch_size": 32, "micro_batch_size": 8, "accumulate": 4, "max_length": 64,   // the programs take 8
 
 //    "task": {"kind": "classification", "num_labels": 2},                       // or "regression"
+//    // a causal LM's export (far export --model NAME) instead: "objective": "next_token", "vocab_size": 49152,
+//    // "hidden_size": 576, and train.pte's inputs are (hidden, input_ids): chunks of text, no labels
 //    "programs": {"train": {"file": "train.pte", "sha256": "...",
 //                           "inputs": [{"name": "hidden", "shape": [...], "dtype": "float32"}, ...]},
 //                 "bottom": {"file": "bottom.pte", "sha256": "...", "inputs": [...]}},  // with a frozen bottom
@@ -55,6 +57,8 @@ struct Manifest {
   bool regression = false;
   int64_t num_labels = 0;  // 0: not recorded
   std::vector<std::string> labels;  // the class names in id order; empty: not recorded
+  bool next_token = false;          // "objective": "next_token": a causal LM trained on chunks of text
+  int64_t vocab_size = 0, hidden_size = 0;  // recorded for next_token
 
   std::string path(const ProgramFile& p) const { return dir + "/" + p.file; }
   bool has_bottom() const { return !bottom.file.empty(); }

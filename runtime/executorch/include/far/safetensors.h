@@ -10,11 +10,16 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+namespace far {
+class AtomicFile;  // far/disk.h
+}  // namespace far
 
 namespace far::safetensors {
 
@@ -100,5 +105,10 @@ std::string header_text(const std::vector<TensorView>& tensors, const std::map<s
 // `path` keeps its previous version with no .tmp left beside it.
 void write_atomic(const std::string& path, const std::vector<TensorView>& tensors,
                   const std::map<std::string, std::string>& metadata);
+// The same for tensors too large to hold in memory at once: their `data` is not read; `put_data` must put
+// exactly their bytes, in order, into the file (AtomicFile::put), e.g. one row group at a time.
+void write_atomic_streamed(const std::string& path, const std::vector<TensorView>& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<void(AtomicFile&)>& put_data);
 
 }  // namespace far::safetensors

@@ -9,6 +9,12 @@
 // and updates with its optimizer (optimizer.h: SGD with momentum or AdamW, clipping, schedule). It
 // checkpoints atomically every S steps to STATE_OUT (default: STATE itself) and writes the final state there.
 // A run killed at any moment resumes from its last checkpoint to the same final state, bit for bit.
+//
+// A causal LM's export (manifest objective "next_token") trains on chunks of text instead of examples
+// (chunks.h): the frozen bottom runs once per chunk, before the first step, into a cache on disk (reused by a
+// resumed run), and each step feeds train.pte the cached hidden states and the chunks' ids. The held-out
+// chunks' loss and perplexity (exp of the mean next-token loss) are printed before the first step and after
+// the last.
 #pragma once
 
 #include <executorch/extension/tensor/tensor_ptr.h>
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "far/args.h"
+#include "far/chunks.h"
 #include "far/examples.h"
 #include "far/manifest.h"
 #include "far/pages.h"
@@ -67,6 +74,12 @@ class Trainer {
   void open_bottom();
   void make_batch_tensors();
   void print_plan() const;
+  int64_t n_examples() const { return chunks_ ? chunks_->n_train : examples_->n; }
+
+  // Text (src/text.cpp): the bottom's output of every chunk, cached; a micro-batch's rows; the held-out score.
+  void cache_bottom();
+  void set_text_rows(const int64_t* rows);
+  void report_held_out(const char* when);
 
   // One step: the micro-batches' forward and backward, their mean gradient, clipping and the update.
   float step_once(const std::vector<int64_t>& order);
@@ -78,7 +91,10 @@ class Trainer {
   Args args_;
   Manifest manifest_;
   State state_;
-  std::unique_ptr<Examples> examples_;
+  std::unique_ptr<Examples> examples_;  // or, for a causal LM, chunks_
+  std::unique_ptr<Chunks> chunks_;
+  std::unique_ptr<BottomCache> bottom_cache_;
+  std::vector<float> hidden_;  // a micro-batch's cached hidden states [B, L, hidden]
   std::string examples_sha_;
   int64_t batch_ = 0, accumulate_ = 1, length_ = 0;  // the programs' batch B, micro-batches K, tokens L
   int64_t per_epoch_ = 0, total_ = 0, step_ = 0;
@@ -92,7 +108,7 @@ class Trainer {
   int64_t bottom_inputs_ = 0;
   std::vector<Param> params_;
   std::unique_ptr<Batch> rows_;
-  executorch::extension::TensorPtr ids_, mask_, token_types_, labels_;
+  executorch::extension::TensorPtr ids_, mask_, token_types_, labels_, hidden_in_;
   std::unique_ptr<FilePages> file_pages_;
 };
 
