@@ -107,7 +107,7 @@ def test_a_file_for_another_base_and_other_bad_inputs_are_refused_before_anythin
     holding = far.load_learners(load_lean_model(gguf), alice)
     with pytest.raises(ValueError, match="holds a learners file; pass the stock model"):
         save_lean_peft_adapter(holding, alice, tmp_path / "lora")
-    with pytest.raises(ValueError, match="holds a learners file; a base holds the stock weights"):
+    with pytest.raises(ValueError, match="holds a learners file; pass the stock model"):
         save_hf_base(holding, tmp_path / "base")
     assert not (tmp_path / "base").exists()
     (tmp_path / "taken").mkdir()

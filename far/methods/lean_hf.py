@@ -132,6 +132,14 @@ def read_base_record(folder: str | os.PathLike) -> dict | None:
         return None
 
 
+def check_stock_base(model: LeanCausalLM) -> None:
+    """ValueError unless `model` is the stock model as read from its GGUF file: not split, not training, and
+    holding no learners file (a base, and what an adapter is measured against, are the stock weights)."""
+    check_stock(model)
+    if active_lean_learners(model) is not None:
+        raise ValueError("this model holds a learners file; pass the stock model (far.unload_learners(model))")
+
+
 def save_hf_base(model: LeanCausalLM, output_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write the lean model's weights as a transformers model folder (config.json, model.safetensors), atomically.
 
@@ -154,9 +162,7 @@ def save_hf_base(model: LeanCausalLM, output_dir: str | os.PathLike, *, overwrit
     """
     out = Path(output_dir)
     check_output_dir(out, overwrite)
-    check_stock(model)
-    if active_lean_learners(model) is not None:
-        raise ValueError("this model holds a learners file; a base holds the stock weights: far.unload_learners(model)")
+    check_stock_base(model)
     record = base_record(model)
     hf = hf_model(model.config, hf_state_dict(model))
     with atomic_dir(out) as tmp:

@@ -29,7 +29,15 @@ import far
 from far.layers import INPUT, OUTPUT
 from far.llm.lean_learners import LEARNERS, active_lean_learners, check_stock, plan, read_file
 from far.llm.lean_model import LeanCausalLM
-from far.methods.lean_hf import BASE_RECORD, base_record, hf_model, hf_state_dict, hf_value, read_base_record
+from far.methods.lean_hf import (
+    BASE_RECORD,
+    base_record,
+    check_stock_base,
+    hf_model,
+    hf_state_dict,
+    hf_value,
+    read_base_record,
+)
 from far.methods.peft_adapter import check_output_dir, compare, write_adapter
 
 
@@ -109,9 +117,7 @@ def save_lean_peft_adapter(
     """
     out = Path(output_dir)
     check_output_dir(out, overwrite)
-    check_stock(model)
-    if active_lean_learners(model) is not None:
-        raise ValueError("this model holds a learners file; pass the stock model (far.unload_learners(model))")
+    check_stock_base(model)
     record = base_record(model)
     if base_dir is not None:
         check_base_dir(base_dir, model)
