@@ -69,7 +69,16 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of every training command (`RunSettings`); hyper-parameters left None take the task's defaults."""
-    # The model, the method and FAR's configuration.
+    _add_model_and_method(parser)
+    _add_optimization(parser)
+    _add_lora(parser)
+    _add_freezing(parser)
+    _add_precision_and_memory(parser)
+    _add_run_outputs(parser)
+
+
+def _add_model_and_method(parser: argparse.ArgumentParser) -> None:
+    """The training commands' arguments for the model, the method and FAR's configuration."""
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -115,7 +124,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="also split attention: fraction of each layer's heads kept trainable by far/random (default: attention "
         "untouched)",
     )
-    # The optimizer, the schedule and the data the run takes.
+
+
+def _add_optimization(parser: argparse.ArgumentParser) -> None:
+    """The training commands' arguments for the optimizer, the schedule and the data the run takes."""
     parser.add_argument(
         "--optimizer",
         choices=OPTIMIZERS,
@@ -163,7 +175,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mezo-directions", type=int, default=1, help="MeZO random directions per step (default: 1; zo-batched: 4)"
     )
-    # LoRA (--method lora).
+
+
+def _add_lora(parser: argparse.ArgumentParser) -> None:
+    """The training commands' arguments for LoRA (--method lora)."""
     lora = parser.add_argument_group("LoRA (--method lora, Hugging Face PEFT; defaults are PEFT's)")
     lora.add_argument("--lora-r", type=int, default=8, help="adapter rank (default: 8)")
     lora.add_argument("--lora-alpha", type=int, default=8, help="scale numerator, alpha / r (default: 8)")
@@ -175,7 +190,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="modules to adapt (default: PEFT's for the architecture, e.g. query value for BERT)",
     )
-    # What stays frozen, and what is kept computed.
+
+
+def _add_freezing(parser: argparse.ArgumentParser) -> None:
+    """The training commands' arguments for what stays frozen, and what is kept computed."""
     parser.add_argument(
         "--freeze-embeddings",
         action=argparse.BooleanOptionalAction,
@@ -222,7 +240,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         help="batch examples of similar lengths together: every example once an epoch, far less padding (off by "
         "default for every method: docs/results.md says why)",
     )
-    # Precision, memory and which code runs the encoder.
+
+
+def _add_precision_and_memory(parser: argparse.ArgumentParser) -> None:
+    """The training commands' arguments for precision, memory and which code runs the encoder."""
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training and evaluation")
     parser.add_argument(
         "--precision",
@@ -256,7 +277,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "model code unimported: ~140 MiB less memory); auto: lean under --memory-budget where it runs the model "
         "(BERT), else transformers (default: auto)",
     )
-    # Evaluation, seeds, outputs, checkpoints and resuming.
+
+
+def _add_run_outputs(parser: argparse.ArgumentParser) -> None:
+    """The training commands' arguments for evaluation, seeds, outputs, checkpoints and resuming."""
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (always at the end)")
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the new head, data order, dropout, selection and MeZO (default: 0)"

@@ -109,7 +109,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "holds this base is used as it is (once per base)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
-    group = parser.add_argument_group("ExecuTorch (--executorch)")
+    _add_executorch_arguments(parser.add_argument_group("ExecuTorch (--executorch)"))
+    parser.set_defaults(func=run)
+
+
+def _add_executorch_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--batch-size",
         type=int,
@@ -161,7 +165,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "half the plain step; a minute or two to export MiniLM), all (the fastest step; ten minutes or more to "
         "export), none (seconds to export; the slowest step; --model: none only)",
     )
-    parser.set_defaults(func=run)
 
 
 # The programs' batch by default: a batch of 32 x 64 tokens in one pass plans about 770 MB of activations in

@@ -321,15 +321,7 @@ def own_texts_run(
         "memory_phases": memory.phases,
         "bottom_states": bottom,
         "memory_plan": None if plan is None else dataclasses.asdict(plan),
-        "hyperparameters": {
-            **hparams,
-            "batch_size": training.batch_size,
-            "micro_batch": training.micro_batch,
-            "mezo_eps": settings.mezo_eps,
-            **({"directions": runner.steps.zeroth_order.directions} if settings.optimizer == "zo-batched" else {}),
-            "seed": settings.seed,
-            "weight_decay": settings.weight_decay,
-        },
+        "hyperparameters": _hyperparameters(settings, hparams, training, runner),
         "texts": chunks.info,
         "files": files,
         "learners_file_bytes": learners_bytes,
@@ -339,3 +331,16 @@ def own_texts_run(
     write_json(out / "metrics.json", record)
     parallel.close()
     return record
+
+
+def _hyperparameters(settings: RunSettings, hparams: dict, training, runner: TextRunner) -> dict:
+    """What the run trained with, as metrics.json records it."""
+    return {
+        **hparams,
+        "batch_size": training.batch_size,
+        "micro_batch": training.micro_batch,
+        "mezo_eps": settings.mezo_eps,
+        **({"directions": runner.steps.zeroth_order.directions} if settings.optimizer == "zo-batched" else {}),
+        "seed": settings.seed,
+        "weight_decay": settings.weight_decay,
+    }
