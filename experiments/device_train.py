@@ -5,6 +5,7 @@
     python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
     python experiments/device_train.py --part metric --task sst2
     python experiments/device_train.py --part lm-export  # far export --executorch --model smollm2-135m, once
+    python experiments/device_train.py --part lowering --rounds 2 --steps 4   # each --xnnpack level: export, step
 
 The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
 and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
@@ -28,6 +29,10 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
 - lm-export: `far export --executorch OUT --model smollm2-135m` (far train's text defaults, learners by
   magnitude) in a child process with one thread under /usr/bin/time -v: wall and CPU seconds, peak RSS, the
   files' sizes and each program's planned memory (the manifest's `planned_bytes`). Needs no runner.
+- lowering: for each XNNPACK level of the training program (none, matmul, all), MiniLM with random learners
+  exported at 32x64 in one pass, in a child process with one thread under /usr/bin/time -v (wall and CPU
+  seconds, peak RSS, the files' sizes, planned memory); then far_train and torch eager's AdamW step on random
+  full-length examples as in the step part, alternating, `--rounds` each, medians of the steps after the first.
 """
 
 from __future__ import annotations
@@ -146,6 +151,11 @@ def run_runner(out: Path, examples: Path, work: Path, *extra: str) -> dict:
         "process_s": round(time.perf_counter() - start, 1),
         "plan": done.stdout.splitlines()[0],
     }
+
+
+def cpu_seconds(time_v_stderr: str) -> float:
+    """A process's user + system CPU seconds, from the report `/usr/bin/time -v` wrote to its stderr."""
+    return sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", time_v_stderr).group(1)) for k in ("User", "System"))
 
 
 def eager_child(examples: Path, batch: int) -> None:
@@ -354,7 +364,7 @@ def part_lm_export(work: Path, model: str) -> None:
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", done.stderr).group(1)) for k in ("User", "System"))
+    cpu = cpu_seconds(done.stderr)
     manifest = json.loads((out / "manifest.json").read_text())
     trained = sum(math.prod(spec["shape"]) for spec in manifest["trainable"])
     write_result(
@@ -374,9 +384,69 @@ def part_lm_export(work: Path, model: str) -> None:
     )
 
 
+def export_child(out: Path, xnnpack: str) -> None:
+    """Child process: MiniLM with random learners exported at 32x64 in one pass at one XNNPACK level; one JSON line."""
+    import torch
+
+    torch.set_num_threads(1)
+    print(json.dumps(export(out, 32, 64, xnnpack=xnnpack)))
+
+
+def run_export(out: Path, xnnpack: str) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--export-child", str(out), "--xnnpack", xnnpack]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(done.stdout + done.stderr[-3000:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu_seconds(done.stderr), 1),
+        "peak_rss_MiB": peak_rss_mib(done.stderr),
+        "sizes_bytes": {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()},
+        "planned_bytes": {role: p["planned_bytes"] for role, p in manifest["programs"].items()},
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def part_lowering(work: Path, rounds: int, steps: int) -> None:
+    from far.device.lowering import XNNPACK_LEVELS
+
+    rows = []
+    for level in XNNPACK_LEVELS:
+        out = work / f"lowering-{level}"
+        info = run_export(out, level)
+        manifest = json.loads((out / "manifest.json").read_text())
+        examples = work / "random-32x64.safetensors"  # the same examples for every level
+        if not examples.is_file():
+            random_examples(examples, 32 * steps, manifest)
+        runner, eager = [], []
+        for _ in range(rounds):  # alternating, so that both see the same machine
+            runner.append(run_runner(out, examples, work, "--epochs", "1"))
+            eager.append(run_eager(examples, 32))
+        runner_s = statistics.median(r["step_s"] for r in runner)
+        eager_s = statistics.median(r["step_s"] for r in eager)
+        row = {
+            "xnnpack": level,
+            "export": info,
+            "runner_step_s": runner_s,
+            "eager_step_s": eager_s,
+            "runner_over_eager": round(runner_s / eager_s, 3),
+            "runner_peak_rss_MiB": max(r["peak_rss_MiB"] for r in runner),
+            "load_average": os.getloadavg()[0],
+            "runs": {"runner": runner, "eager": eager},
+        }
+        print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+        rows.append(row)
+    write_result("lowering", {"batch": 32, "max_length": 64, "steps": steps, "rows": rows})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("step", "memory", "metric", "lm-export"))
+    parser.add_argument("--part", choices=("step", "memory", "metric", "lm-export", "lowering"))
     parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
     parser.add_argument("--rounds", type=int, default=2)
@@ -386,6 +456,7 @@ def main() -> None:
     parser.add_argument("--max-train-samples", type=int, help="metric: the first N training examples")
     parser.add_argument("--epochs", type=float, help="metric: the host run's epochs (default: far glue's)")
     parser.add_argument("--xnnpack", default="all", help="metric: the training program's XNNPACK level")
+    parser.add_argument("--export-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--host-without-dropout",
         action="store_true",
@@ -396,6 +467,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.eager_child:
         eager_child(args.eager_child, args.batch)
+        return
+    if args.export_child:
+        export_child(args.export_child, args.xnnpack)
         return
     if args.part is None:
         parser.error("--part is required")
@@ -414,6 +488,8 @@ def main() -> None:
         part_step(args.work, args.rounds, args.steps)
     elif args.part == "memory":
         part_memory(args.work, args.steps)
+    elif args.part == "lowering":
+        part_lowering(args.work, args.rounds, args.steps)
     else:
         part_metric(
             args.work,
