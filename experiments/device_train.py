@@ -34,8 +34,9 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   exported at 32x64 in one pass, in a child process with one thread under /usr/bin/time -v (wall and CPU
   seconds, peak RSS, the files' sizes, planned memory); then far_train and torch eager's AdamW step on random
   full-length examples as in the step part, alternating, `--rounds` each, in CPU seconds (which the load of a
-  shared machine hardly moves): far_train's steps after the first are the CPU of a process of `--steps` steps
-  less one of the first step alone, eager's the thread's CPU time of each step after the first.
+  shared machine moves less than wall seconds, though far_train's more than eager's): far_train's steps after
+  the first are the CPU of a process of `--steps` steps less one of the first step alone, eager's the thread's
+  CPU time of each step after the first.
 - bound: in this process, the bytes torch's autograd keeps for backward on the reconfigured model (eval mode, eager
   attention: the programs' explicit softmax) at 64 tokens and batches of 32, 8 and 4 (step_memory's
   saved-tensors count), the trained layers' frozen weights and the trainable tensors' bytes. Needs no runner.
@@ -442,8 +443,8 @@ def part_lowering(work: Path, rounds: int, steps: int) -> None:
             first.append(run_runner(out, examples, work, "--epochs", "1", "--max-steps", "1"))
             runner.append(run_runner(out, examples, work, "--epochs", "1"))
             eager.append(run_eager(examples, 32))
-        # CPU seconds, which a shared machine's load hardly moves: far_train's steps after the first are what a
-        # process of all the steps costs beyond one of the first step alone
+        # CPU seconds, which a shared machine's load moves less than wall seconds: far_train's steps after the
+        # first are what a process of all the steps costs beyond one of the first step alone
         beyond = [(r["cpu_s"] - f["cpu_s"]) / (steps - 1) for r, f in zip(runner, first, strict=True)]
         runner_cpu = statistics.median(beyond)
         eager_cpu = statistics.median(r["step_cpu_s"] for r in eager)
