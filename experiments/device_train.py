@@ -5,6 +5,8 @@
     python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
     python experiments/device_train.py --part metric --task sst2
     python experiments/device_train.py --part lm-export  # far export --executorch --model smollm2-135m, once
+    python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level: export, step
+    python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
 
 The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
 and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
@@ -28,6 +30,16 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
 - lm-export: `far export --executorch OUT --model smollm2-135m` (far train's text defaults, learners by
   magnitude) in a child process with one thread under /usr/bin/time -v: wall and CPU seconds, peak RSS, the
   files' sizes and each program's planned memory (the manifest's `planned_bytes`). Needs no runner.
+- lowering: for each XNNPACK level of the training program (none, matmul, all), MiniLM with random learners
+  exported at 32x64 in one pass, in a child process with one thread under /usr/bin/time -v (wall and CPU
+  seconds, peak RSS, the files' sizes, planned memory); then far_train and torch eager's AdamW step on random
+  full-length examples as in the step part, alternating, `--rounds` each, in CPU seconds (which the load of a
+  shared machine moves less than wall seconds, though far_train's more than eager's): far_train's steps after
+  the first are the CPU of a process of `--steps` steps less one of the first step alone, eager's the thread's
+  CPU time of each step after the first.
+- bound: in this process, the bytes torch's autograd keeps for backward on the reconfigured model (eval mode, eager
+  attention: the programs' explicit softmax) at 64 tokens and batches of 32, 8 and 4 (step_memory's
+  saved-tensors count), the trained layers' frozen weights and the trainable tensors' bytes. Needs no runner.
 """
 
 from __future__ import annotations
@@ -143,13 +155,19 @@ def run_runner(out: Path, examples: Path, work: Path, *extra: str) -> dict:
     times = [float(s["time_s"]) for s in steps]
     return {
         "command": " ".join(cmd[2:]),
-        "step_s": round(statistics.median(times[1:]), 4),
+        "step_s": round(statistics.median(times[1:]), 4) if len(times) > 1 else None,
         "steps": len(times),
+        "cpu_s": round(cpu_seconds(done.stderr), 2),
         "last_loss": float(steps[-1]["loss"]),
         "peak_rss_MiB": peak_rss_mib(done.stderr),
         "process_s": round(time.perf_counter() - start, 1),
         "plan": done.stdout.splitlines()[0],
     }
+
+
+def cpu_seconds(time_v_stderr: str) -> float:
+    """A process's user + system CPU seconds, from the report `/usr/bin/time -v` wrote to its stderr."""
+    return sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", time_v_stderr).group(1)) for k in ("User", "System"))
 
 
 def eager_child(examples: Path, batch: int) -> None:
@@ -166,17 +184,19 @@ def eager_child(examples: Path, batch: int) -> None:
     opt = torch.optim.AdamW(trained, lr=LR)
     data = load_file(examples)
     n = data["labels"].shape[0]
-    times = []
+    times, cpu = [], []
     for step in range(n // batch):
         rows = torch.from_numpy(batch_indices(0, 0, step, n, batch))
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         opt.zero_grad(set_to_none=True)
         loss = model(**{k: v[rows] for k, v in data.items()}).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, CLIP)
         opt.step()
         times.append(time.perf_counter() - start)
-    print(json.dumps({"step_s": round(statistics.median(times[1:]), 4), "steps": len(times)}))
+        cpu.append(time.thread_time() - start_cpu)
+    step_s, step_cpu_s = statistics.median(times[1:]), statistics.mean(cpu[1:])
+    print(json.dumps({"step_s": round(step_s, 4), "step_cpu_s": round(step_cpu_s, 4), "steps": len(times)}))
 
 
 def run_eager(examples: Path, batch: int) -> dict:
@@ -380,7 +400,7 @@ def part_lm_export(work: Path, model: str) -> None:
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", done.stderr).group(1)) for k in ("User", "System"))
+    cpu = cpu_seconds(done.stderr)
     manifest = json.loads((out / "manifest.json").read_text())
     trained = sum(math.prod(spec["shape"]) for spec in manifest["trainable"])
     write_result(
@@ -400,9 +420,117 @@ def part_lm_export(work: Path, model: str) -> None:
     )
 
 
+def export_child(out: Path, xnnpack: str) -> None:
+    """Child process: MiniLM with random learners exported at 32x64 in one pass at one XNNPACK level; one JSON line."""
+    import torch
+
+    torch.set_num_threads(1)
+    print(json.dumps(export(out, 32, 64, xnnpack=xnnpack)))
+
+
+def run_export(out: Path, xnnpack: str) -> dict:
+    measured = out.with_name(out.name + "-export.json")  # a rerun reuses an export with its measurement
+    if measured.is_file() and (out / "manifest.json").is_file():
+        return json.loads(measured.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--export-child", str(out), "--xnnpack", xnnpack]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(done.stdout + done.stderr[-3000:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    info = {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu_seconds(done.stderr), 1),
+        "peak_rss_MiB": peak_rss_mib(done.stderr),
+        "sizes_bytes": {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()},
+        "planned_bytes": {role: p["planned_bytes"] for role, p in manifest["programs"].items()},
+        "load_average": os.getloadavg()[0],
+    }
+    measured.write_text(json.dumps(info))
+    return info
+
+
+def part_lowering(work: Path, rounds: int, steps: int) -> None:
+    from far.device.lowering import XNNPACK_LEVELS
+
+    rows = []
+    for level in XNNPACK_LEVELS:
+        out = work / f"lowering-{level}"
+        info = run_export(out, level)
+        manifest = json.loads((out / "manifest.json").read_text())
+        examples = work / "random-32x64.safetensors"  # the same examples for every level
+        if not examples.is_file():
+            random_examples(examples, 32 * steps, manifest)
+        runner, first, eager = [], [], []
+        for _ in range(rounds):  # alternating, so that both see the same machine
+            first.append(run_runner(out, examples, work, "--epochs", "1", "--max-steps", "1"))
+            runner.append(run_runner(out, examples, work, "--epochs", "1"))
+            eager.append(run_eager(examples, 32))
+        # CPU seconds, which a shared machine's load moves less than wall seconds: far_train's steps after the
+        # first are what a process of all the steps costs beyond one of the first step alone
+        beyond = [(r["cpu_s"] - f["cpu_s"]) / (steps - 1) for r, f in zip(runner, first, strict=True)]
+        runner_cpu = statistics.median(beyond)
+        eager_cpu = statistics.median(r["step_cpu_s"] for r in eager)
+        row = {
+            "xnnpack": level,
+            "export": info,
+            "runner_step_cpu_s": round(runner_cpu, 3),
+            "eager_step_cpu_s": eager_cpu,
+            "runner_over_eager": round(runner_cpu / eager_cpu, 3),
+            "runner_step_s": statistics.median(r["step_s"] for r in runner),
+            "eager_step_s": statistics.median(r["step_s"] for r in eager),
+            "runner_peak_rss_MiB": max(r["peak_rss_MiB"] for r in runner),
+            "load_average": os.getloadavg()[0],
+            "runs": {"runner": runner, "first_step": first, "eager": eager},
+        }
+        print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+        rows.append(row)
+    write_result("lowering", {"batch": 32, "max_length": 64, "steps": steps, "rows": rows})
+
+
+def part_bound() -> None:
+    import torch
+    from step_memory import saved_for_backward_bytes
+
+    model, _ = reconfigured_minilm()
+    model.set_attn_implementation("eager")
+    model.eval()  # no dropout, as exported
+    trained_layers = range(FAR_CONFIG["freeze_layers"], model.config.num_hidden_layers)
+    in_trained = tuple(f"bert.encoder.layer.{i}." for i in trained_layers)
+    named = list(model.named_parameters())
+    trainable = sum(p.numel() * p.element_size() for _, p in named if p.requires_grad)
+    frozen = sum(p.numel() * p.element_size() for n, p in named if not p.requires_grad and n.startswith(in_trained))
+    rows = []
+    for batch in (32, 8, 4):
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(1000, model.config.vocab_size, (batch, 64), generator=g)
+        ids[:, 0] = 101
+        inputs = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "token_type_ids": torch.zeros_like(ids),
+            "labels": torch.randint(0, 2, (batch,), generator=g),
+        }
+        saved = saved_for_backward_bytes(model, lambda inputs=inputs: model(**inputs).loss)
+        model.zero_grad(set_to_none=True)
+        rows.append({"batch": batch, "saved_for_backward_bytes": saved})
+        print(json.dumps(rows[-1]), flush=True)
+    record = {
+        "max_length": 64,
+        "attention": "eager",
+        "trainable_bytes": trainable,
+        "trained_layers_frozen_bytes": frozen,
+        "rows": rows,
+    }
+    write_result("bound", record)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("step", "memory", "metric", "lm-export"))
+    parser.add_argument("--part", choices=("step", "memory", "metric", "lm-export", "lowering", "bound"))
     parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
     parser.add_argument("--rounds", type=int, default=2)
@@ -412,6 +540,7 @@ def main() -> None:
     parser.add_argument("--max-train-samples", type=int, help="metric: the first N training examples")
     parser.add_argument("--epochs", type=float, help="metric: the host run's epochs (default: far glue's)")
     parser.add_argument("--xnnpack", default="all", help="metric: the training program's XNNPACK level")
+    parser.add_argument("--export-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--host-without-dropout",
         action="store_true",
@@ -428,11 +557,21 @@ def main() -> None:
     if args.eager_child:
         eager_child(args.eager_child, args.batch)
         return
+    if args.export_child:
+        export_child(args.export_child, args.xnnpack)
+        return
     if args.part is None:
         parser.error("--part is required")
     if args.part == "lm-export":
         args.work.mkdir(parents=True, exist_ok=True)
         part_lm_export(args.work, args.model)
+        return
+    if args.part == "bound":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+
+        torch.set_num_threads(1)
+        part_bound()
         return
     if not RUNNER.is_file():
         raise SystemExit(f"no runner at {RUNNER}: bash runtime/executorch/build.sh")
@@ -445,6 +584,8 @@ def main() -> None:
         part_step(args.work, args.rounds, args.steps)
     elif args.part == "memory":
         part_memory(args.work, args.steps)
+    elif args.part == "lowering":
+        part_lowering(args.work, args.rounds, args.steps)
     else:
         part_metric(
             args.work,

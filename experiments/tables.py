@@ -21,6 +21,8 @@ from pathlib import Path
 from table_sources import ROOT, copied
 from tables_llm import (
     clock_curve,
+    device_bound,
+    device_lowering,
     device_memory,
     device_metric,
     device_step,
@@ -82,7 +84,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "own-texts-optimizers": own_texts_optimizers,
     "device-step": device_step,
     "device-memory": device_memory,
+    "device-bound": device_bound,
     "device-metric": device_metric,
+    "device-lowering": device_lowering,
     "lora-sources": lora_sources,
     "far-or-lora": far_or_lora,
     "fewshot": fewshot,

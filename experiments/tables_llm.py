@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from table_sources import MACHINE_B, RESULTS, load, machine, mean_std, rate, signed, source, table
+from table_sources import MACHINE_B, MIB, RESULTS, load, machine, mean_std, rate, signed, source, table
 
 OWN_TEXTS_ARMS = {
     "adamw": "SmolLM2-135M, **AdamW on FAR's learners** (3e-4, the default)",
@@ -172,6 +172,70 @@ def device_memory() -> str:
         table(header, rows)
         + "\n"
         + source(["device_train/memory.json"], device_machine(record), [f"python {record['command']}"])
+    )
+
+
+LOWERING_LEVELS = {
+    "none": "`none`: ExecuTorch's optimized + portable kernels",
+    "matmul": "`matmul`: the matrix products in XNNPACK",
+    "all": "`all`: every operator XNNPACK takes, op by op",
+}
+
+
+def device_lowering() -> str:
+    """docs/device.md: each XNNPACK level's export cost, program size and step, from device_train's lowering file."""
+    record = load("device_train/lowering.json")
+    rows, levels = [], {row["xnnpack"]: row for row in record["rows"]}
+    for level, label in LOWERING_LEVELS.items():
+        row = levels[level]
+        export = row["export"]
+        rows.append([label, f"{export['cpu_s']:.0f} ({export['wall_s']:.0f})", f"{export['peak_rss_MiB']:.0f} MiB",
+                     f"{export['sizes_bytes']['train.pte'] / 1e6:.1f} MB",
+                     f"{export['planned_bytes']['train'] / 1e6:.0f} MB", f"{row['runner_step_cpu_s']:.2f}",
+                     f"{row['eager_step_cpu_s']:.2f}", f"**{row['runner_over_eager']:.2f}**",
+                     f"{row['runner_peak_rss_MiB']:.0f} MiB"])  # fmt: skip
+    header = ["training program (`--xnnpack`)", "export: CPU s (wall s)", "export peak RSS", "train.pte",
+              "planned memory (train.pte)", "far_train step (CPU s)", "torch eager step (CPU s)", "far_train / eager",
+              "far_train peak RSS"]  # fmt: skip
+    sizes = levels["none"]["export"]["sizes_bytes"]
+    files = ("bottom.pte", "state.safetensors", "tokenizer.json")
+    others = ", ".join(f"{name} {sizes[name] / 1e6:.1f} MB" for name in files)
+    extra_cpu = levels["all"]["export"]["cpu_s"] - levels["none"]["export"]["cpu_s"]
+    saved = levels["none"]["runner_step_cpu_s"] - levels["all"]["runner_step_cpu_s"]
+    loads = ", ".join(f"{row['export']['load_average']:.1f} / {row['load_average']:.1f}" for row in record["rows"])
+    losses = ", ".join(f"`{level}` {levels[level]['runs']['runner'][0]['last_loss']:.6f}" for level in LOWERING_LEVELS)
+    return (
+        table(header, rows)
+        + f"\nThe other files are the same at every level: {others}. `all` costs {extra_cpu:.0f} CPU s more to export "
+        + f"than `none` and saves {saved:.2f} CPU s a step: it pays from about {extra_cpu / saved:.0f} steps. The "
+        + f"load average (1 minute) at the end of each level's export / steps: {loads}. far_train's loss at step "
+        + f"{record['steps']} of "
+        + f"the first round, on the same learners and batches: {losses}.\n\n"
+        + source(["device_train/lowering.json"], device_machine(record), [f"python {record['command']}"])
+    )
+
+
+def device_bound() -> str:
+    """docs/device.md: the least a runtime must keep per programs' batch, from device_train's bound file."""
+    record = load("device_train/bound.json")
+    trainable, frozen = record["trainable_bytes"] / MIB, record["trained_layers_frozen_bytes"] / MIB
+    rows = []
+    for row in record["rows"]:
+        batch = row["batch"]
+        parts = 32 // batch
+        programs = f"{batch} (one pass)" if parts == 1 else f"{batch} ({parts} micro-batches)"
+        saved = row["saved_for_backward_bytes"] / MIB
+        summed = trainable if parts > 1 else 0.0  # the micro-batches' gradient sum
+        total = saved + frozen + 4 * trainable + summed
+        rows.append([programs, f"{saved:.1f}", f"{frozen:.1f}", f"{4 * trainable:.1f}",
+                     f"{summed:.1f}" if summed else "", f"**{total:.1f}**"])  # fmt: skip
+    header = ["programs' batch", "kept for backward (MiB)", "trained layers' frozen weights (MiB)",
+              "AdamW: tensors, gradients, two moments (MiB)", "micro-batches' gradient sum (MiB)",
+              "sum (MiB)"]  # fmt: skip
+    return (
+        table(header, rows)
+        + "\n"
+        + source(["device_train/bound.json"], device_machine(record), [f"python {record['command']}"])
     )
 
 

@@ -78,3 +78,41 @@ def test_device_metric_compares_the_device_with_the_host_without_dropout(tables,
     # a device stage that did not finish, and a host file that does not record its precision, say so
     assert "| 3 | 25.00 (fp32) | 20.00 (precision not recorded) | not run |  |  |" in written
     assert "Machine: AMD EPYC, 2 cores (avx512_bf16), one thread" in written
+
+
+def test_device_lowering_and_bound_add_up_what_their_files_say(tables, monkeypatch):
+    real = tables.device_lowering.__globals__["load"]
+
+    def level(name, cpu, step, loss):
+        sizes = {"train.pte": 29_200_000, "bottom.pte": 61_900_000, "state.safetensors": 15_760_000,
+                 "tokenizer.json": 711_661}  # fmt: skip
+        export = {"cpu_s": cpu, "wall_s": 2 * cpu, "peak_rss_MiB": 1500, "sizes_bytes": sizes,
+                  "planned_bytes": {"train": 500e6}, "load_average": 3.0}  # fmt: skip
+        runs = {"runner": [{"last_loss": loss}]}
+        return {"xnnpack": name, "export": export, "runner_step_cpu_s": step, "eager_step_cpu_s": 1,
+                "runner_over_eager": step, "runner_peak_rss_MiB": 900, "load_average": 4.0, "runs": runs}  # fmt: skip
+
+    machine = {"command": "device_train.py --part x", "machine": "AMD EPYC; avx512_bf16", "cores": 2}
+    fake = {
+        "device_train/lowering.json": {
+            **machine, "steps": 4,
+            "rows": [level("none", 20, 2.5, 0.69), level("matmul", 40, 1.5, 0.69), level("all", 220, 0.5, 0.69)],
+        },
+        "device_train/bound.json": {
+            **machine, "trainable_bytes": 2**20, "trained_layers_frozen_bytes": 2 * 2**20,
+            "rows": [{"batch": 32, "saved_for_backward_bytes": 100 * 2**20},
+                     {"batch": 4, "saved_for_backward_bytes": 10 * 2**20}],
+        },
+    }  # fmt: skip
+    for writer in (tables.device_lowering, tables.device_bound):
+        monkeypatch.setitem(writer.__globals__, "load", lambda relative: fake.get(relative) or real(relative))
+    lowering = tables.device_lowering()
+    row = "| `all`: every operator XNNPACK takes, op by op | 220 (440) | 1500 MiB | 29.2 MB | 500 MB | 0.50 | 1.00 |"
+    assert row in lowering
+    # 200 CPU s more to export, 2 s saved a step: it pays from 100 steps
+    assert "`all` costs 200 CPU s more to export than `none` and saves 2.00 CPU s a step" in lowering
+    assert "it pays from about 100 steps" in lowering
+    bound = tables.device_bound()
+    # one pass: saved + frozen + AdamW's 4 copies; micro-batches add their gradient sum
+    assert "| 32 (one pass) | 100.0 | 2.0 | 4.0 |  | **106.0** |" in bound
+    assert "| 4 (8 micro-batches) | 10.0 | 2.0 | 4.0 | 1.0 | **17.0** |" in bound
