@@ -248,7 +248,7 @@ METRIC_TASKS = {
         "FAR auto with 1 frozen layer, 8,000 sentences, 1 epoch",
     ),
     "cola": (
-        "CoLA ({n:,} sentences; 1,043 dev; MCC)",
+        "CoLA (first {n:,} sentences; 1,043 dev; MCC)",
         "matthews_correlation",
         "replicate_far/runs/cola-far-0.2+frozen-emb-s",
         "FAR r=0.2, 3 epochs",
@@ -275,6 +275,8 @@ def device_metric() -> str:
         without = load(f"device_train/metric_{task}_host_no_dropout.json")
         files += [f"device_train/metric_{task}.json", f"device_train/metric_{task}_host_no_dropout.json"]
         commands += [f"python {record['command']}", f"python {without['command']}"]
+        if "device_stage_command" in record:  # the device stage went on from the host run's checkpoint
+            commands.append(f"python {record['device_stage_command']}")
         n = record["train_examples"]
         epochs = f"{run_epochs(record):g}"
         if "plan" in without and run_epochs(without) != run_epochs(record):
