@@ -205,3 +205,24 @@ def readme_files() -> str:
          " [docs/far-or-lora.md](docs/far-or-lora.md))"],
     ]  # fmt: skip
     return table(["per-user file", "size", "command"], rows)
+
+
+def demo_busy() -> str:
+    """`far demo` idle and beside a busy loop: its wall time, and each arm's accuracy and CPU seconds."""
+    record = load("demo_busy/demo_busy.json")
+    labels = list(record["cases"]["idle"]["arms"])
+    rows = []
+    for case, name in (("idle", "nothing else running"), ("busy", "beside one `while True: pass`")):
+        summary = record["cases"][case]
+        arms = summary["arms"]
+        full = arms[labels[0]]["cpu_seconds"]
+        cells = [
+            f"{100 * arms[label]['accuracy']:.2f}% in {arms[label]['cpu_seconds']:.0f} CPU s "
+            f"({arms[label]['cpu_seconds'] / full:.2f}x)"
+            for label in labels
+        ]
+        rows.append([name, f"{summary['wall_s']:.0f}", *cells])
+    runs = len(record["runs"]["idle"])
+    header = ["`far demo`", "wall s", *labels]
+    made_on = machine(record) + f"; {runs} run{'s' if runs > 1 else ''} of each, medians"
+    return table(header, rows) + "\n" + source(["demo_busy/demo_busy.json"], made_on, [record["command"]])
