@@ -12,41 +12,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from harness import add_output_argument, command_line, lscpu_flags, machine, results_dir, write_report
-
-BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
-FAR = [sys.executable, "-c", "import sys; from far.cli.main import main; sys.exit(main(sys.argv[1:]))"]
+from harness import (
+    BUSY_LOOP,
+    FAR,
+    add_output_argument,
+    beside_busy_loop,
+    command_line,
+    lscpu_flags,
+    machine,
+    results_dir,
+    user_environment,
+    write_report,
+)
 
 
 def one_demo(data_dir: str, busy: bool) -> dict:
     """One `far demo` process; with `busy`, beside a loop started a second before it and stopped after it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "FAR_THREADS")}
-    loop = subprocess.Popen(BUSY_LOOP) if busy else None
-    try:
-        if loop:
-            time.sleep(1.0)
-        load = os.getloadavg()[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "demo"
-            command = [*FAR, "demo", "--data-dir", data_dir, "--output-dir", str(out)]
-            start = time.perf_counter()
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-            wall = time.perf_counter() - start
-            if done.returncode:
-                raise RuntimeError(f"far demo failed:\n{done.stderr[-3000:]}")
-            metrics = json.loads((out / "metrics.json").read_text())
-    finally:
-        if loop:
-            loop.kill()
-            loop.wait()
+    with beside_busy_loop(busy) as load, tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "demo"
+        start = time.perf_counter()
+        done = subprocess.run(
+            [*FAR, "demo", "--data-dir", data_dir, "--output-dir", str(out)],
+            env=user_environment(),
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - start
+        if done.returncode:
+            raise RuntimeError(f"far demo failed:\n{done.stderr[-3000:]}")
+        metrics = json.loads((out / "metrics.json").read_text())
     return {"wall_s": round(wall, 1), "load_1min_before": load, "arms": metrics["arms"], "printed": done.stdout}
 
 

@@ -14,6 +14,7 @@ place to write as `--output` (`add_output_argument`). Scripts import this module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -22,6 +23,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +33,30 @@ RESULTS = ROOT / "experiments" / "results"
 FAR = [sys.executable, "-m", "far.cli.main"]
 # The CPU extensions that decide bf16 speed: bf16 products are native only with AVX-512 BF16 or AMX.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# A program that holds one core, beside a run measured on a busy machine (threads_busy.py, demo_busy.py).
+BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
+# What sets torch's threads from outside: a run measured as a user starts it leaves them to far's rule.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "FAR_THREADS")
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment without `THREAD_VARIABLES`."""
+    return {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+
+
+@contextlib.contextmanager
+def beside_busy_loop(busy: bool) -> Iterator[float]:
+    """With `busy`, `BUSY_LOOP` running from a second before the body until after it; yields the one-minute load
+    average as the body starts."""
+    loop = subprocess.Popen(BUSY_LOOP) if busy else None
+    try:
+        if loop:
+            time.sleep(1.0)
+        yield os.getloadavg()[0]
+    finally:
+        if loop:
+            loop.kill()
+            loop.wait()
 
 
 def results_dir(script: str | os.PathLike) -> Path:

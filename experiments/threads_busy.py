@@ -23,11 +23,20 @@ import sys
 import tempfile
 import time
 
-from harness import add_output_argument, command_line, lscpu_flags, machine, results_dir, write_report
+from harness import (
+    BUSY_LOOP,
+    add_output_argument,
+    beside_busy_loop,
+    command_line,
+    lscpu_flags,
+    machine,
+    results_dir,
+    user_environment,
+    write_report,
+)
 
 RUN = ["glue", "--task", "sst2", "--method", "full", "--max-train-samples", "640", "--max-steps", "20"]
 RUN += ["--max-eval-samples", "64", "--no-save-model"]
-BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
 # "fitted": the `far` command as installed; "torch default": torch loaded first, so `fit_threads` leaves it be.
 START = {
     "fitted": "import sys; from far.cli.main import main; sys.exit(main(sys.argv[1:]))",
@@ -38,23 +47,15 @@ THREADS_LINE = re.compile(r"^threads: .*$", re.MULTILINE)
 
 def one_run(policy: str, busy: bool) -> dict:
     """One `far glue` process; with `busy`, beside a loop started a second before it and stopped after it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "FAR_THREADS")}
-    loop = subprocess.Popen(BUSY_LOOP) if busy else None
-    try:
-        if loop:
-            time.sleep(1.0)
-        load = os.getloadavg()[0]
-        with tempfile.TemporaryDirectory() as out:
-            command = [sys.executable, "-c", START[policy], *RUN, "--output-dir", out]
-            start = time.perf_counter()
-            process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            err = process.stderr.read()
-            _, status, usage = os.wait4(process.pid, 0)
-            wall = time.perf_counter() - start
-    finally:
-        if loop:
-            loop.kill()
-            loop.wait()
+    with beside_busy_loop(busy) as load, tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-c", START[policy], *RUN, "--output-dir", out]
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            command, env=user_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        err = process.stderr.read()
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - start
     if status != 0:
         raise RuntimeError(f"far {' '.join(RUN)} failed:\n{err[-3000:]}")
     threads = THREADS_LINE.search(err)
