@@ -49,8 +49,8 @@ def test_shape_counts_minilm_parameters():
 BASE = BASE_MIB["lean"]
 
 
-def plan(budget, far_config, **options):
-    return plan_memory(budget, MINILM, base_mib=BASE, batch_size=32, seq_len=128, far=far_config, **options)
+def plan(budget, far_config, **TINY_RUN):
+    return plan_memory(budget, MINILM, base_mib=BASE, batch_size=32, seq_len=128, far=far_config, **TINY_RUN)
 
 
 @pytest.mark.parametrize("far_config", [None, FARConfig(0.2, freeze_embeddings=True)])
@@ -157,39 +157,44 @@ def _pad(examples):
     }
 
 
-@pytest.mark.parametrize("lengths", [(8,), (8, 3, 5, 2)])
-def test_micro_batches_give_the_batch_update(monkeypatch, lengths):
-    """A batch of 8 as accumulated micro-batches of at most 16 tokens takes the same optimizer steps (allclose)."""
-    data = _examples(lengths=lengths)
-    one, micro = _tiny(), _tiny()
-    options = dict(config=None, batch_size=8, max_steps=2, lr=1e-2, progress=False, collate_fn=_pad)
-    far.finetune(one, data, **options)
-    # A budget that plans micro-batches of 16 tokens for this tiny model: the activations are the only large part.
+# Two steps of conftest's narrow tiny BERT, unbudgeted or with a budget that only its activations fill.
+TINY_RUN = dict(config=None, batch_size=8, max_steps=2, lr=1e-2, progress=False, collate_fn=_pad)
+
+
+@pytest.fixture
+def activations_only(monkeypatch):
+    """Budgets planned on activations alone: no process base, and activations that dwarf the tiny weights (the
+    unbudgeted runs do not plan, so they are unchanged)."""
     finetune_module = importlib.import_module("far.training.finetune")  # the module, not the function it exports
     monkeypatch.setattr(finetune_module, "process_base_mib", lambda resident, weights, dynamo: 0.0)
     monkeypatch.setattr("far.training.budget.ACTIVATION_FACTOR", 1e5)
+
+
+@pytest.mark.parametrize("lengths", [(8,), (8, 3, 5, 2)])
+def test_micro_batches_give_the_batch_update(activations_only, lengths):
+    """A batch of 8 as accumulated micro-batches of at most 16 tokens takes the same optimizer steps (allclose)."""
+    data = _examples(lengths=lengths)
+    one, micro = _tiny(), _tiny()
+    far.finetune(one, data, **TINY_RUN)
+    # A budget that plans micro-batches of 16 tokens for this tiny model: the activations are the only large part.
     shape = ModelShape.from_config(micro.config)
     common = dict(base_mib=0.0, seq_len=8, eval_batch_size=1, far=None)
     two, four = (estimate_mib(shape, micro_tokens=t, **common) for t in (16, 32))
     budget = (two + four) / 2  # fits micro-batches of 16 tokens, not of 32
     assert plan_memory(budget, shape, batch_size=8, **common).micro_tokens == 16
-    far.finetune(micro, data, memory_budget=budget, max_length=8, **options)
+    far.finetune(micro, data, memory_budget=budget, max_length=8, **TINY_RUN)
     for (name, a), b in zip(one.named_parameters(), micro.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_the_smallest_budget_recomputes_layers_and_gives_the_model_back_as_it_came(monkeypatch):
+def test_the_smallest_budget_recomputes_layers_and_gives_the_model_back_as_it_came(activations_only):
     """The least budget that fits turns on layer recompute for the run (same update), and off again after it."""
     data = _examples(lengths=(8,))
     one, tight = _tiny(), _tiny()
-    options = dict(config=None, batch_size=8, max_steps=2, lr=1e-2, progress=False, collate_fn=_pad)
-    far.finetune(one, data, **options)
-    finetune_module = importlib.import_module("far.training.finetune")  # the module, not the function it exports
-    monkeypatch.setattr(finetune_module, "process_base_mib", lambda resident, weights, dynamo: 0.0)
-    monkeypatch.setattr("far.training.budget.ACTIVATION_FACTOR", 1e5)
+    far.finetune(one, data, **TINY_RUN)
     with pytest.raises(MemoryBudgetError) as info:
-        far.finetune(tight, data, memory_budget=1e-3, max_length=8, **options)
-    result = far.finetune(tight, data, memory_budget=info.value.minimum_mib, max_length=8, **options)
+        far.finetune(tight, data, memory_budget=1e-3, max_length=8, **TINY_RUN)
+    result = far.finetune(tight, data, memory_budget=info.value.minimum_mib, max_length=8, **TINY_RUN)
     assert result.memory_plan["recompute_layers"]
     assert not recomputes_layers(tight)
     for (name, a), b in zip(one.named_parameters(), tight.parameters(), strict=True):
