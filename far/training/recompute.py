@@ -25,10 +25,10 @@ def can_recompute_layers(model: nn.Module) -> bool:
 
 def recomputes_layers(model: nn.Module) -> bool:
     """Whether the model already recomputes its layers in backward."""
-    cls = type(model)
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(cls, name) or name in vars(model):
-            return bool(getattr(model, name))
+        value = getattr(model, name, None)
+        if value is not None:
+            return bool(value)
     return False
 
 
