@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import itertools
 import time
 from contextlib import nullcontext
 
@@ -61,12 +62,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_configs(base, configs, batch, length, device, bf16, steps, warmup, optimizer) -> dict:
-    """Interleaved step times of `configs` on `device`; the rows of `bench_step.summarize_times` plus peak memory."""
+def time_configs(base, configs, batch, length, device, bf16, steps, warmup, optimizer, compile_mode="none") -> dict:
+    """Interleaved step times of `configs` on `device`; the rows of `bench_step.summarize_times` plus peak memory.
+
+    `compile_mode` other than "none": each configuration's model goes through `torch.compile` in that mode (forward
+    and backward; the optimizer's step stays eager), compiled during the warm-up rounds.
+    """
     prepared = {}
     for name in configs:
         model = build_config(name, copy.deepcopy(base)).to(device).train()
-        prepared[name] = (model, make_optimizer(model, optimizer))
+        runs = model if compile_mode == "none" else torch.compile(model, mode=compile_mode)
+        prepared[name] = (runs, make_optimizer(model, optimizer))
     data = {k: v.to(device) for k, v in make_batch(base, batch, length).items()}
     times: dict[str, list[float]] = {name: [] for name in configs}
     names = list(prepared)
@@ -96,15 +102,16 @@ def time_configs(base, configs, batch, length, device, bf16, steps, warmup, opti
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| model | device | batch x len | precision | config | step (ms) | ratio to full | paired ratio, median (IQR) "
-        "| peak allocated (MiB) | trainable params |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | device | batch x len | precision | compile | config | step (ms) | ratio to full "
+        "| paired ratio, median (IQR) | peak allocated (MiB) | trainable params |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         for name, row in cell["configs"].items():
             peak = row.get("peak_allocated_bytes")
             lines.append(
                 f"| {cell['model']} | {cell['device']} | {cell['batch']}x{cell['length']} | {cell['precision']} | "
+                f"{cell.get('compile', 'none')} | "
                 f"{name} | {row['median_step_s'] * 1e3:.2f} | {row['ratio_to_full']:.3f} | "
                 f"{row['paired_ratio_median']:.3f} ({row['paired_ratio_q1']:.3f}–{row['paired_ratio_q3']:.3f}) | "
                 f"{'' if peak is None else f'{peak / 2**20:,.0f}'} | {row['trainable_parameters']:,} |"
@@ -122,6 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per configuration (after warm-up)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        default=["none"],
+        choices=["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="torch.compile modes to time each cell in (none: eager)",
+    )
     add_output_argument(parser, results_dir(__file__) / "bench_step_cuda", "the reports' path without suffix")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -133,11 +147,12 @@ def main(argv: list[str] | None = None) -> None:
         base = load_model(model_name)
         for shape in args.shapes:
             batch, length = map(int, shape.lower().split("x"))
-            for precision in args.precisions:
+            for precision, mode in itertools.product(args.precisions, args.compile):
                 cell = {"model": model_name, "device": str(device), "batch": batch, "length": length,
-                        "precision": precision}  # fmt: skip
+                        "precision": precision, "compile": mode}  # fmt: skip
+                bf16 = precision == "bf16"
                 cell["configs"] = time_configs(
-                    base, configs, batch, length, device, precision == "bf16", args.steps, args.warmup, args.optimizer
+                    base, configs, batch, length, device, bf16, args.steps, args.warmup, args.optimizer, mode
                 )
                 results.append(cell)
                 print(markdown([cell]), flush=True)

@@ -143,6 +143,19 @@ TABLES: dict[str, Callable[[], str]] = {
         ],
         [(32, 128, "fp32"), (8, 128, "fp32"), (32, 128, "bf16"), (8, 128, "bf16")],
     ),
+    "cuda-h100-default": cuda_ratios(
+        "bench_step_cuda/bench_step_cuda_default_h100.json",
+        ["far-0.39+frozen-emb+bottom-1", "far-0.2+frozen-emb+bottom-2", "far-0.4"],
+        [(b, n, p) for p in ("fp32", "bf16") for b, n in ((32, 64), (32, 128), (8, 128))],
+    ),
+    **{
+        f"cuda-h100-{name}": cuda_ratios(
+            f"bench_step_cuda/bench_step_cuda_compile_{mode}_h100.json",
+            ["far-0.39+frozen-emb+bottom-1"],
+            [(32, 128, "fp32"), (8, 128, "fp32")],
+        )
+        for name, mode in (("compiled", "default"), ("cuda-graphs", "reduce_overhead"))
+    },
     "practitioner": practitioner,
     "bf16-seeds": bf16_seeds,
     "demo-grouping": demo_grouping,

@@ -54,6 +54,8 @@ def compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
 
 def _joined(first: Tensor, second: Tensor) -> Tensor | None:
     """`cat([first, second])` as a view, when the two are adjacent parts of one contiguous storage."""
+    if torch.compiler.is_compiling():  # Dynamo cannot trace storage pointers; a compiled graph copies instead
+        return torch.cat([first.detach(), second.detach()])
     if not (first.is_contiguous() and second.is_contiguous()) or first.dtype != second.dtype:
         return None
     if first.device != second.device or first.shape[1:] != second.shape[1:]:

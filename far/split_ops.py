@@ -102,6 +102,8 @@ def activation_rebuilder(h: Tensor, k: int, recompute: bool) -> tuple[Callable[.
     SwiGLU), which keeps both factors: an elementwise op over k/n of the activation in backward.
     Returns None otherwise, and the caller keeps a copy of h[..., :k].
     """
+    if torch.compiler.is_compiling():  # autograd nodes are not traceable; the compiled graph plans what it keeps
+        return None
     node = h.grad_fn
     name = type(node).__name__ if node is not None else ""
     if name == "ReluBackward0":
