@@ -40,6 +40,12 @@ def trainable_embeddings(model: nn.Module) -> list[str]:
     ]
 
 
+def freeze_embeddings(model: nn.Module) -> None:
+    """Stop the training of every `nn.Embedding` weight of `model` (`trainable_embeddings`)."""
+    for name in trainable_embeddings(model):
+        model.get_parameter(name).requires_grad_(False)
+
+
 class Primer:
     """Snapshots a model's FFN weights, then scores each node by how much it changed.
 

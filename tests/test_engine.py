@@ -12,12 +12,16 @@ from far.training.engine import Cadence, Start, train
 class Recorder:
     """A runner that takes no real step: it records what the engine asks of it, in order."""
 
-    def __init__(self, start: Start, switch_at: int | None = None) -> None:
-        self.start, self.switch_at, self.calls = start, switch_at, []
+    def __init__(self, start: Start, switch_at: int | None = None, expected: float | None = None) -> None:
+        self.start, self.switch_at, self.expected, self.calls = start, switch_at, expected, []
 
     def begin(self) -> Start:
         self.calls.append("begin")
         return self.start
+
+    def rehearse(self, first: int) -> float | None:
+        self.calls.append(f"rehearse {first}")
+        return self.expected
 
     def step(self, step: int) -> dict:
         self.calls.append(f"step {step}")
@@ -49,6 +53,7 @@ def test_a_step_is_taken_switched_scored_logged_and_saved_in_that_order(tmp_path
     train(runner, cadence, tmp_path / "log.jsonl", progress=False, on_step=lambda r: seen.append(r["step"]))
     assert runner.calls == [
         "begin",
+        "rehearse 0",
         "step 0",
         "step 1", "switch 2", "evaluate 2", "save 2",
         "step 2",
@@ -82,7 +87,7 @@ def test_a_resumed_run_keeps_its_log_up_to_the_checkpoint_and_writes_no_opening_
     assert [line["step"] for line in lines(log)] == [0, 1, 2, 3, 4, 5]
     runner = Recorder(Start(3, resumed=True, opening={"step": 0}))
     train(runner, Cadence(5), log, progress=False)
-    assert runner.calls[:2] == ["begin", "step 3"]
+    assert runner.calls[:3] == ["begin", "rehearse 3", "step 3"]
     assert [line["step"] for line in lines(log)] == [0, 1, 2, 3, 4, 5]
 
 
@@ -91,7 +96,21 @@ def test_a_cadence_out_of_range_is_refused():
         Cadence(4, log_every=0)
 
 
-def test_the_run_says_its_steps_before_the_first_and_an_estimate_after_it_and_after_the_switch(tmp_path, caplog):
+def test_the_run_says_its_steps_and_their_estimate_before_the_first_and_again_after_the_switch(caplog):
+    caplog.set_level("INFO", logger="far.training.engine")
+    runner = Recorder(Start(0), switch_at=2, expected=150.0)
+    train(runner, Cadence(5), None, progress=False)
+    said = [r.getMessage() for r in caplog.records if r.name == "far.training.engine"]
+    assert runner.calls[:3] == ["begin", "rehearse 0", "step 0"]  # the estimate is made before the first step
+    assert (
+        said[0] == "5 steps to take: about 2.5 min (a piece of the first step timed; evaluation and checkpoints aside)"
+    )
+    assert said[1].startswith("step 3 took ") and "for the 2 steps left" in said[1]  # FAR's steps, after the switch
+    assert said[2].startswith("the 5 steps took ") and said[2].endswith("(estimated before the first: 2.5 min)")
+    assert len(said) == 3
+
+
+def test_a_runner_that_cannot_rehearse_has_its_first_step_timed_instead(caplog):
     caplog.set_level("INFO", logger="far.training.engine")
     train(Recorder(Start(0), switch_at=2), Cadence(5), None, progress=False)
     said = [r.getMessage() for r in caplog.records if r.name == "far.training.engine"]
@@ -99,10 +118,16 @@ def test_the_run_says_its_steps_before_the_first_and_an_estimate_after_it_and_af
     assert said[1].startswith("step 1 took ") and said[1].endswith(
         "for the 4 steps left (evaluation and checkpoints aside)"
     )
-    assert said[2].startswith("step 3 took ") and "for the 2 steps left" in said[2]  # FAR's steps, after the switch
+    assert said[2].startswith("step 3 took ") and "for the 2 steps left" in said[2]
     assert len(said) == 3
     caplog.clear()
     train(Recorder(Start(3, resumed=True)), Cadence(5), None, progress=False)
     assert [r.getMessage() for r in caplog.records][
         0
     ] == "2 steps to take, from step 4 of 5; an estimate follows the first"
+
+
+def test_a_finished_run_is_not_rehearsed():
+    runner = Recorder(Start(5, resumed=True), expected=1.0)
+    train(runner, Cadence(5), None, progress=False)
+    assert runner.calls == ["begin"]

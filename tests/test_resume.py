@@ -82,10 +82,10 @@ else:  # one forward pass: mid-step, or during priming
 test_resume.train(kind, out)
 """
 
-KILLS = {  # (optimizer, where, at which call, the step it resumes from)
+KILLS = {  # (optimizer, where, at which call, the step it resumes from); a run's first loss is its rehearsal's
     "after-the-switch-checkpoint": ("adamw", "after_checkpoint", 3, 3),
-    "mid-step": ("adamw", "loss", 9, 4),  # the first of step 5's two batches
-    "during-priming": ("adamw", "loss", 5, 2),  # step 3, the last priming step
+    "mid-step": ("adamw", "loss", 10, 4),  # the first of step 5's two batches
+    "during-priming": ("adamw", "loss", 6, 2),  # step 3, the last priming step
     "mid-checkpoint-write": ("mezo", "mid_checkpoint", 10, 4),  # inside step 5's checkpoint (2 torch.save each)
 }
 

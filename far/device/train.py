@@ -30,6 +30,7 @@ from far.device.state import DeviceState, read_state, trainable_sha256, write_st
 from far.training.engine import Cadence, Start
 from far.training.engine import train as run_engine
 from far.training.options import check_int
+from far.training.rehearsal import timed
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,11 @@ class ProgramRunner:
         rows = self._order[1][batch * size : (batch + 1) * size]
         parts = [rows[part * self.micro : (part + 1) * self.micro] for part in range(self.accumulate)]
         return [{key: value[part] for key, value in self.data.items()} for part in parts]
+
+    def rehearse(self, first: int) -> float | None:
+        inputs = self._micro_batches(first)[0]  # the programs' outputs hold the gradients: nothing else changes
+        seconds = timed(lambda: self.programs.forward_backward(inputs), torch.device("cpu"))
+        return seconds * self.accumulate * (self.total - first)
 
     def step(self, step: int) -> dict:
         programs, accumulate = self.programs, self.accumulate

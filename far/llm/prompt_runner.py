@@ -8,6 +8,7 @@ No optimizer state, so no checkpoint; scoring is the recipe's.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from far.llm.zo import CompactMeZO
 from far.seeds import derive_seed
 from far.training.engine import Start
 from far.training.memory import PhaseMemory, release_freed_memory
+from far.training.rehearsal import timed
 
 PRIMING_MICRO_BATCH = 4
 Batch = dict[str, Tensor]  # input_ids and attention_mask (B, T), labels (B,)
@@ -110,6 +112,13 @@ class PromptRunner:
         loss = self.optimizer.step(lambda: self.train_loss(self.model, batch))
         self.step_seconds.append(time.perf_counter() - t)
         return {"step": step + 1, "loss": loss}
+
+    def rehearse(self, first: int) -> float | None:
+        batch = self.batch_of(self.indices(first))
+        # Timed twice: the first pass may fill the frozen bottom's cache, which later steps only read.
+        loss = functools.partial(self.train_loss, self.model, batch)
+        seconds = min(timed(loss, torch.device("cpu"), grad=False) for _ in range(2))
+        return seconds * self.optimizer.forward_passes * (self.training.steps - first)
 
     def switch(self, done: int, record: dict) -> None:
         """Nothing: the split happens before the first step (gradient priming)."""

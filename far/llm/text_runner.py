@@ -10,6 +10,7 @@ the function given, checkpoints.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,6 +185,12 @@ class TextRunner:
         done = step + 1
         epoch = round(done / self.training.steps_per_epoch, 4)
         return {"step": done, "epoch": epoch, "loss": loss, "lr": self.training.lr}
+
+    def rehearse(self, first: int) -> float | None:
+        own = self.own_rows(first) or self.rows(first)[:1]
+        micro = self.training.micro_batch
+        seconds = self.steps.rehearse(self.train_ids[own[:micro]])
+        return seconds * math.ceil(len(own) / micro) * (self.training.total_steps - first)
 
     def switch(self, done: int, record: dict) -> None:
         """Nothing: the split happens before the first step (gradient priming)."""

@@ -21,6 +21,7 @@ from far.llm.zo import CompactMeZO
 from far.llm.zo_batched import CompactBatchedZO
 from far.training.adamw import FusedAdamW
 from far.training.distributed import Parallel
+from far.training.rehearsal import timed
 
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
 # Gradient priming scores nodes from a few chunks (a backward pass of the layers above the frozen ones each).
@@ -132,6 +133,21 @@ class TextSteps:
         self.adamw.step()
         self.gradients.zero()
         return parallel.sum(total)
+
+    def rehearse(self, ids: Tensor) -> float:
+        """Seconds one micro-batch of chunks `ids` costs a step (its forward and backward, or a zeroth-order step's
+        forward passes), timed with nothing kept: no weight moves, the gradients are dropped."""
+        start, model, depth = bottom_states(self.cache, ids), self.model, self.depth
+        device = ids.device
+        if self.optimizer_name != "adamw":
+            passes = self.zeroth_order.forward_passes
+            return passes * timed(
+                lambda: model.next_token_loss(ids, start=start, start_layer=depth), device, grad=False
+            )
+        with self.gradients, model.input_gradients():  # as a step's micro-batch that is not its last: no update
+            seconds = timed(lambda: model.next_token_loss(ids, start=start, start_layer=depth).backward(), device)
+        self.gradients.zero()
+        return seconds
 
     def _step_one(self, param: Tensor) -> None:
         """A learner block's step, its gradient summed over the processes first (in one process: as it is)."""

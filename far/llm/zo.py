@@ -66,6 +66,7 @@ class CompactMeZO(CompactZO):
     """
 
     name = "MeZO"
+    forward_passes = 2  # a step's: at w + eps z and at w - eps z
 
     def __init__(
         self,

@@ -43,6 +43,11 @@ class CompactBatchedZO(CompactZO):
         self.directions = directions
         self.last_projected_grads: list[float] = []
 
+    @property
+    def forward_passes(self) -> int:
+        """A step's forward passes: the stored weights' and one per direction."""
+        return self.directions + 1
+
     def direction_seed(self, step: int, i: int) -> int:
         """The seed of direction `i` of step `step`: z_i is `perturbation.direction(seed, weight.index, shape)`."""
         return derive_seed(self.seed, step, 2, i)

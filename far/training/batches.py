@@ -140,6 +140,18 @@ class BatchStream:
         shuffled = [whole[i] for i in torch.randperm(len(whole), generator=generator).tolist()]
         return torch.cat(shuffled + short) if shuffled or short else order
 
+    def padded_tokens(self, start: int, count: int) -> list[int]:
+        """Each of batches `start` .. `start + count - 1`'s examples times its longest: what its work grows with."""
+        lengths, size, tokens = self.lengths(), self.batch_size, []
+        epoch, offset = divmod(start, self.batches_per_epoch)
+        while len(tokens) < count:
+            order = self.order(epoch).tolist()
+            for b in range(offset, min(self.batches_per_epoch, offset + count - len(tokens))):
+                idx = order[b * size : (b + 1) * size]
+                tokens.append(len(idx) * max(lengths[i] for i in idx))
+            epoch, offset = epoch + 1, 0
+        return tokens
+
     def batches(
         self, start: int = 0, share: Callable[[list[int]], list[int]] | None = None
     ) -> Iterator[list[MicroBatch]]:

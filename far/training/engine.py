@@ -81,6 +81,10 @@ class Runner(Protocol):
     def begin(self) -> Start:
         """Prepare a fresh run (priming, or the surgery up front) or go on from a checkpoint."""
 
+    def rehearse(self, first: int) -> float | None:
+        """The seconds steps `first` .. the last will take, from a piece of step `first`'s work timed before it and
+        undone (`far.training.rehearsal`); None where nothing can be timed ahead."""
+
     def step(self, step: int) -> dict:
         """Take optimizer step `step` (0-based) on its batch; the start of its log record (step, loss, lr...)."""
 
@@ -117,7 +121,8 @@ def train(
     """
     start = runner.begin()
     log = RunLog(log_path, resume_step=start.first if start.resumed else None)
-    estimate = _Estimate(start.first, cadence.total_steps)
+    left = cadence.total_steps - start.first
+    estimate = _Estimate(start.first, cadence.total_steps, runner.rehearse(start.first) if left > 0 else None)
     try:
         if not start.resumed and start.opening is not None:
             log.write(start.opening)
@@ -141,30 +146,46 @@ def train(
                 bar.set_postfix(_postfix(record))
                 if on_step is not None:
                     on_step(record)
+        estimate.close()
     finally:
         log.close()
     return start
 
 
 class _Estimate:
-    """Says how many steps a run has before its first, and how long they will take once one is measured.
+    """Says how many steps a run has and how long they will take, before the first.
 
-    The first step of a process is timed as it is taken (the step's own seconds, evaluation and checkpoints
-    aside), so the estimate stands on this machine and its load as they are; after FAR's switch the steps are
-    cheaper, so the first step after it is timed again.
+    The estimate comes from the runner's rehearsal, a piece of the first step's work timed on this machine under
+    its load as they are (evaluation and checkpoints aside). A runner that cannot rehearse has its first step timed
+    as it is taken instead. During priming the steps cost what full fine-tuning's do, so FAR's switch to its
+    cheaper steps has the first step after it timed again.
     """
 
-    def __init__(self, first: int, total: int) -> None:
-        self.total, self.measure = total, True
+    def __init__(self, first: int, total: int, expected: float | None) -> None:
+        self.total, self.measure = total, expected is None
+        self.expected, self.taken, self.seconds = expected, 0, 0.0
         left = total - first
-        if left > 0:
-            since = f", from step {first + 1} of {total}" if first else ""
-            logger.info("%d step%s to take%s; an estimate follows the first", left, "s"[: left != 1], since)
+        if left <= 0:
+            return
+        since = f", from step {first + 1} of {total}" if first else ""
+        steps = f"{left} step{'s'[: left != 1]} to take{since}"
+        if expected is None:
+            logger.info("%s; an estimate follows the first", steps)
+        else:
+            logger.info("%s: about %s (a piece of the first step timed; evaluation and checkpoints aside)", steps,
+                        _duration(expected))  # fmt: skip
 
     def again(self) -> None:
         self.measure = True
 
+    def close(self) -> None:
+        """Say what the steps took beside what was estimated before the first (a reader's check of the estimate)."""
+        if self.expected is not None and self.taken:
+            logger.info("the %d steps took %s (estimated before the first: %s)", self.taken, _duration(self.seconds),
+                        _duration(self.expected))  # fmt: skip
+
     def step_done(self, done: int, seconds: float) -> None:
+        self.taken, self.seconds = self.taken + 1, self.seconds + seconds
         left = self.total - done
         if not self.measure or left <= 0:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import warnings
@@ -14,12 +15,12 @@ from torch import Tensor, nn
 
 from far.architectures import FFNSpec
 from far.config import AUTO
-from far.freezing import find_layers, freeze_layers, frozen_depth, layer_index
+from far.freezing import freeze_layers, frozen_depth
 from far.hardware import peak_rss_bytes
-from far.priming import Primer, trainable_embeddings
+from far.priming import Primer, freeze_embeddings
 from far.saving.shared_layout import apply_layout
 from far.seeds import derive_seed
-from far.selection import layer_changes
+from far.selection import layer_change_shares
 from far.surgery.reconfigure import freeze_ffns, reconfigure
 from far.surgery.state import learners, node_groups
 from far.training.batches import BatchStream, to_device
@@ -38,13 +39,9 @@ from far.training.losses import EvalFn, LossFn
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
 from far.training.plan import TrainingPlan
+from far.training.rehearsal import steps_seconds, timed
 from far.training.result import FinetuneResult
 from far.training.schedule import run_schedule
-
-
-def _freeze_embeddings(model: nn.Module) -> None:
-    for name in trainable_embeddings(model):
-        model.get_parameter(name).requires_grad_(False)
 
 
 class Loop:
@@ -120,6 +117,19 @@ class Loop:
         self._batches = self.stream.batches(first * self.plan.grad_accum, share)
         return Start(first, resumed=resume is not None)
 
+    def rehearse(self, first: int) -> float | None:
+        left, accum = self.plan.total_steps - first, self.plan.grad_accum
+        step = [next(self._batches) for _ in range(accum)]  # the first step's batches, given back to the stream
+        self._batches, piece = itertools.chain(step, self._batches), step[0][0]
+        batch, keys = to_device(piece.batch, self.device), piece.indices
+        if isinstance(self.optimizer, MeZO):  # two forward passes a step
+            seconds = timed(lambda: self._mean_loss([(batch, 1.0, keys)] * 2), self.device, grad=False)
+        else:
+            with self.parallel.syncing(self.wrapped, last=False):  # no collective: each process times its own
+                seconds = timed(lambda: self._loss(batch, keys).backward(), self.device)
+            self.model.zero_grad(set_to_none=True)
+        return steps_seconds(seconds, step, left, self.stream, first * accum)
+
     def switch(self, done: int, record: dict) -> None:
         """Surgery at the end of priming; the surgery's record goes with the first log line after it."""
         if done == self.plan.priming_steps:
@@ -154,7 +164,7 @@ class Loop:
             if plan.freeze_ffn:
                 freeze_ffns(model, self.spec)
             if plan.freeze_embeddings:
-                _freeze_embeddings(model)
+                freeze_embeddings(model)
             if plan.freeze_layers is not None:
                 freeze_layers(model, plan.freeze_layers, self.spec)
         elif plan.gradient_priming_steps:
@@ -177,7 +187,7 @@ class Loop:
         plan = self.plan  # priming leaves alone what the surgery freezes anyway (`plan.frozen_from_start`)
         if plan.frozen_from_start:
             if plan.far.freeze_embeddings:
-                _freeze_embeddings(self.model)
+                freeze_embeddings(self.model)
             if plan.far.freeze_layers not in (None, AUTO):
                 freeze_layers(self.model, plan.far.freeze_layers, self.spec)
 
@@ -218,7 +228,7 @@ class Loop:
         t = time.perf_counter()
         scores = self.primer.scores()
         self.parallel.check_same(scores, "priming scores")  # every process must split its replica alike
-        self.layer_change = self._layer_change(scores)
+        self.layer_change = layer_change_shares(self.model, scores, self.spec)
         head_scores = self.primer.head_scores() if self.primer.watches_heads else None
         self.primer = self.optimizer = self.scheduler = None  # free the priming optimizer's state first
         # The Primer stays attached to the model until reconfigure has put the frozen values back from it.
@@ -247,7 +257,7 @@ class Loop:
             self.model, pieces, lambda _, batch: self._loss(batch, ()), spec=self.spec, checkpointing=False, heads=heads
         )
         ffn_scores, head_scores = split_scores(self.model, scores, self.spec, heads=heads)
-        self.layer_change = self._layer_change(ffn_scores)
+        self.layer_change = layer_change_shares(self.model, ffn_scores, self.spec)
         reconfigure(self.model, far_config, scores=ffn_scores, head_scores=head_scores, spec=self.spec)
         self._note_surgery()
 
@@ -260,14 +270,6 @@ class Loop:
             "trainable_parameters": sum(p.numel() for _, p in trainable_parameters(self.model)),
             "learner_shares": self.learner_shares,
         }
-
-    def _layer_change(self, scores: dict[str, Tensor]) -> list[float] | None:
-        try:
-            layer_of = layer_index(scores, find_layers(self.model, self.spec))
-        except ValueError:  # FFNs outside a numbered stack of layers: no depth to report
-            return None
-        change = layer_changes(scores, layer_of)  # (L,)
-        return [round(float(share), 4) for share in change / change.sum().clamp(min=1e-30)]
 
     def _build(self, step: int) -> None:
         """The optimizer and scheduler of the phase that takes step `step`."""
