@@ -278,6 +278,8 @@ def finetune(
     plan = dataclasses.replace(plan, bf16=precision.bf16)
     plan, memory = _plan_memory(model, plan, options, train_data, base_weights)
     _check_model_for(model, plan, spec, eval_fn)
+    micro_batches = memory is not None and memory.micro_tokens is not None
+    (parallel or Parallel()).check_plan({plan.optimizer, plan.priming_optimizer}, micro_batches)
     checkpoint, output_dir = _resume_or_start(model, plan, resume_from, output_dir)
 
     stream = BatchStream(
