@@ -138,11 +138,10 @@ class Loop:
         state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
         state.update(layer_change=self.layer_change, learner_shares=self.learner_shares)
         primer = None if self.primer is None else self.primer.state()  # during priming: its snapshot
+        written = (self.output_dir, done, self.model, self.optimizer, self.scheduler, state, plan.keep_checkpoints)
         with self.parallel.gathered(self.model, self.optimizer, self.spec):  # whole tensors, whatever the processes
-            self.checkpoint = self.parallel.on_main(  # written once; the other processes wait for it
-                save_checkpoint, self.output_dir, done, self.model, self.optimizer, self.scheduler, state,
-                keep=plan.keep_checkpoints, primer=primer,
-            )  # fmt: skip
+            # Written once; the other processes wait for it.
+            self.checkpoint = self.parallel.on_main(save_checkpoint, *written, primer=primer)
 
     def _start(self) -> int:
         plan, model, t = self.plan, self.model, time.perf_counter()
@@ -357,7 +356,7 @@ class Loop:
         t, training = time.perf_counter(), self.model.training
         self.model.eval()
         with torch.no_grad():
-            metrics = self.parallel.evaluate(self.eval_fn, self.model)  # the others wait for its scores
+            metrics = self.parallel.evaluate(self.eval_fn, self.model)  # the first process's scores, handed to all
         self.model.train(training)
         if not isinstance(metrics, Mapping) or not all(isinstance(v, (int, float)) for v in metrics.values()):
             raise TypeError(f"eval_fn must return a dict of metric name -> number, got {metrics!r}")
