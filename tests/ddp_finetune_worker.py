@@ -2,8 +2,9 @@
 
 `ddp_finetune_worker.py OUT ONE_PROCESS_CHECKPOINT [fsdp]` (tests/test_finetune_ddp.py, with `fsdp`
 tests/test_finetune_fsdp.py) runs, in every process: `OUT/fresh`, a fresh FAR "auto" run with checkpoints;
-`OUT/resumed`, the same run resumed from a checkpoint that one process wrote; then each run of `VARIANTS` (with
-`fsdp`: of `SHARDED_VARIANTS`) into `OUT/<name>`. The first process saves each run's final weights to
+`OUT/resumed`, the same run resumed from a checkpoint that one process wrote (with `fsdp` also
+`OUT/resumed-sharded`, from `OUT/fresh`'s step 3); then each run of `VARIANTS` (with `fsdp`: of
+`SHARDED_VARIANTS`) into `OUT/<name>`. The first process saves each run's final weights to
 `<run>/final.pt`; with `fsdp`, every process checks that the model came back plain.
 """
 
@@ -59,6 +60,8 @@ def run(out: Path, parallel: Parallel | None, resume_from: Path | None = None, *
 def main(out: str, checkpoint: str, mode: str = "ddp") -> NoReturn:
     parallel = Parallel.from_environment(shard=mode == "fsdp")
     runs = [("fresh", None, {}), ("resumed", Path(checkpoint), {})]
+    if parallel.shard:  # and a sharded checkpoint, resumed sharded
+        runs.append(("resumed-sharded", Path(out) / "fresh" / "checkpoints" / "step-3", {}))
     variants = SHARDED_VARIANTS if parallel.shard else VARIANTS
     for name, resume_from, changes in [*runs, *((name, None, changes) for name, changes in variants.items())]:
         model = run(Path(out) / name, parallel, resume_from, **changes)

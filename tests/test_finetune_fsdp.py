@@ -22,9 +22,12 @@ WORKER = Path(__file__).with_name("ddp_finetune_worker.py")
 def test_two_sharded_processes_train_as_one_and_resume_across_process_counts(tmp_path):
     one = run(tmp_path / "one", None).state_dict()
     torchrun(WORKER, str(tmp_path / "fsdp"), str(tmp_path / "one" / "checkpoints" / "step-3"), "fsdp", cwd=tmp_path)
-    fresh, resumed = (torch.load(tmp_path / "fsdp" / name / "final.pt") for name in ("fresh", "resumed"))
+    fresh, resumed, again = (
+        torch.load(tmp_path / "fsdp" / name / "final.pt") for name in ("fresh", "resumed", "resumed-sharded")
+    )
     assert max_difference(one, fresh) <= TOLERANCE
     assert max_difference(one, resumed) <= TOLERANCE  # a one-process checkpoint, resumed sharded
+    assert max_difference(one, again) <= TOLERANCE  # a sharded checkpoint, resumed sharded
     for name, changes in SHARDED_VARIANTS.items():
         alone = run(tmp_path / f"one-{name}", None, **changes).state_dict()
         assert max_difference(alone, torch.load(tmp_path / "fsdp" / name / "final.pt")) <= TOLERANCE, name
