@@ -16,7 +16,7 @@ from far.cli.main import main
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_learners import LeanLearnersFileError
 from far.llm.lean_saving import save_trained
-from far.methods.lean_hf import hf_state_dict, read_base_record, save_hf_base
+from far.methods.lean_hf import hf_model, hf_state_dict, read_base_record, save_hf_base
 from far.methods.peft_lean import save_lean_peft_adapter, user_hf_model
 
 peft = pytest.importorskip("peft")
@@ -86,9 +86,8 @@ def test_in_float64_the_unmerged_adapter_is_the_users_model_exactly(user, tmp_pa
     if gguf.stem == "gemma3":
         pytest.skip("transformers' Gemma-3 RMSNorm computes in float32 even in a float64 model: no float64 reference")
     model = load_lean_model(gguf)
-    save_hf_base(model, tmp_path / "base")
-    out = save_lean_peft_adapter(model, alice, tmp_path / "alice-lora", base_dir=tmp_path / "base")
-    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float64)
+    out = save_lean_peft_adapter(model, alice, tmp_path / "alice-lora")
+    base = hf_model(model.config, hf_state_dict(model)).double()  # what save_hf_base writes, in float64
     exact = hf_logits(user_hf_model(model, alice).double())
     assert not torch.allclose(hf_logits(base), exact, atol=1e-2)  # the user changed something
     unmerged = peft.PeftModel.from_pretrained(base, out).eval()
