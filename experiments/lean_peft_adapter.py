@@ -5,7 +5,11 @@ Writes the base (`far.methods.lean_hf.save_hf_base`) and the adapter (`save_lean
 compares the logits over the whole vocabulary at every position of the prompt: PEFT on the base against
 `far.load_learners` on the lean model (the target: 1e-5), the base alone against the stock lean model (how far the
 two implementations of the same weights are apart), and PEFT against its own `merge_and_unload` (the LoRA path's
-rounding: x W^T + (x A^T) B^T is x W'^T summed in another order). It also loads the
+rounding: x W^T + (x A^T) B^T is x W'^T summed in another order). Then the same in float64: PEFT's unmerged
+adapter on a float64 base against the user's model (`far.methods.peft_lean.user_hf_model`, the weights
+`far.load_learners` gives, merged) in float64, which says whether the adapter represents the user exactly; and each
+fp32 path (far's lean runtime, PEFT unmerged, PEFT merged) against that float64 reference, which says how far each
+one's own rounding takes it from the exact logits. It also loads the
 GGUF file with transformers' own GGUF loader (`from_pretrained(..., gguf_file=...)`) and says whether that is the
 same base (its fp32 dequantisation against the lean model's storage).
 
@@ -30,7 +34,7 @@ from far.llm.gguf_file import load_lean_model
 from far.llm.lean_learners import values_dtype
 from far.llm.tokenizer import load_gguf_tokenizer
 from far.methods.lean_hf import hf_state_dict, save_hf_base
-from far.methods.peft_lean import save_lean_peft_adapter
+from far.methods.peft_lean import save_lean_peft_adapter, user_hf_model
 from far.models import find_gguf
 
 PROMPT = "FAR freezes most of a network's feed-forward nodes and trains the rest, so a user's file is small."
@@ -62,6 +66,26 @@ def transformers_gguf_loader(gguf: Path, ours: dict[str, torch.Tensor], ids: tor
         "weights_equal_to_lean_fp32_storage": sum(v == 0 for v in weights32.values()),
         "largest_weight_diff_from_lean_fp32_storage": max(weights32.values()),
     }
+
+
+@torch.no_grad()
+def float64_reference(model, learners: Path, adapter: Path, base: Path, ids: torch.Tensor, fp32: dict) -> dict:
+    """The user's logits in float64 two ways (PEFT unmerged, far's merged weights), and each fp32 path against them."""
+    exact = user_hf_model(model, learners).double()(ids).logits  # (1, T, vocab)
+    unmerged = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float64), adapter
+    ).eval()
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in unmerged.parameters()})
+    peft64 = unmerged(ids).logits
+    return {
+        "parameter_dtypes": dtypes,
+        "peft_unmerged_fp64_vs_far_user_fp64": max_diff_64(peft64, exact),
+        **{f"{name}_vs_far_user_fp64": max_diff_64(logits, exact) for name, logits in fp32.items()},
+    }
+
+
+def max_diff_64(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
 
 
 @torch.no_grad()
@@ -97,6 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
     merged = with_adapter.merge_and_unload()(ids).logits
 
     del base, with_adapter
+    fp32 = {"far_lean_fp32": lean, "peft_unmerged_fp32": got, "peft_merged_fp32": merged}
+    float64 = float64_reference(model, args.learners, work / "adapter", work / "base", ids, fp32)
     loader = transformers_gguf_loader(gguf, hf_state_dict(model), ids, stock_logits)
 
     adapter_files = folder_bytes(work / "adapter")
@@ -118,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
             "merge_and_unload_vs_lean_with_learners": max_diff(merged, lean),
             "users_change_lean_with_vs_without_learners": max_diff(lean, stock_logits),
         },
+        "float64": float64,
         "transformers_gguf_loader": loader,
         "adapter": {
             "files_bytes": adapter_files,

@@ -190,17 +190,24 @@ class SplitLinear(nn.Module):
         return None if self.learner_bias is None else self._whole(self.learner_bias, self.frozen_bias)
 
     def _whole(self, learners: Tensor, frozen: Tensor) -> Tensor:
+        """The two parts as one tensor: a view of their storage, or a copy where they have storages of their own.
+
+        A forward never moves the parts into one storage itself: whoever gave them their storages may write
+        there again (FSDP2 gathers each parameter into a buffer of its own before every forward).
+        """
         whole = _joined(learners, frozen)
-        if whole is None:  # something gave the parts storages of their own
-            self._rejoin()
-            whole = _joined(learners, frozen)
-        return whole
+        return torch.cat([learners.detach(), frozen.detach()]) if whole is None else whole
 
     @torch.no_grad()
-    def _rejoin(self) -> None:
-        # `.to()`, `copy.deepcopy` or `load_state_dict(assign=True)` give each parameter a storage
-        # of its own; put the two parts back into one, keeping the Parameter objects (an optimizer
-        # may hold them). Out of inference mode, so the new storage can still be trained.
+    def rejoin_(self) -> None:
+        """Put the learner and frozen parts back into one storage, keeping the Parameter objects (an optimizer may
+        hold them); parts that share one already are left as they are.
+
+        `.to()`, `copy.deepcopy`, `load_state_dict(assign=True)` and FSDP2's gathering give each part a storage of
+        its own: the first three join them again through this method, FSDP2's callers call it
+        (`far.training.sharding`).
+        """
+        # Out of inference mode, so the new storage can still be trained.
         with torch.inference_mode(False):
             for first, second in (("learner_weight", "frozen_weight"), ("learner_bias", "frozen_bias")):
                 a, b = getattr(self, first), getattr(self, second)
@@ -216,6 +223,7 @@ class SplitLinear(nn.Module):
         Args:
             learners: Sorted, unique original node (row) indices, as `from_linear` takes them.
         """
+        self.rejoin_()  # the re-split below is done in the one storage
         order = _node_order(learners, self.n_nodes, self.node_order.device)
         position = self.node_order.argsort()  # original node -> stored position now
         source = position[order]  # new stored position -> stored position now
@@ -237,8 +245,16 @@ class SplitLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
-        self._rejoin()
+        self.rejoin_()
         return module
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.rejoin_()  # copy.deepcopy and pickle give each part a storage of its own
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self.rejoin_()  # with assign=True each part takes the storage of the tensor loaded into it
 
     def _cast(self, name: str, source: Tensor, learners: Tensor, dtype: torch.dtype, transpose: bool) -> Tensor:
         """`source` (all nodes, learners first along dim 0) cast to `dtype`, optionally transposed.

@@ -1,9 +1,11 @@
 """Launched under torchrun: `far.finetune` with `Parallel.from_environment()` (gloo, CPU), the engine's DDP path.
 
-`ddp_finetune_worker.py OUT ONE_PROCESS_CHECKPOINT` (tests/test_finetune_ddp.py) runs, in every process:
-`OUT/fresh`, a fresh FAR "auto" run with checkpoints; `OUT/resumed`, the same run resumed from a checkpoint
-that one process wrote; then each run of `VARIANTS` into `OUT/<name>`. The first process saves each run's final
-weights to `<run>/final.pt`.
+`ddp_finetune_worker.py OUT ONE_PROCESS_CHECKPOINT [fsdp]` (tests/test_finetune_ddp.py, with `fsdp`
+tests/test_finetune_fsdp.py) runs, in every process: `OUT/fresh`, a fresh FAR "auto" run with checkpoints;
+`OUT/resumed`, the same run resumed from a checkpoint that one process wrote (with `fsdp` also
+`OUT/resumed-sharded`, from `OUT/fresh`'s step 3); then each run of `VARIANTS` (with `fsdp`: of
+`SHARDED_VARIANTS`) into `OUT/<name>`. The first process saves each run's final weights to
+`<run>/final.pt`; with `fsdp`, every process checks that the model came back plain.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import NoReturn
 
 import torch
 from conftest import tiny_examples, tiny_model  # this script's folder, tests/, is on the path
+from torch.distributed.tensor import DTensor
 
 import far
 from far.training.distributed import Parallel
@@ -28,6 +31,7 @@ VARIANTS = {
     # MeZO after AdamW's priming: only the losses meet.
     "mezo": dict(optimizer="mezo", lr=1e-3),
 }
+SHARDED_VARIANTS = {name: VARIANTS[name] for name in ("accumulated",)}  # MeZO is refused sharded
 
 
 def loss_on_held_out(model: torch.nn.Module) -> dict[str, float]:
@@ -53,11 +57,17 @@ def run(out: Path, parallel: Parallel | None, resume_from: Path | None = None, *
     return model
 
 
-def main(out: str, checkpoint: str) -> NoReturn:
-    parallel = Parallel.from_environment()
+def main(out: str, checkpoint: str, mode: str = "ddp") -> NoReturn:
+    parallel = Parallel.from_environment(shard=mode == "fsdp")
     runs = [("fresh", None, {}), ("resumed", Path(checkpoint), {})]
-    for name, resume_from, changes in [*runs, *((name, None, changes) for name, changes in VARIANTS.items())]:
+    if parallel.shard:  # and a sharded checkpoint, resumed sharded
+        runs.append(("resumed-sharded", Path(out) / "fresh" / "checkpoints" / "step-3", {}))
+    variants = SHARDED_VARIANTS if parallel.shard else VARIANTS
+    for name, resume_from, changes in [*runs, *((name, None, changes) for name, changes in variants.items())]:
         model = run(Path(out) / name, parallel, resume_from, **changes)
+        if parallel.shard:  # gathered back into the plain model: its own class, whole tensors
+            assert type(model).__name__ == "BertForSequenceClassification", type(model)
+            assert not any(isinstance(p, DTensor) for p in model.parameters())
         if parallel.is_main:
             torch.save(model.state_dict(), Path(out) / name / "final.pt")
     torch.distributed.barrier()  # every process is done: the files are written
@@ -67,4 +77,4 @@ def main(out: str, checkpoint: str) -> NoReturn:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

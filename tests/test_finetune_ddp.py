@@ -102,7 +102,8 @@ def no_dropout_model_dir(tmp_path_factory, minilm_path):
 
 @pytest.mark.slow
 @distributed
-def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dropout_model_dir):
+@pytest.mark.parametrize("distributed_as", ["ddp", "fsdp"])
+def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dropout_model_dir, distributed_as):
     words = "good great fine bad awful dull".split()
     rows = [{"text": f"{words[i % 6]} {words[i * 5 % 6]} film", "label": ["pos", "neg"][i % 6 >= 3]} for i in range(24)]
     train, dev = write_rows(tmp_path / "train.csv", rows), write_rows(tmp_path / "dev.csv", rows[:8])
@@ -111,7 +112,8 @@ def test_far_train_under_torchrun_writes_what_one_process_writes(tmp_path, no_dr
     arguments += ["--max-length", "16"]
     arguments += ["--checkpoint-every", "2"]
     assert main([*arguments, "--output-dir", str(tmp_path / "one")]) == 0
-    torchrun("-m", "far.cli.main", *arguments, "--output-dir", str(tmp_path / "two"), cwd=tmp_path)
+    two = ["--output-dir", str(tmp_path / "two"), "--distributed", distributed_as]
+    torchrun("-m", "far.cli.main", *arguments, *two, cwd=tmp_path)
 
     one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
     assert one.keys() == two.keys() and one["files"].keys() == two["files"].keys()

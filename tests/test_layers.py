@@ -182,6 +182,22 @@ def test_learner_updates_do_not_touch_frozen_version():
     assert split_up.frozen_weight._version == before
 
 
+def test_a_forward_leaves_parts_with_storages_of_their_own_where_they_are():
+    """FSDP2 gathers each parameter into a buffer of its own and writes the next step's values there: a forward that
+    moved the parts into one storage of its own would train on the values of the step it moved them."""
+    up, down, split_up, split_down, _ = _ffn_pair()
+    x = torch.randn(5, 16)
+    for split in (split_up, split_down):
+        split.learner_weight.data = split.learner_weight.detach().clone()
+    where = [split.learner_weight.data_ptr() for split in (split_up, split_down)]
+    torch.testing.assert_close(split_down(torch.relu(split_up(x))), down(torch.relu(up(x))), atol=1e-6, rtol=0)
+    assert [split.learner_weight.data_ptr() for split in (split_up, split_down)] == where
+    with torch.no_grad():  # a write into the part's own storage is what the next forward computes with
+        split_up.learner_weight.add_(1.0)
+        up.weight[split_up.node_order[: split_up.n_learners]] += 1.0
+    torch.testing.assert_close(split_down(torch.relu(split_up(x))), down(torch.relu(up(x))), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("how", ["deepcopy", "to", "assign"])
 def test_parts_are_joined_again_after_they_were_separated(how):
     import copy

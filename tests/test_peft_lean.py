@@ -16,8 +16,8 @@ from far.cli.main import main
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_learners import LeanLearnersFileError
 from far.llm.lean_saving import save_trained
-from far.methods.lean_hf import hf_state_dict, read_base_record, save_hf_base
-from far.methods.peft_lean import save_lean_peft_adapter
+from far.methods.lean_hf import hf_model, hf_state_dict, read_base_record, save_hf_base
+from far.methods.peft_lean import save_lean_peft_adapter, user_hf_model
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -76,6 +76,23 @@ def test_peft_on_the_written_base_gives_the_lean_models_logits_and_merges_into_i
     merged = with_adapter.merge_and_unload().state_dict()
     for key, value in hf_state_dict(with_learners).items():
         torch.testing.assert_close(merged[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_in_float64_the_unmerged_adapter_is_the_users_model_exactly(user, tmp_path):
+    """The adapter represents the user exactly: in float64, PEFT's unmerged x W^T + (x A^T) B^T gives the logits of
+    the user's merged weights; what the two paths differ by in fp32 is fp32's rounding (experiments/lean_peft_adapter.py
+    measures it on SmolLM2-135M)."""
+    gguf, alice = user
+    if gguf.stem == "gemma3":
+        pytest.skip("transformers' Gemma-3 RMSNorm computes in float32 even in a float64 model: no float64 reference")
+    model = load_lean_model(gguf)
+    out = save_lean_peft_adapter(model, alice, tmp_path / "alice-lora")
+    base = hf_model(model.config, hf_state_dict(model)).double()  # what save_hf_base writes, in float64
+    exact = hf_logits(user_hf_model(model, alice).double())
+    assert not torch.allclose(hf_logits(base), exact, atol=1e-2)  # the user changed something
+    unmerged = peft.PeftModel.from_pretrained(base, out).eval()
+    assert {p.dtype for p in unmerged.parameters()} == {torch.float64}  # the LoRA factors too
+    torch.testing.assert_close(hf_logits(unmerged), exact, rtol=0, atol=1e-9)
 
 
 def test_a_first_order_users_float32_file_is_exact_on_the_float32_base(user, tmp_path):

@@ -12,7 +12,7 @@ from far.config import AUTO, PRESETS
 from far.data.locate import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from far.methods import METHODS
 from far.models import DEFAULT_MODEL, MODEL_ALIASES, RUNTIMES
-from far.recipes.settings import OPTIMIZERS, TRAINABLE_DTYPES
+from far.recipes.settings import DISTRIBUTED, OPTIMIZERS, TRAINABLE_DTYPES
 from far.training.options import PRIMING_SCORES, check_length
 from far.training.precision import PRECISIONS
 
@@ -308,6 +308,14 @@ def _add_run_outputs(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue a killed run from the newest intact checkpoint in --output-dir, with the same options: it "
         "ends as the uninterrupted run would",
+    )
+    parser.add_argument(
+        "--distributed",
+        choices=DISTRIBUTED,
+        default="ddp",
+        help="under torchrun: ddp keeps a whole replica of the model in every process; fsdp shards each layer's "
+        "tensors over the processes (FSDP2: an encoder, AdamW, no --memory-budget); one process trains unsharded "
+        "(default: ddp; docs/distributed.md)",
     )
     parser.add_argument(
         "--overwrite",

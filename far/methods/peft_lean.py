@@ -63,6 +63,16 @@ def _user_state(
     return state, splits
 
 
+def user_hf_model(model: LeanCausalLM, learners_file: str | os.PathLike):
+    """The user's model as a transformers causal LM: `model`'s stock weights with `learners_file` applied, merged,
+    fp32 (as `far.load_learners` gives it; `.double()` for a float64 reference of it); `model` is left as it was.
+
+    It is the function an adapter of `save_lean_peft_adapter` computes, and `merge_and_unload` gives its weights.
+    """
+    state, _ = _user_state(model, learners_file, hf_state_dict(model))
+    return hf_model(model.config, state)
+
+
 def check_learners_file(model: LeanCausalLM, learners_file: str | os.PathLike) -> None:
     """Raise as `far.load_learners` would, unless `learners_file` applies to `model`; changes nothing."""
     check_stock(model)

@@ -149,7 +149,7 @@ def train_and_report(run: TrainingRun) -> dict | None:
     options = settings.train_options(run.hyperparameters)
     plan_training(len(run.train_data), options)  # steps that cannot hold the priming are refused before the folder
     # Under torchrun: every process trains, the first one writes the run's files (far.training.distributed).
-    parallel = Parallel.from_environment(cuda=next(model.parameters()).is_cuda)
+    parallel = Parallel.from_environment(cuda=next(model.parameters()).is_cuda, shard=settings.shards)
     main = parallel.is_main
     out = parallel.on_main(settings.claim_output, run.task)
     with run_log(out) if main else contextlib.nullcontext():

@@ -29,11 +29,13 @@ from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.saving.layout_file import SharedLayout, read_shared_layout
 from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
-from far.training.distributed import writes_outputs
+from far.training.distributed import NOT_SHARDED_LM, check_shardable, writes_outputs
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
 # "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
 OPTIMIZERS = ("adamw", "mezo", "zo-batched")
+# Under torchrun: a replica (DDP) or a share (FSDP2) of the model in each process (far.training.distributed).
+DISTRIBUTED = ("ddp", "fsdp")
 DEFAULT_RETENTION = 0.4  # the paper's; a causal LM's lean run has its own default (`far.llm.lean_far.lean_layout`)
 # Storage of what MeZO trains in a GGUF causal LM's lean runtime (far.llm.compact); compute is fp32 either way.
 TRAINABLE_DTYPES = tuple(DTYPES)
@@ -134,6 +136,7 @@ class RunSettings:
     checkpoint_every: int | None = None
     resume: bool = False
     overwrite: bool = False  # replace the run that output_dir holds (far.recipes.outputs)
+    distributed: str = "ddp"  # under torchrun, one of DISTRIBUTED
     memory_budget: float | None = None  # MiB of whole-process peak RSS (far.training.budget)
     runtime: str = "auto"  # the encoder's code: "transformers", "lean" (far.encoder), or "auto" (encoder_runtime)
     # A layout file that `far prime` wrote: the run splits the model with its learners at step 0, no priming.
@@ -182,6 +185,12 @@ class RunSettings:
             )
         if self.memory_budget is not None and is_causal_lm(self.model):
             raise ValueError(ENCODERS_ONLY)
+        if self.distributed not in DISTRIBUTED:
+            raise ValueError(f"distributed must be one of {', '.join(DISTRIBUTED)}, got {self.distributed!r}")
+        if self.shards:
+            if is_causal_lm(self.model):
+                raise ValueError(NOT_SHARDED_LM)
+            check_shardable({self.optimizer}, micro_batches=self.memory_budget is not None)
         counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
         for name in (*counts, "checkpoint_every"):
             if getattr(self, name) is not None:
@@ -214,6 +223,11 @@ class RunSettings:
             layout=self.shared_layout,
             **as_asked,
         )
+
+    @property
+    def shards(self) -> bool:
+        """Whether the processes of a torchrun run shard the model (FSDP2) rather than replicate it (DDP)."""
+        return self.distributed == "fsdp"
 
     @property
     def method_spec(self) -> Method:

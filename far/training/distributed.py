@@ -8,6 +8,11 @@ changes the model (priming's scores, FAR's surgery, a frozen bottom) happens ali
 replicas stay identical; the model is wrapped again after the surgery, whose new tensors the old wrapper
 does not know. What is written once (checkpoints, logs, the run's files) is written by the first process.
 
+With `shard=True` (`far ... --distributed fsdp`) each process holds a share of every tensor instead of a replica
+(FSDP2, `far.training.sharding`): the model is sharded per layer for the steps and gathered whole, into the same
+plain modules, where whole tensors are read (the switch's surgery, a checkpoint, the end of the run); every process
+then evaluates, as each forward gathers the layers' shares from all of them.
+
 A run of one process (no WORLD_SIZE, or 1) gets `Parallel()`: no process group, and every method below is the
 plain one-process operation.
 
@@ -18,6 +23,7 @@ plain one-process operation.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,9 +35,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from far.architectures import FFNSpec
+from far.freezing import find_layers
 from far.seeds import derive_seed
+from far.training.sharding import gather_, is_sharded, shard_
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 # How long a process waits for the others at a collective before the run fails (rather than hangs): the first
 # process evaluates alone while the others wait, so this is larger than an evaluation.
 TIMEOUT = timedelta(minutes=30)
@@ -47,6 +57,29 @@ def writes_outputs() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+# What a sharded run cannot train, said wherever it is refused.
+NOT_SHARDED_LM = (
+    "--distributed fsdp shards an encoder's layers; a GGUF causal LM's lean runtime steps each learner block inside "
+    "backward, which FSDP2's gathering of whole layers does not follow: train it with --distributed ddp (the default)"
+)
+
+
+def check_shardable(optimizers: set[str], micro_batches: bool) -> None:
+    """Raise what a sharded run (FSDP2) cannot do that a replicated one (DDP) can: MeZO (`optimizers` holds the run's
+    optimizers) and a memory budget's micro-batches."""
+    if "mezo" in optimizers or "zo-batched" in optimizers:
+        raise ValueError(
+            "MeZO cannot run sharded (--distributed fsdp): its directions are drawn per whole tensor, and its "
+            "steps exchange only two losses, so every process holds the model anyway; use --distributed ddp"
+        )
+    if micro_batches:
+        raise ValueError(
+            "a memory budget's micro-batches cannot run sharded (--distributed fsdp): the processes may take "
+            "different numbers of them, and every sharded forward needs all processes; drop --memory-budget, "
+            "or use --distributed ddp"
+        )
+
+
 @dataclass(frozen=True)
 class Parallel:
     """This process's place in a data-parallel run: its rank and how many processes there are.
@@ -54,23 +87,26 @@ class Parallel:
     Args:
         rank: This process's number, 0 to `world_size - 1`; 0 writes the run's files.
         world_size: How many processes share each global batch.
+        shard: Shard the model over the processes (FSDP2) instead of replicating it (DDP).
     """
 
     rank: int = 0
     world_size: int = 1
+    shard: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not one of the {self.world_size} processes")
 
     @classmethod
-    def from_environment(cls, cuda: bool = False) -> Parallel:
+    def from_environment(cls, cuda: bool = False, shard: bool = False) -> Parallel:
         """The run's place from torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), joining its process group
         unless this process has joined one; `Parallel()` without WORLD_SIZE > 1.
 
         Args:
             cuda: The model trains on CUDA: the processes talk over NCCL, each on the GPU of its rank on this
                 machine (LOCAL_RANK). Else over gloo, on the CPU (where the `far` commands train).
+            shard: Shard the model (FSDP2) rather than replicate it (DDP); one process ignores it.
         """
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls()
@@ -86,7 +122,7 @@ class Parallel:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
             # Every process here: each has checked the run's inputs and output folder before the first claims it.
             dist.barrier()
-        return cls(dist.get_rank(), dist.get_world_size())
+        return cls(dist.get_rank(), dist.get_world_size(), shard=shard)
 
     @property
     def active(self) -> bool:
@@ -107,13 +143,49 @@ class Parallel:
         n = len(indices)
         return list(indices[self.rank * n // self.world_size : (self.rank + 1) * n // self.world_size])
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """What the steps run `model` through: the model itself in one process, else its DDP wrapper. Call again
-        after a surgery: DDP's reducer is bound to the tensors it wrapped."""
+    def check_plan(self, optimizers: set[str], micro_batches: bool) -> None:
+        """Raise, before anything changes, what a sharded run cannot do (`check_shardable`)."""
+        if self.active and self.shard:
+            check_shardable(optimizers, micro_batches)
+
+    def wrap(self, model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:
+        """What the steps run `model` through: the model itself in one process, else its DDP wrapper, or with
+        `shard` the model itself sharded per layer (`spec` finds the layers). Call again after a surgery: DDP's
+        reducer is bound to the tensors it wrapped, and FSDP's shards to the tensors it sharded."""
         if not self.active or not any(p.requires_grad for p in model.parameters()):
             return model
+        if self.shard:
+            return shard_(model, find_layers(model, spec))
         device = next(model.parameters()).device
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def unwrap(self, model: nn.Module, optimizer: Any = None) -> nn.Module:
+        """`model` plain again, its tensors whole (a sharded model gathered in place, `optimizer` following it);
+        the model as it is otherwise."""
+        return gather_(model, optimizer) if self.shard else model
+
+    @contextlib.contextmanager
+    def gathered(self, model: nn.Module, optimizer: Any, spec: FFNSpec | None = None) -> Iterator[None]:
+        """Inside: `model` and `optimizer` plain, whole tensors (to write or load a checkpoint); sharded again after,
+        if they were."""
+        sharded = self.shard and is_sharded(model)
+        if sharded:
+            gather_(model, optimizer)
+        yield
+        if sharded:
+            shard_(model, find_layers(model, spec), optimizer)
+
+    def evaluate(self, fn: Callable[[nn.Module], T], model: nn.Module) -> T:
+        """`fn(model)`: by the first process, its result handed to all; sharded, by every process (each forward
+        needs every process's share)."""
+        return fn(model) if self.shard else self.on_main(fn, model)
+
+    def keeps_frozen_bottom(self) -> bool:
+        """Whether each process may keep its frozen bottom's states (`far.training.frozen_bottom`): not sharded,
+        where the bottom's forward needs every process while each would skip it for the examples it keeps."""
+        if self.shard and self.active:
+            logger.info("the frozen bottom's states are not kept under --distributed fsdp: the bottom runs each step")
+        return not (self.shard and self.active)
 
     @contextlib.contextmanager
     def syncing(self, wrapped: nn.Module, last: bool) -> Iterator[None]:

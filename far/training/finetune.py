@@ -240,7 +240,8 @@ def finetune(
             untrained beyond it (what `far.training.prime_layout` writes out).
         parallel: This process's place in a data-parallel run under torchrun (`far.training.distributed`,
             `Parallel.from_environment()`): each process trains on its share of every batch, to the weights of one
-            process; the first one writes `output_dir`. None: one process.
+            process; the first one writes `output_dir`. With `shard=True` the model is sharded (FSDP2) for the steps
+            and comes back plain, its tensors whole. None: one process.
         **deprecated: `retention=`, `selection=` and `attention_retention=`, the config's fields as
             keywords: still accepted, with a DeprecationWarning; pass `config` instead.
 
@@ -278,6 +279,8 @@ def finetune(
     plan = dataclasses.replace(plan, bf16=precision.bf16)
     plan, memory = _plan_memory(model, plan, options, train_data, base_weights)
     _check_model_for(model, plan, spec, eval_fn)
+    micro_batches = memory is not None and memory.micro_tokens is not None
+    (parallel or Parallel()).check_plan({plan.optimizer, plan.priming_optimizer}, micro_batches)
     checkpoint, output_dir = _resume_or_start(model, plan, resume_from, output_dir)
 
     stream = BatchStream(

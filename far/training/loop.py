@@ -105,6 +105,7 @@ class Loop:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.parallel.seed(plan.seed))
                 train(self, cadence, log_path, progress=self.progress and main)
+            self.parallel.unwrap(self.model)  # a sharded model goes back plain, whole in every process
         finally:
             self.model.train(was_training)
         return self._result(log_path)
@@ -146,17 +147,11 @@ class Loop:
         plan = self.plan
         state = {"plan": plan.to_dict(), "seconds": self.seconds, "metrics": self.metrics}
         state.update(layer_change=self.layer_change, learner_shares=self.learner_shares)
-        self.checkpoint = self.parallel.on_main(  # written once; the other processes wait for it
-            save_checkpoint,
-            self.output_dir,
-            done,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            state,
-            keep=plan.keep_checkpoints,
-            primer=None if self.primer is None else self.primer.state(),  # during priming: its snapshot
-        )
+        primer = None if self.primer is None else self.primer.state()  # during priming: its snapshot
+        written = (self.output_dir, done, self.model, self.optimizer, self.scheduler, state, plan.keep_checkpoints)
+        with self.parallel.gathered(self.model, self.optimizer, self.spec):  # whole tensors, whatever the processes
+            # Written once; the other processes wait for it.
+            self.checkpoint = self.parallel.on_main(save_checkpoint, *written, primer=primer)
 
     def _start(self) -> int:
         plan, model, t = self.plan, self.model, time.perf_counter()
@@ -212,7 +207,8 @@ class Loop:
             self.primer.load_state(load_primer_state(checkpoint))
         load_model_state(self.model, checkpoint, self.spec)
         self._build(checkpoint.step)
-        load_training_state(checkpoint, self.optimizer, self.scheduler)
+        with self.parallel.gathered(self.model, self.optimizer, self.spec):
+            load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
         self.metrics = dict(checkpoint.trainer_state.get("metrics", {}))
         self.layer_change = checkpoint.trainer_state.get("layer_change")
@@ -226,6 +222,7 @@ class Loop:
         moments included: the learner tensors are new Parameters with their nodes reordered.
         """
         t = time.perf_counter()
+        self.parallel.unwrap(self.model)  # the surgery splits whole tensors
         scores = self.primer.scores()
         self.parallel.check_same(scores, "priming scores")  # every process must split its replica alike
         self.layer_change = layer_change_shares(self.model, scores, self.spec)
@@ -276,7 +273,7 @@ class Loop:
         plan = self.plan
         name = plan.optimizer_at(step)
         # Wrapped again over the tensors the surgery made (MeZO's steps have no gradients to meet).
-        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model)
+        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model, self.spec)
         self.optimizer = build_optimizer(
             name,
             self.model,
@@ -293,7 +290,7 @@ class Loop:
 
     def _frozen_bottom(self) -> FrozenBottom | None:
         """The cache of this phase's frozen bottom; None without one (priming before an "auto" depth is known)."""
-        if not self.plan.cache_frozen:
+        if not self.plan.cache_frozen or not self.parallel.keeps_frozen_bottom():
             return None
         k, _, below_frozen = frozen_depth(self.model, self.spec)
         if k == 0 or not below_frozen:
@@ -361,7 +358,7 @@ class Loop:
         t, training = time.perf_counter(), self.model.training
         self.model.eval()
         with torch.no_grad():
-            metrics = self.parallel.on_main(self.eval_fn, self.model)  # the others wait for its scores
+            metrics = self.parallel.evaluate(self.eval_fn, self.model)  # the first process's scores, handed to all
         self.model.train(training)
         if not isinstance(metrics, Mapping) or not all(isinstance(v, (int, float)) for v in metrics.values()):
             raise TypeError(f"eval_fn must return a dict of metric name -> number, got {metrics!r}")
