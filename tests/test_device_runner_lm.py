@@ -30,7 +30,7 @@ from far.device.state import read_state
 from far.device.train import train as python_train
 from far.evaluation.perplexity import perplexity
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_learners import load_learners
+from far.llm.lean_learners import load_learners, values_dtype
 
 pytestmark = [pytest.mark.slow, pytest.mark.device]
 
@@ -123,15 +123,31 @@ def test_runner_resumes_after_sigkill(runner, text_export, tmp_path):  # noqa: F
     assert killed.read_bytes() == whole_run.read_bytes()
 
 
-def test_the_runners_state_as_a_learners_file_scores_what_the_runner_printed(runner, text_export, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_runners_state_as_a_learners_file_scores_what_the_runner_printed(runner, text_export, tmp_path, dtype):  # noqa: F811
     state = start(text_export, tmp_path / "state.safetensors")
     done = run(runner, text_export, state, "--epochs", "1", "--max-steps", str(STEPS))
-    learners = lm_to_learners(text_export.out, state, load_lean_model(text_export.gguf), tmp_path / "l.safetensors")
-    model = load_learners(load_lean_model(text_export.gguf, torch.float32), learners)
+    learners = tmp_path / "l.safetensors"
+    argv = [
+        "export",
+        "--from-executorch",
+        str(text_export.out),
+        "--state",
+        str(state),
+        "--model",
+        str(text_export.gguf),
+    ]
+    assert main([*argv, "--learners-only", str(learners), "--values-dtype", dtype]) == 0
+    model = load_learners(load_lean_model(text_export.gguf, values_dtype(learners)), learners)
     _, held, _ = read_chunks(text_export.chunks, text_export.manifest)
     lean = perplexity(model, held, batch_size=4)["perplexity"]
     printed = math.exp(held_out(done.stdout, "after"))
     assert abs(lean - printed) < 0.01 * printed, (lean, printed)
+    if dtype == "float32":  # the state's values exactly: the file of the Python call
+        by_python = lm_to_learners(
+            text_export.out, state, load_lean_model(text_export.gguf), tmp_path / "p.safetensors"
+        )
+        assert learners.read_bytes() == by_python.read_bytes()
     stock = perplexity(load_lean_model(text_export.gguf, torch.float32), held, batch_size=4)["perplexity"]
     assert abs(stock - math.exp(held_out(done.stdout, "before"))) < 0.01 * stock
     args = ["generate", "--model", str(text_export.gguf), "--learners", str(learners), "--prompt", "the cat"]
