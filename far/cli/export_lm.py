@@ -249,7 +249,8 @@ def _stock_model(args: argparse.Namespace, manifest: dict) -> str:
         if args.model.endswith(".gguf") and not Path(args.model).is_file():
             raise ValueError(f"--model {args.model!r}: no such GGUF file")
         return args.model
-    name = manifest["base"]["gguf"]
+    base = manifest.get("base")
+    name = base.get("gguf") if isinstance(base, dict) else None
     aliases = [alias for alias, known in MODEL_ALIASES.items() if name is not None and known.gguf_file == name]
     if not aliases:
         raise ValueError(
