@@ -192,7 +192,7 @@ def gguf(tmp_path, monkeypatch):
         (["--model", "tiny.gguf", "--checkpoint", "x"], "--checkpoint DIR .* or, with --executorch, --model NAME"),
         (["--model", "tiny.gguf", "--xnnpack", "all"], "--xnnpack all is not available with --model"),
         (["--model", "tiny.gguf", "--schedule", "linear"], "--schedule linear is not available with --model"),
-        (["--model", "tiny.gguf", "--learners", "a.safetensors"], "not exported yet"),
+        (["--model", "tiny.gguf", "--learners", "a.safetensors"], "--learners .a.safetensors. is no file"),
         (["--model", "tiny.gguf", "--optimizer", "sgd"], "give --lr with --optimizer sgd"),
         (["--model", "tiny.gguf", "--train-file", "missing/"], "--train-file 'missing' does not exist"),
         (["--checkpoint", "x", "--train-file", "notes/"], "use it with --model NAME"),

@@ -58,11 +58,11 @@ def _missing_tool() -> str | None:
 
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory) -> Path:
-    """far_train, built once per session into a temporary folder."""
+    """far_train, built once per session into a temporary folder (or $FAR_TRAIN_BUILD_DIR, built on there)."""
     reason = _missing_tool()
     if reason:
         pytest.skip(reason)
-    build = tmp_path_factory.mktemp("far_train_build")
+    build = Path(os.environ.get("FAR_TRAIN_BUILD_DIR") or tmp_path_factory.mktemp("far_train_build"))
     done = subprocess.run(
         ["bash", str(RUNNER_DIR / "build.sh"), sys.executable],
         env={**os.environ, "FAR_TRAIN_BUILD_DIR": str(build)},

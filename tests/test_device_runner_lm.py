@@ -29,8 +29,9 @@ from far.device.manifest import NEXT_TOKEN, read_manifest
 from far.device.state import read_state
 from far.device.train import train as python_train
 from far.evaluation.perplexity import perplexity
+from far.llm.gguf import CACHE_ENV
 from far.llm.gguf_file import load_lean_model
-from far.llm.lean_learners import load_learners
+from far.llm.lean_learners import load_learners, values_dtype
 
 pytestmark = [pytest.mark.slow, pytest.mark.device]
 
@@ -45,19 +46,32 @@ class TextExport:
     manifest: dict
 
 
-@pytest.fixture(scope="module")
-def text_export(tmp_path_factory, runner) -> TextExport:  # noqa: F811
-    folder = tmp_path_factory.mktemp("text_export")
+def export_texts(folder: Path, model_type: str):
+    """A tiny GGUF model of `model_type` exported with notes by `far export --model FILE --train-file notes/`."""
     notes = folder / "notes"
     notes.mkdir()
     for i in range(12):
         (notes / f"{i:02d}.txt").write_text(f"note {i}: the cat sat on the mat. " * 5)
     with pytest.MonkeyPatch.context() as patch:
-        gguf = write_tiny_gguf(folder, patch)
+        gguf = write_tiny_gguf(folder, patch, model_type)
         out = folder / "out"
         flags = ["--batch-size", "2", "--micro-batch-size", "1", "--max-length", "16", "--lr", "0.01"]
         assert main(["export", "--model", str(gguf), "--executorch", str(out), "--train-file", str(notes), *flags]) == 0
         yield TextExport(gguf, out, out / "text.safetensors", read_manifest(out, objective=NEXT_TOKEN))
+
+
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory, runner) -> TextExport:  # noqa: F811
+    yield from export_texts(tmp_path_factory.mktemp("text_export"), "llama")
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def any_export(request, tmp_path_factory, runner) -> TextExport:  # noqa: F811
+    """Each architecture's export (the Llama one is `text_export`'s)."""
+    if request.param == "llama":
+        yield request.getfixturevalue("text_export")
+    else:
+        yield from export_texts(tmp_path_factory.mktemp(f"text_export_{request.param}"), request.param)
 
 
 def run(runner: Path, export: TextExport, state: Path, *extra: str) -> subprocess.CompletedProcess:  # noqa: F811
@@ -87,7 +101,9 @@ def test_the_export_writes_the_notes_as_chunks(text_export):
     assert text_export.manifest["accumulate"] == 2
 
 
-def test_runner_matches_the_python_trainer(runner, text_export, tmp_path):  # noqa: F811
+def test_runner_matches_the_python_trainer(runner, any_export, tmp_path):  # noqa: F811
+    text_export = any_export
+    assert text_export.manifest["model_type"] == text_export.gguf.stem.removeprefix("tiny-").replace("tiny", "llama")
     state = start(text_export, tmp_path / "runner.safetensors")
     done = run(runner, text_export, state, "--epochs", "1", "--max-steps", str(STEPS))
     assert "bottom cache: wrote" in done.stdout, done.stdout
@@ -123,16 +139,39 @@ def test_runner_resumes_after_sigkill(runner, text_export, tmp_path):  # noqa: F
     assert killed.read_bytes() == whole_run.read_bytes()
 
 
-def test_the_runners_state_as_a_learners_file_scores_what_the_runner_printed(runner, text_export, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_runners_state_as_a_learners_file_scores_what_the_runner_printed(
+    runner,  # noqa: F811
+    text_export,
+    tmp_path,
+    monkeypatch,
+    dtype,
+):
     state = start(text_export, tmp_path / "state.safetensors")
     done = run(runner, text_export, state, "--epochs", "1", "--max-steps", str(STEPS))
-    learners = lm_to_learners(text_export.out, state, load_lean_model(text_export.gguf), tmp_path / "l.safetensors")
-    model = load_learners(load_lean_model(text_export.gguf, torch.float32), learners)
+    learners = tmp_path / "l.safetensors"
+    argv = [
+        "export",
+        "--from-executorch",
+        str(text_export.out),
+        "--state",
+        str(state),
+        "--model",
+        str(text_export.gguf),
+    ]
+    assert main([*argv, "--learners-only", str(learners), "--values-dtype", dtype]) == 0
+    model = load_learners(load_lean_model(text_export.gguf, values_dtype(learners)), learners)
     _, held, _ = read_chunks(text_export.chunks, text_export.manifest)
     lean = perplexity(model, held, batch_size=4)["perplexity"]
     printed = math.exp(held_out(done.stdout, "after"))
     assert abs(lean - printed) < 0.01 * printed, (lean, printed)
+    if dtype == "float32":  # the state's values exactly: the file of the Python call
+        by_python = lm_to_learners(
+            text_export.out, state, load_lean_model(text_export.gguf), tmp_path / "p.safetensors"
+        )
+        assert learners.read_bytes() == by_python.read_bytes()
     stock = perplexity(load_lean_model(text_export.gguf, torch.float32), held, batch_size=4)["perplexity"]
     assert abs(stock - math.exp(held_out(done.stdout, "before"))) < 0.01 * stock
+    monkeypatch.setenv(CACHE_ENV, str(text_export.gguf.parent / "cache"))  # its tokenizer (another export's may be set)
     args = ["generate", "--model", str(text_export.gguf), "--learners", str(learners), "--prompt", "the cat"]
     assert main([*args, "--max-new-tokens", "4"]) == 0

@@ -171,11 +171,12 @@ def tiny_gguf(tmp_path, monkeypatch) -> Path:
     return write_tiny_gguf(tmp_path, monkeypatch)
 
 
-def write_tiny_gguf(tmp_path: Path, monkeypatch) -> Path:
-    """A tiny Llama GGUF file whose tokenizer (a token per character) waits in far's cache, as a converted one would."""
+def write_tiny_gguf(tmp_path: Path, monkeypatch, model_type: str = "llama") -> Path:
+    """A tiny Llama (or Gemma-3) GGUF file whose tokenizer (a token per character) waits in far's cache, as a
+    converted one would."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "tiny.gguf"
-    write_gguf(tiny_hf("llama"), path)
+    path = tmp_path / ("tiny.gguf" if model_type == "llama" else f"tiny-{model_type}.gguf")
+    write_gguf(tiny_hf(model_type), path)
     folder = Path(f"{gguf_cache_path(path)}-tokenizer")
     folder.mkdir(parents=True)
     char_tokenizer().tokenizer.save(str(folder / TOKENIZER_FILE))

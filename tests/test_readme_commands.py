@@ -37,8 +37,6 @@ NOT_RUN = {
     "cp runs/notes-device/state.safetensors": "copies from the SmolLM2 export, which is only parsed here",
     "runtime/executorch/build/far_train": "the runner on the SmolLM2 export (tests/test_device_runner_lm.py runs it on "
     "a tiny causal LM's export: its steps, perplexity and resume)",
-    "python -c import far.device as d, far.models as m;": "the runner's state of the SmolLM2 export back to a "
-    "learners file (tests/test_device_runner_lm.py converts a tiny one's and generates with it)",
 }
 # Without the device extra (.venv), `far export --executorch` refuses, after checking its flags and --checkpoint,
 # with this; test_device_commands_run_as_written runs those commands in .venv-device.
@@ -52,6 +50,8 @@ PARSE_ONLY = {
     "far export --model smollm2-135m": "about 4 CPU minutes and 1.8 GB even for a few steps (a whole SmolLM2-135M "
     "lowered to ExecuTorch programs); tests/test_device_lm.py exports tiny llama and gemma3 ones and holds them to "
     "the lean runtime",
+    "far export --from-executorch runs/notes-device": "converts the runner's state of the SmolLM2 export, which is "
+    "only parsed here (tests/test_device_runner_lm.py converts a tiny one's and generates with it)",
     "far generate --model smollm2-135m --learners notes-learners.safetensors": "reads the learners file that the "
     "runner's walk-through writes from the SmolLM2 export (tests/test_device_runner_lm.py generates with a tiny one)",
 }

@@ -7,6 +7,7 @@ far export --checkpoint base/ --learners user-42.safetensors --executorch OUT/
 far export --checkpoint minilm --learners user-42.safetensors --peft user-42-lora/
 far export --model smollm2-135m --learners user-42.safetensors --peft user-42-lora/ --base-out smollm2-hf/
 far export --model smollm2-135m --executorch OUT/ --train-file notes/
+far export --from-executorch OUT/ --state user.safetensors --learners-only notes-learners.safetensors
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from pathlib import Path
 import far
 import far.device as device
 import far.recipes as recipes  # lazy: the predictor (and datasets) load only for --learners
-from far.cli.export_lm import Default, DefaultText, check_lm_args, export_lm, export_lm_peft, fill_defaults
+from far.cli.export_lm import (
+    Default,
+    DefaultText,
+    add_state_arguments,
+    check_lm_args,
+    check_state_args,
+    export_lm,
+    export_lm_peft,
+    export_state_learners,
+    fill_defaults,
+)
 from far.device.lowering import INSTALL_HINT, XNNPACK_LEVELS, quietly
 from far.device.plan import EXPORTABLE
 from far.methods.peft_adapter import save_peft_adapter
@@ -77,7 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out = parser.add_mutually_exclusive_group(required=True)
     out.add_argument("--merge", type=Path, metavar="OUT", help="write a plain Hugging Face folder (with tokenizer)")
     out.add_argument(
-        "--learners-only", type=Path, metavar="OUT.safetensors", help="write only what FAR training changed"
+        "--learners-only",
+        type=Path,
+        metavar="OUT.safetensors",
+        help="write only what FAR training changed (--checkpoint's, or --from-executorch's state)",
     )
     out.add_argument(
         "--executorch",
@@ -98,7 +112,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="FILE",
         help="with --executorch or --peft: a learners file for --checkpoint, a stock model folder (or, with "
-        "--peft, an alias such as minilm); with --model and --peft: a causal LM's learners file (far train)",
+        "--peft, an alias such as minilm); with --model: a causal LM's learners file (far train, far export "
+        "--from-executorch) or a text run's folder, whose training --executorch continues",
     )
     parser.add_argument(
         "--base-out",
@@ -108,6 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lean runtime holds them as a transformers folder (config.json, model.safetensors); a folder that already "
         "holds this base is used as it is (once per base)",
     )
+    add_state_arguments(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
     _add_executorch_arguments(parser.add_argument_group("ExecuTorch (--executorch)"))
     parser.set_defaults(func=run)
@@ -207,9 +223,9 @@ def _no_model_folder(checkpoint: Path, executorch: bool) -> str:
             f"far export does not export: {supported}. A causal LM's run keeps what it trained in its own file, which "
             "far generate --learners FILE (or far.models.load_lean_lm(model, trained=FILE)) applies to the GGUF model. "
             f"To train the causal LM on a device, export it with --model: far export --executorch OUT --model "
-            f"{held.get('model', 'MODEL.gguf')} (a run's own learners do not carry over yet); as a PEFT adapter: far "
-            f"export --model {held.get('model', 'MODEL.gguf')} --learners {checkpoint / 'learners.safetensors'} "
-            "--peft OUT --base-out BASE"
+            f"{held.get('model', 'MODEL.gguf')} --learners {checkpoint} (its training goes on from this run's "
+            f"learners); as a PEFT adapter: far export --model {held.get('model', 'MODEL.gguf')} --learners "
+            f"{checkpoint / 'learners.safetensors'} --peft OUT --base-out BASE"
         )
     return f"--checkpoint {str(checkpoint)!r} is not a model folder (no {CONFIG_NAME} in it): {supported}"
 
@@ -318,6 +334,14 @@ def _export_peft(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_executorch is not None:
+        manifest, model = check_state_args(args)
+        lock.hold(args.learners_only)
+        return export_state_learners(args, manifest, model)
+    if args.state is not None or args.values_dtype is not None:
+        raise ValueError(
+            "--state and --values-dtype convert a device's training state: use them with --from-executorch"
+        )
     if args.learners is not None and args.executorch is None and args.peft is None:
         raise ValueError("--learners names the file to export: use it with --executorch OUT or --peft OUT")
     fill_defaults(args)

@@ -1,6 +1,8 @@
 """`far export --model NAME`: a GGUF causal LM exported with FAR's layout for text, or a user's file as a PEFT adapter.
 
 far export --model smollm2-135m --executorch OUT/ --train-file notes/
+far export --model smollm2-135m --executorch OUT/ --learners runs/notes/ --train-file more-notes/
+far export --from-executorch OUT/ --state user.safetensors --learners-only notes-learners.safetensors
 far export --model smollm2-135m --learners alice.safetensors --peft alice-lora/ --base-out smollm2-hf/
 """
 
@@ -11,15 +13,27 @@ import json
 import time
 from pathlib import Path
 
+import torch
+
 from far.device.export import check_out_dir
-from far.device.lm_export import export_causal_lm, load_texts, priming_chunks, reconfigure_for_export
+from far.device.lm_export import (
+    export_causal_lm,
+    load_texts,
+    priming_chunks,
+    reconfigure_for_export,
+    reconfigure_from_learners,
+)
+from far.device.lm_learners import lm_to_learners
+from far.device.manifest import NEXT_TOKEN, read_manifest
+from far.device.state import read_state
 from far.llm.gguf_file import load_lean_model
 from far.llm.lean_learners import values_dtype
 from far.methods.lean_hf import read_base_record, save_hf_base
 from far.methods.peft_adapter import check_output_dir
 from far.methods.peft_lean import check_base_dir, check_learners_file, save_lean_peft_adapter
-from far.models import find_gguf, is_causal_lm, load_lean_lm
-from far.recipes.own_texts import TEXT_DEFAULTS
+from far.models import MODEL_ALIASES, find_gguf, is_causal_lm, load_lean_lm
+from far.recipes.own_texts import SHIPPED_DTYPE, TEXT_DEFAULTS
+from far.saving.safetensors_file import LEARNERS_FILE
 from far.training.options import LEARNING_RATES
 
 
@@ -72,10 +86,7 @@ def check_lm_args(args: argparse.Namespace) -> None:
     if args.base_out is not None:
         raise ValueError("--base-out writes the base of a PEFT adapter: use it with --peft OUT")
     if args.learners is not None:
-        raise ValueError(
-            "--learners with --model (continuing a text run's training on the device) is not exported yet; export "
-            "the stock model with --model NAME (and --train-file to choose the learners from your texts)"
-        )
+        learners_file(args.learners)
     refused = [
         flag
         for flag, given in (
@@ -95,6 +106,18 @@ def check_lm_args(args: argparse.Namespace) -> None:
     if args.train_file is not None and not args.train_file.exists():
         raise ValueError(f"--train-file {str(args.train_file)!r} does not exist; name a folder or file of texts")
     check_out_dir(args.executorch, args.overwrite)
+
+
+def learners_file(path: Path) -> Path:
+    """The learners file `--learners PATH` names: a file, or a text run's folder holding its learners file."""
+    found = path / LEARNERS_FILE if path.is_dir() else path
+    if not found.is_file():
+        where = f"a folder without {LEARNERS_FILE} (not a far train --train-file run's)" if path.is_dir() else "no file"
+        raise ValueError(
+            f"--learners {str(path)!r} is {where}; name a causal LM's learners file (far train --train-file, far "
+            "export --from-executorch) or the run folder far train wrote it into"
+        )
+    return found
 
 
 def _check_peft_args(args: argparse.Namespace) -> None:
@@ -156,12 +179,20 @@ def export_lm(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as error:  # an alias whose package is not installed: its message names it
         raise ValueError(str(error)) from None
     texts = None if args.train_file is None else load_texts(args.train_file, tokenizer, args.max_length)
-    chunks = None if texts is None else priming_chunks(texts)
-    config = reconfigure_for_export(model, chunks)
-    how = "by weight magnitude" if chunks is None else f"by gradient priming on {len(chunks)} chunks of your texts"
+    if args.learners is None:
+        chunks = None if texts is None else priming_chunks(texts)
+        config = reconfigure_for_export(model, chunks)
+        depth, share = config.freeze_layers, f"{config.retention:.0%}"
+        how = "by weight magnitude" if chunks is None else f"by gradient priming on {len(chunks)} chunks of your texts"
+    else:  # a user's training, continued: the file's learners, values and frozen depth
+        config, file = None, learners_file(args.learners)
+        depth = reconfigure_from_learners(model, file)
+        nodes = sum(len(layer.mlp.learner_nodes) for layer in model.layers)
+        share = f"{nodes / (len(model.layers) * model.config.intermediate_size):.0%}"
+        how = f"and trained, as {file} holds them"
     print(
-        f"exporting {args.model} for training on text: layers {config.freeze_layers}-{len(model.layers) - 1} of "
-        f"{len(model.layers)} train, {config.retention:.0%} of the FFN nodes as learners (chosen {how}); batches of "
+        f"exporting {args.model} for training on text: layers {depth}-{len(model.layers) - 1} of "
+        f"{len(model.layers)} train, {share} of the FFN nodes as learners (chosen {how}); batches of "
         f"{args.batch_size} chunks of {args.max_length} tokens in passes of {args.micro_batch_size}",
         flush=True,
     )
@@ -184,4 +215,90 @@ def export_lm(args: argparse.Namespace) -> int:
     print(f"wrote ExecuTorch programs to {result.out_dir} in {sum(result.seconds.values()):.0f} s:")
     for name, size in result.sizes.items():
         print(f"  {name}: {_size(size)}")
+    return 0
+
+
+def add_state_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--from-executorch OUT --state FILE`: a causal LM export's training state back to far, as a learners file."""
+    parser.add_argument(
+        "--from-executorch",
+        type=Path,
+        metavar="OUT",
+        help="with --state FILE and --learners-only FILE: a causal LM's export folder (far export --model NAME "
+        "--executorch OUT), whose training state becomes a learners file for its GGUF model (far generate --learners)",
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="with --from-executorch: the training state to convert (far_train's --state FILE)",
+    )
+    parser.add_argument(
+        "--values-dtype",
+        choices=("bfloat16", "float32"),
+        help="with --from-executorch: the learners file's values, bfloat16 (default, as far train writes them: about "
+        "a byte a value) or float32 (the state's values exactly, four bytes a value)",
+    )
+
+
+def _stock_model(args: argparse.Namespace, manifest: dict) -> str:
+    """The export's base GGUF model: --model, or the alias whose GGUF file the manifest names."""
+    if args.model is not None:
+        if not is_causal_lm(args.model):
+            raise ValueError(f"--model {args.model!r} is not a GGUF causal LM (smollm2-135m, gemma3-270m or a .gguf)")
+        if args.model.endswith(".gguf") and not Path(args.model).is_file():
+            raise ValueError(f"--model {args.model!r}: no such GGUF file")
+        return args.model
+    base = manifest.get("base")
+    name = base.get("gguf") if isinstance(base, dict) else None
+    aliases = [alias for alias, known in MODEL_ALIASES.items() if name is not None and known.gguf_file == name]
+    if not aliases:
+        raise ValueError(
+            f"the export's base is {name or 'a model built in Python'}, no alias's GGUF file: name it with --model "
+            "FILE.gguf"
+        )
+    return aliases[0]
+
+
+def check_state_args(args: argparse.Namespace) -> tuple[dict, str]:
+    """`--from-executorch`'s refusals, made before the model loads: the manifest, the state read and checked."""
+    if args.learners_only is None:
+        raise ValueError(
+            "--from-executorch writes a training state as a learners file: add --learners-only FILE (and --state "
+            "STATE), without --merge, --executorch or --peft"
+        )
+    given = [f for f, v in (("--checkpoint", args.checkpoint), ("--learners", args.learners)) if v is not None]
+    given += [f for f, v in (("--train-file", args.train_file), ("--base-out", args.base_out)) if v is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not used with --from-executorch OUT --state FILE; drop it")
+    if args.state is None or not args.state.is_file():
+        raise ValueError(
+            f"--from-executorch needs --state FILE, the training state (far_train's --state): "
+            f"{'none given' if args.state is None else repr(str(args.state)) + ' is not a file'}"
+        )
+    out = args.learners_only
+    if out.is_dir():
+        raise ValueError(f"--learners-only {str(out)!r} is a folder; name a .safetensors file")
+    if out.resolve() == args.state.resolve():
+        raise ValueError("--learners-only names the state file itself; write the learners file beside it")
+    manifest = read_manifest(args.from_executorch, verify_programs=False, objective=NEXT_TOKEN)
+    read_state(args.state, manifest)  # a damaged state, or one of another export, is refused here
+    return manifest, _stock_model(args, manifest)
+
+
+def export_state_learners(args: argparse.Namespace, manifest: dict, model: str) -> int:
+    started = time.perf_counter()
+    try:
+        gguf = Path(model) if model.endswith(".gguf") else find_gguf(model)
+    except ModuleNotFoundError as error:  # an alias whose package is not installed: its message names it
+        raise ValueError(str(error)) from None
+    dtype = torch.float32 if args.values_dtype == "float32" else SHIPPED_DTYPE
+    path = lm_to_learners(args.from_executorch, args.state, load_lean_model(gguf), args.learners_only, dtype)
+    size, full = path.stat().st_size, gguf.stat().st_size
+    print(
+        f"wrote the learners file {path} in {time.perf_counter() - started:.1f} s: {_size(size)}, "
+        f"{100 * size / full:.1f}% of {gguf.name} ({str(dtype).removeprefix('torch.')} values, "
+        f"{len(manifest['trainable'])} trained tensors)"
+    )
+    print(f"  generate with it: far generate --model {model} --learners {path} --prompt TEXT")
     return 0

@@ -14,7 +14,8 @@
     train.py      `train`: `ProgramRunner`, the training engine's runner for the programs (micro-batches, the update)
     learners.py   `to_learners`: a state as an ordinary learners file for the stock model
     lm_view.py    a lean causal LM's export view: its own modules, made traceable, and the sliced next-token loss
-    lm_export.py  `export_causal_lm`: a lean causal LM's FAR layout as a folder that trains on text
+    lm_export.py  `export_causal_lm`: a lean causal LM's FAR layout (primed, or a user's learners file) as a folder
+                  that trains on text
     lm_programs.py  a causal LM export's programs through the Python bindings (bottom, then a step)
     lm_text.py    a user's texts as packed chunks in one file (text.safetensors), for every runtime
     lm_learners.py  `lm_to_learners`: a causal LM export's state as the lean learners file of its stock GGUF
@@ -26,6 +27,9 @@
 >>> far.device.export_causal_lm(lean_model, tokenizer, "LM", batch_size=4, max_length=256, lr=3e-4, texts=texts)
 >>> far.device.train("LM", "LM/text.safetensors", epochs=1)              # or runtime/executorch's far_train
 >>> far.device.lm_to_learners("LM", "LM/state.safetensors", stock_lean_model, "notes.safetensors")
+
+The command line: `far export --model NAME --executorch LM [--learners FILE]`, then `far export --from-executorch LM
+--state STATE --learners-only FILE`.
 
 Exporting and training need executorch (the `device` extra: .venv-device, which .ci/setup makes, or
 `pip install 'far[device]'`); nothing here imports it until used.
@@ -43,7 +47,7 @@ lazy_face(
         "far.device.examples": ("write_examples",),
         "far.device.train": ("TrainResult", "train"),
         "far.device.learners": ("to_learners",),
-        "far.device.lm_export": ("export_causal_lm", "reconfigure_for_export"),
+        "far.device.lm_export": ("export_causal_lm", "reconfigure_for_export", "reconfigure_from_learners"),
         "far.device.lm_learners": ("lm_to_learners",),
     },
 )

@@ -14,6 +14,7 @@ The folder is `far.device.manifest`'s, with objective "next_token":
     >>> model, tokenizer = far.models.load_lean_lm("smollm2-135m")
     >>> reconfigure_for_export(model, chunks=None)    # FAR as `far train` lays it out (magnitude scores)
     >>> export_causal_lm(model, tokenizer, "OUT", batch_size=4, max_length=256, optimizer="adamw", lr=1e-4)
+    >>> reconfigure_from_learners(model, "notes-learners.safetensors")   # or: a user's training, continued
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from far.device.lm_view import lm_views
 from far.device.lowering import lower_views
 from far.device.manifest import FORMAT, FORMAT_VERSION, NEXT_TOKEN, sha256_file, tensor_spec
 from far.device.optim import optimizer_settings
-from far.llm.lean_far import ffn_names, lean_layout, prime_and_split
+from far.llm.lean_far import ffn_names, lean_layout, prime_and_split, set_trainable
 from far.llm.lean_model import LeanCausalLM
+from far.llm.lean_saving import load_trained
 from far.llm.text_steps import MAX_PRIMING_CHUNKS, PRIMING_MICRO_BATCH, priming_loss
 from far.llm.tokenizer import LeanTokenizer
 from far.seeds import derive_seed
@@ -64,6 +66,44 @@ def reconfigure_for_export(
     scoring = "magnitude" if chunks is None else "gradient"
     prime_and_split(model, batches, priming_loss(layout.frozen_layers), layout.far, torch.float32, scoring)
     return layout.far
+
+
+def reconfigure_from_learners(model: LeanCausalLM, path: str | os.PathLike) -> int:
+    """A user's fine-tune on a stock lean model, in place, laid out as the export trains it on; returns its depth.
+
+    The learners file (`far train --train-file`'s, or `far export --from-executorch`'s) gives the learner
+    nodes, the trained values and what trains (`far.llm.lean_saving.load_trained`); the trained weights are
+    then held in fp32, as the device steps them (values the file kept in bf16 are exact in fp32).
+
+    Raises:
+        ValueError: the file belongs to another GGUF file or model shape, is damaged
+            (`far.llm.lean_learners.LeanLearnersFileError`), trains its first layer (the device trains above a
+            frozen bottom), or trains other weights than FAR's layout for text above its frozen layers. The model
+            then holds part of the file: load it again.
+    """
+    load_trained(model, path, base=model.source.path)  # checks the file against this model before changing it
+    if any(layer.mlp.learner_nodes is None for layer in model.layers):
+        raise ValueError(
+            f"{path} trains whole FFNs, not FAR's learners; the device exports FAR's layout: train with FAR "
+            "(far train's default on texts)"
+        )
+    depth = model.lowest_trainable_layer()
+    if depth == 0 or depth == len(model.layers):
+        raise ValueError(
+            f"{path} trains {'its first layer' if depth == 0 else 'nothing'}; the device trains the layers above a "
+            "frozen bottom (FAR with depth, far train's default on texts)"
+        )
+    trained = {id(w) for w in model.trainable_weights()}
+    set_trainable(model, "learners", torch.float32, frozen_layers=depth)  # the layout far.device.lm_to_learners reads
+    if trained != {id(w) for w in model.trainable_weights()}:
+        raise ValueError(
+            f"{path} trains other weights than FAR's layout for text above layer {depth} (learners, attention and "
+            "norms); the device exports that layout only"
+        )
+    for weight in model.trainable_weights():  # the norms set_trainable leaves as the file kept them
+        if weight.stored.dtype != torch.float32:
+            weight.stored = torch.nn.Parameter(weight.stored.detach().float(), requires_grad=False)
+    return depth
 
 
 def load_texts(train_file: str | os.PathLike, tokenizer: LeanTokenizer, max_length: int, seed: int = 0) -> TextChunks:
