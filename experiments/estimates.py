@@ -11,6 +11,7 @@ and checkpoints aside. The table gives X, Y and X / Y (the target: within 2x eit
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import tempfile
@@ -53,7 +54,7 @@ def one_case(name: str, args: str, data_dir: str) -> dict:
         argv = [*FAR, *args.split(), "--output-dir", str(Path(tmp) / name), "--no-progress"]
         if args.startswith("glue"):
             argv += ["--data-dir", data_dir]
-        start = time.perf_counter()
+        load, start = os.getloadavg()[0], time.perf_counter()
         done = subprocess.run(
             argv, capture_output=True, text=True, env=user_environment(), cwd=Path(__file__).parents[1]
         )
@@ -75,6 +76,7 @@ def one_case(name: str, args: str, data_dir: str) -> dict:
         "ratio": round(estimate / took, 3),
         "estimate_line": lines[first].strip(),
         "process_wall_s": round(wall, 1),
+        "load_at_start": round(load, 2),
     }
 
 

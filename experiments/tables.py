@@ -35,7 +35,7 @@ from tables_llm import (
     own_texts_optimizers,
 )
 from tables_lora import against_the_paper, far_or_lora, heads_end_to_end, lora_sources
-from tables_readme import demo_busy, readme_files, readme_results, readme_users
+from tables_readme import demo_busy, estimates, readme_files, readme_results, readme_users
 from tables_rules import (
     auto_retention,
     freeze_mass,
@@ -185,6 +185,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "priming-gradient": priming_gradient,
     "import-costs": import_costs,
     "demo-busy": demo_busy,
+    "estimates": estimates,
     "auto-retention": auto_retention,
     "new-tasks": new_tasks,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),

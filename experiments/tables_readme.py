@@ -226,3 +226,15 @@ def demo_busy() -> str:
     header = ["`far demo`", "wall s", *labels]
     made_on = machine(record) + f"; {runs} run{'s' if runs > 1 else ''} of each, medians"
     return table(header, rows) + "\n" + source(["demo_busy/demo_busy.json"], made_on, [record["command"]])
+
+
+def estimates() -> str:
+    """What training commands said their steps would take, before the first, against what they took."""
+    record = load("estimates/estimates.json")
+    rows = [
+        [f"`{r['command']}`", str(r["steps"]), f"{r['estimate_s']:.0f} s", f"{r['steps_s']:.0f} s", f"{r['ratio']:.2f}"]
+        for r in record["rows"]
+    ]
+    header = ["command", "steps", "estimated before the first", "the steps took", "estimate / truth"]
+    made_on = machine(record["meta"]) + ", shared with other jobs (both columns under the same load)"
+    return table(header, rows) + "\n" + source(["estimates/estimates.json"], made_on, [record["meta"]["command"]])
