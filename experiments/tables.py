@@ -43,6 +43,7 @@ from tables_rules import (
     priming_gradient,
     priming_scores,
     retain_mass,
+    retain_rechoice,
     retention_sweep,
 )
 from tables_runs import (
@@ -188,6 +189,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "estimates": estimates,
     "auto-retention": auto_retention,
     "new-tasks": new_tasks,
+    "retain-rechoice": retain_rechoice,
     "depth": copied("replicate_far/depth/depth.md", "AMD EPYC, 2 cores (`avx512_bf16`, no AMX), torch 2.13.0, idle"),
     "shared-layout": copied(
         "shared_layout/shared_layout.md",
