@@ -65,12 +65,18 @@ Trainer::Trainer(const Args& args) : args_(args), manifest_(read_manifest(args.o
   open_bottom();
   make_batch_tensors();
   print_plan();
-  if (chunks_) cache_bottom();  // and the bottom program is let go
   // What a step reads of the mapped files is given back after it (pages.h), so resident memory holds one step's.
-  std::vector<std::string> mapped = {manifest_.path(manifest_.train), args_.examples};
+  std::vector<std::string> mapped = {manifest_.path(manifest_.train), args_.examples, state_.path};
   if (bottom_) mapped.push_back(manifest_.path(manifest_.bottom));
-  if (bottom_cache_) mapped.push_back(bottom_cache_->path());
   file_pages_ = std::make_unique<FilePages>(mapped);
+  // The bottom runs before the optimizer's slots and the gradient sums exist, and with the pages that loading
+  // train.pte and the state read given back: its memory and the training's are not held at once.
+  if (chunks_) {
+    cache_bottom();  // and the bottom program is let go
+    mapped.push_back(bottom_cache_->path());
+    file_pages_ = std::make_unique<FilePages>(mapped);
+  }
+  load_slots();
 }
 
 // Steps per epoch and the step to stop at; the order's seed.
@@ -168,8 +174,12 @@ void Trainer::bind_params() {
       throw Refusal(state_.path + ": '" + p.name + "' has shape " + shape_str(state_.tensor(p.name).shape) +
                     ", the program's is " + shape_str(p.shape));
   }
+  for (Param& p : params_) std::memcpy(p.data, state_.tensor(p.name).data, p.numel * sizeof(float));
+}
+
+// The optimizer's slots (the state's, or zeros) and, with micro-batches, the gradient sums; the state is unmapped.
+void Trainer::load_slots() {
   for (Param& p : params_) {
-    std::memcpy(p.data, state_.tensor(p.name).data, p.numel * sizeof(float));
     for (const std::string& slot : slot_names_) {
       p.slots.emplace_back(static_cast<size_t>(p.numel), 0.f);
       if (const safetensors::Tensor* held = state_.slot(slot, p.name))
