@@ -114,15 +114,18 @@ def _residual_stream(program, forward: set[fx.Node]) -> list[fx.Node]:
 def recompute_segments(program) -> None:
     """Rewrite `program`'s graph in place: what backward reads of each residual block's forward is computed
     again from the block's input before backward first reads it (module docstring).
+
+    The forward part ends at the last node the user outputs depend on; what lies before it belongs to it,
+    including the aliases of activations the joint graph places there for backward.
     """
     graph = program.graph_module.graph
     forward = _forward(program)
     stream = _residual_stream(program, forward)
     position = {node: i for i, node in enumerate(stream)}
+    nodes = list(graph.nodes)
+    end = max(i for i, node in enumerate(nodes) if node in forward)
     segment: dict[fx.Node, int] = {}  # a forward node's block: the last residual value it depends on
-    for node in graph.nodes:
-        if node not in forward:
-            continue
+    for node in nodes[: end + 1]:
         if node in position:
             segment[node] = position[node]
         else:
@@ -130,14 +133,13 @@ def recompute_segments(program) -> None:
     last = len(stream) - 1  # the final norm and the loss: kept
 
     def in_block(node: fx.Node) -> int:
-        if node not in forward or node in position or node.op != "call_function" or not _pure(node):
+        if node not in segment or node in position or not _pure(node):
             return -1
-        s = segment.get(node, -1)
-        return s if s < last else -1
+        return segment[node] if segment[node] < last else -1
 
     copiers: dict[int, callable] = {}
-    for user in list(graph.nodes):
-        if user in forward or user.op != "call_function":
+    for user in nodes[end + 1 :]:
+        if user.op != "call_function":
             continue
         for node in user.all_input_nodes:
             block = in_block(node)
