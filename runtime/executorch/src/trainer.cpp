@@ -23,6 +23,10 @@ using safetensors::shape_str;
 
 namespace {
 
+// Instructions of a causal LM's train.pte between two give-backs of the mapped pages they read (SmolLM2's runs
+// 5,938 per micro-batch: a give-back every 256 holds about a layer's frozen weights at a time).
+constexpr size_t kReleaseEvery = 256;
+
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
@@ -308,7 +312,10 @@ void Trainer::run_programs() {
       case Role::Labels: set_input(*fwd_, i, EValue(*labels_), "train.pte"); break;
     }
   }
-  train_->execute();
+  if (chunks_)  // a causal LM: its frozen bf16 blocks and the embedding are read a layer at a time (program.h)
+    train_->execute_in_steps(kReleaseEvery, [this] { file_pages_->release(); });
+  else
+    train_->execute();
 }
 
 // Micro-batch `part`'s gradients: used in place for one micro-batch, else summed (and averaged after the last).
