@@ -7,6 +7,8 @@
     python experiments/device_train.py --part lm-export  # far export --executorch --model smollm2-135m, once
     python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level: export, step
     python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
+    python experiments/device_train.py --part lm-memory --export-dir OUT   # far_train on a causal LM's export
+    python experiments/device_train.py --part lm-plan --layers 4   # what train.pte's memory plan holds, by kind
 
 The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
 and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
@@ -37,6 +39,17 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   shared machine moves less than wall seconds, though far_train's more than eager's): far_train's steps after
   the first are the CPU of a process of `--steps` steps less one of the first step alone, eager's the thread's
   CPU time of each step after the first.
+- lm-memory: far_train (`--runner`, default the build's) on the first 16 training and 8 held-out chunks of
+  an export folder's text.safetensors (`far export --executorch OUT --model smollm2-135m --train-file DIR`),
+  written with far.device.lm_text.write_chunks, one epoch, a checkpoint every 2 steps, one thread, under
+  /usr/bin/time -v: peak RSS, CPU seconds, the held-out perplexities it printed, and what a step holds at
+  the least as the manifest counts it (the training program's planned memory, the optimizer's two moments,
+  the micro-batches' gradient sum, the training program's file less the trained tensors' initial values,
+  which are read once). `--label` names the result file (lm_memory_LABEL.json).
+- lm-plan: SmolLM2-135M cut to its first `--layers` layers (the bottom two thirds frozen, as the export lays
+  it out), its training program lowered at one chunk of 256 tokens with and without recomputation in backward
+  (far.device.recompute): the planned bytes and, at the instruction where most memory is live, the live
+  tensors by the operator that made them (views, which share their base's memory, left out).
 - bound: in this process, the bytes torch's autograd keeps for backward on the reconfigured model (eval mode, eager
   attention: the programs' explicit softmax) at 64 tokens and batches of 32, 8 and 4 (step_memory's
   saved-tensors count), the trained layers' frozen weights and the trainable tensors' bytes. Needs no runner.
@@ -420,6 +433,124 @@ def part_lm_export(work: Path, model: str) -> None:
     )
 
 
+def part_lm_memory(work: Path, out: Path, runner: Path, label: str) -> None:
+    from far.data.texts import TextChunks
+    from far.device.lm_text import CHUNKS, read_chunks, write_chunks
+    from far.device.manifest import NEXT_TOKEN, read_manifest
+
+    manifest = read_manifest(out, objective=NEXT_TOKEN)
+    train, held_out, _ = read_chunks(out / CHUNKS, manifest)
+    small = work / "small.safetensors"
+    write_chunks(TextChunks(train[:16], held_out[:8]), small, manifest)
+    state = work / "user.safetensors"
+    for stale in (state, state.with_name(state.name + ".bottom")):
+        stale.unlink(missing_ok=True)
+    shutil.copy(out / "state.safetensors", state)
+    cmd = ["/usr/bin/time", "-v", str(runner), str(out), "--examples", str(small), "--state", str(state)]
+    cmd += ["--epochs", "1", "--checkpoint-every", "2", "--threads", "1"]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(done.stdout + done.stderr[-3000:])
+    lines = done.stdout.splitlines()
+    held = {line.split()[1]: float(line.rsplit("perplexity=", 1)[1]) for line in lines if line.startswith("held_out")}
+    steps = [dict(w.split("=") for w in line.split()) for line in lines if line.startswith("step=")]
+    values = sum(math.prod(spec["shape"]) for spec in manifest["trainable"])
+    programs = manifest["programs"]
+    step_holds = {
+        "train_planned": programs["train"]["planned_bytes"],
+        "optimizer_moments": 2 * 4 * values if manifest["optimizer"]["name"] == "adamw" else 4 * values,
+        "gradient_sum": 4 * values if manifest["accumulate"] > 1 else 0,
+        "train_pte_read_each_step": (out / programs["train"]["file"]).stat().st_size - 4 * values,
+    }
+    write_result(
+        f"lm_memory_{label}",
+        {
+            "runner": " ".join(cmd[2:]),
+            "export": str(out),
+            "peak_rss_mib": peak_rss_mib(done.stderr),
+            "cpu_s": round(cpu_seconds(done.stderr), 1),
+            "wall_s": round(time.perf_counter() - start, 1),
+            "step_s": [float(s["time_s"]) for s in steps],
+            "losses": [float(s["loss"]) for s in steps],
+            "held_out_perplexity": held,
+            "planned_bytes": {role: p["planned_bytes"] for role, p in programs.items()},
+            "bottom_xnnpack": programs["bottom"]["xnnpack"],
+            "trained_values": values,
+            "step_holds_bytes": step_holds,
+            "step_holds_mib": round(sum(step_holds.values()) / 2**20, 1),
+            "printed": done.stdout,
+        },
+    )
+
+
+def live_at_peak(program) -> dict:
+    """Planned bytes, and the tensors live where the most are, by the operator that wrote them."""
+    specs = {}
+    for node in program.exported_program().graph_module.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "view":
+            continue  # memory.view: its base's memory
+        spec = node.meta.get("spec")
+        for s in spec if isinstance(spec, (list, tuple)) else [spec]:
+            if getattr(s, "mem_id", None) is not None and s.lifetime[0] is not None:
+                specs[id(s)] = (node, s)
+    end = max(s.lifetime[1] for _, s in specs.values())
+    live = [0] * (end + 1)
+    for _, s in specs.values():
+        for i in range(s.lifetime[0], s.lifetime[1] + 1):
+            live[i] += s.allocated_memory
+    peak = max(range(end + 1), key=live.__getitem__)
+    kinds: dict[str, list] = {}
+    for node, s in specs.values():
+        if s.lifetime[0] <= peak <= s.lifetime[1]:
+            kind = node.op if node.op != "call_function" else str(node.target).split("::")[-1]
+            kinds.setdefault(kind, [0, 0])
+            kinds[kind][0] += 1
+            kinds[kind][1] += s.allocated_memory
+    return {
+        "planned_mib": round(sum(program.executorch_program.execution_plan[0].non_const_buffer_sizes) / 2**20, 1),
+        "live_at_peak_mib": round(live[peak] / 2**20, 1),
+        "instructions": end + 1,
+        "peak_at": peak,
+        "live_by_kind_mib": {
+            k: {"tensors": n, "mib": round(b / 2**20, 2)} for k, (n, b) in sorted(kinds.items(), key=lambda x: -x[1][1])
+        },
+    }
+
+
+def part_lm_plan(layers: int) -> None:
+    import torch
+
+    from far.device.lm_export import plan_lm_export, reconfigure_for_export
+    from far.device.lm_view import lm_views
+    from far.device.lowering import quietly, training_program
+    from far.models import load_lean_lm
+
+    model, _ = load_lean_lm("smollm2-135m")
+    model.layers = model.layers[:layers]
+    types = model.config.layer_types[:layers]
+    model.config = dataclasses.replace(model.config, num_layers=layers, layer_types=types)
+    reconfigure_for_export(model, None)
+    depth = plan_lm_export(model, 256)
+    _, top = lm_views(model, depth)
+    inputs = (torch.zeros(1, 256, model.config.hidden_size), torch.zeros(1, 256, dtype=torch.long))
+    rows = {}
+    for recompute in (False, True):
+        start = time.process_time()
+        with quietly():
+            program, _ = training_program(top, inputs, recompute=recompute)
+        rows["recompute" if recompute else "kept"] = {
+            "lower_cpu_s": round(time.process_time() - start, 1),
+            **live_at_peak(program),
+        }
+        print(json.dumps(rows), flush=True)
+    trained = layers - depth
+    write_result(
+        f"lm_plan_{layers}_layers",
+        {"layers": layers, "frozen": depth, "trained": trained, "tokens": 256, "programs": rows},
+    )
+
+
 def export_child(out: Path, xnnpack: str) -> None:
     """Child process: MiniLM with random learners exported at 32x64 in one pass at one XNNPACK level; one JSON line."""
     import torch
@@ -530,9 +661,15 @@ def part_bound() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("step", "memory", "metric", "lm-export", "lowering", "bound"))
+    parser.add_argument(
+        "--part", choices=("step", "memory", "metric", "lm-export", "lm-memory", "lm-plan", "lowering", "bound")
+    )
     parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
+    parser.add_argument("--export-dir", type=Path, help="lm-memory: a causal LM's export folder with its texts")
+    parser.add_argument("--runner", type=Path, default=RUNNER, help="lm-memory: the far_train binary")
+    parser.add_argument("--label", default="smollm2-135m", help="lm-memory: the result file's label")
+    parser.add_argument("--layers", type=int, default=4, help="lm-plan: SmolLM2's first N layers")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--task", choices=("cola", "sst2"), default="cola")
@@ -565,6 +702,19 @@ def main() -> None:
     if args.part == "lm-export":
         args.work.mkdir(parents=True, exist_ok=True)
         part_lm_export(args.work, args.model)
+        return
+    if args.part == "lm-memory":
+        if args.export_dir is None:
+            parser.error("--part lm-memory needs --export-dir OUT (far export --executorch OUT --train-file DIR)")
+        args.work.mkdir(parents=True, exist_ok=True)
+        part_lm_memory(args.work, args.export_dir, args.runner, args.label)
+        return
+    if args.part == "lm-plan":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+
+        torch.set_num_threads(1)
+        part_lm_plan(args.layers)
         return
     if args.part == "bound":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -188,7 +188,7 @@ def export_causal_lm(
     max_grad_norm: float | None = None,
     micro_batch_size: int | None = None,
     far_config: FARConfig | None = None,
-    bottom_xnnpack: bool = True,
+    bottom_xnnpack: bool = False,
     overwrite: bool = False,
     texts: TextChunks | None = None,
 ) -> ExportResult:
@@ -204,7 +204,10 @@ def export_causal_lm(
             (`far.device.optim`: "adamw" or "sgd" with momentum), at a constant lr.
         micro_batch_size: The programs' fixed batch, dividing `batch_size` (default `batch_size`).
         far_config: The FAR config the layout came from, recorded in the manifest.
-        bottom_xnnpack: Delegate the bottom program to XNNPACK.
+        bottom_xnnpack: Delegate the bottom program to XNNPACK whole: faster per chunk (the bottom runs once
+            per chunk), but its bf16 matrices are then all read into fp32 before the one delegate call
+            (ExecuTorch plans 283 MiB for SmolLM2's 20 bottom layers, against 14 MiB without), and it takes
+            minutes to lower.
         overwrite: Replace a folder that holds files already.
         texts: The user's texts as packed chunks (`load_texts`) of `max_length` tokens, written as
             text.safetensors for the runtimes to train on (`far.device.lm_text`).
@@ -234,7 +237,7 @@ def export_causal_lm(
     ids = torch.zeros(micro, max_length, dtype=torch.long)
     hidden = torch.zeros(micro, max_length, model.config.hidden_size)
     program, order, bottom_program, seconds = lower_views(
-        top, (hidden, ids), bottom, (ids,), xnnpack="none", bottom_xnnpack=bottom_xnnpack
+        top, (hidden, ids), bottom, (ids,), xnnpack="none", bottom_xnnpack=bottom_xnnpack, recompute=True
     )
     values = {n: p.detach() for n, p in top.named_parameters() if p.requires_grad}
     manifest = {

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from far.device.recompute import recompute_in_backward
+
 INSTALL_HINT = (
     "install far's device extra (pip install -e '.[device]', which pins executorch==1.5.1), or use .venv-device, "
     "the environment bash .ci/setup makes with it (.venv-device/bin/far)"
@@ -118,10 +120,14 @@ def _training_partitioner(level: str):
     return _xnnpack_partitioner(**options)
 
 
-def training_program(module: nn.Module, inputs: tuple, *, xnnpack: str = "none") -> tuple[object, list[str]]:
+def training_program(
+    module: nn.Module, inputs: tuple, *, xnnpack: str = "none", recompute: bool = False
+) -> tuple[object, list[str]]:
     """The ExecuTorch program running forward and backward of `module`, and the trainable tensors' names in
     the program's order. `forward` returns the user outputs (loss first), the gradients, then the trainable
-    tensors; the `__et_training_*_forward` meta-methods say where each part starts and the names.
+    tensors; the `__et_training_*_forward` meta-methods say where each part starts and the names. With
+    `recompute`, backward computes again what it reads of each residual block and of the weights' fp32
+    reads instead of keeping them from forward (`far.device.recompute`).
     """
     exir = _exir()
     from torch.export.experimental import _export_forward_backward
@@ -129,6 +135,8 @@ def training_program(module: nn.Module, inputs: tuple, *, xnnpack: str = "none")
     exported = torch.export.export(module, inputs, strict=False)
     joint = _export_forward_backward(exported)
     _dense_empties(joint)
+    if recompute:
+        recompute_in_backward(joint)
     specs = joint.graph_signature.output_specs
     names = [spec.target for spec in specs if spec.kind.name == "GRADIENT_TO_PARAMETER"]
     if xnnpack_level(xnnpack) != "none":
@@ -160,6 +168,7 @@ def lower_views(
     *,
     xnnpack: str,
     bottom_xnnpack: bool,
+    recompute: bool = False,
 ) -> tuple[object, list[str], object | None, dict[str, float]]:
     """`training_program(top)`, `forward_program(bottom)` (None without a bottom) and the seconds each took."""
     seconds: dict[str, float] = {}
@@ -168,7 +177,7 @@ def lower_views(
     with quietly(), warnings.catch_warnings():  # torch.export's and executorch's notes on their own internals
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", UserWarning)
-        program, order = training_program(top, train_inputs, xnnpack=xnnpack)
+        program, order = training_program(top, train_inputs, xnnpack=xnnpack, recompute=recompute)
         seconds["train"] = time.perf_counter() - start
         if bottom is not None:
             start = time.perf_counter()

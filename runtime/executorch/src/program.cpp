@@ -86,6 +86,17 @@ void Program::execute() {
   if (e != et::Error::Ok) fail("\"forward\" failed", e);
 }
 
+void Program::execute_in_steps(size_t every, const std::function<void()>& between) {
+  for (size_t done = 1;; ++done) {
+    const et::Error e = method_->step();
+    if (e == et::Error::EndOfMethod) break;
+    if (e != et::Error::Ok) fail("\"forward\" failed", e);
+    if (done % every == 0) between();
+  }
+  const et::Error e = method_->reset_execution();
+  if (e != et::Error::Ok) fail("\"forward\" could not start again", e);
+}
+
 bool Program::in_planned(const void* p, size_t n) const {
   auto c = static_cast<const uint8_t*>(p);
   for (const auto& s : spans_)

@@ -19,6 +19,7 @@ void Trainer::cache_bottom() {
   const std::map<std::string, std::string> key = {{"bottom_sha256", manifest_.bottom.sha256},
                                                   {"chunks_sha256", examples_sha_}};
   executorch::runtime::Method& bm = bottom_->forward();
+  file_pages_->release();  // what loading train.pte and copying the state's tensors read
   auto compute = [&](int64_t first, float* out) {
     for (int64_t r = 0; r < batch_; ++r) {  // rows past the end repeat the last chunk: their output is dropped
       const int64_t row = std::min(first + r, rows - 1);
@@ -31,6 +32,7 @@ void Trainer::cache_bottom() {
     const auto hidden = bm.get_output(0).toTensor();
     if (hidden.numel() != batch_ * per_row) throw std::runtime_error("bottom.pte returned an output of another size");
     std::memcpy(out, hidden.const_data_ptr<float>(), static_cast<size_t>(batch_ * per_row) * sizeof(float));
+    file_pages_->release();  // bottom.pte's weights, read again from the page cache by the next micro-batch
   };
   bottom_cache_ = std::make_unique<BottomCache>(args_.bottom_cache, key, rows, length_, manifest_.hidden_size, batch_,
                                                 compute);

@@ -23,6 +23,10 @@ using safetensors::shape_str;
 
 namespace {
 
+// Instructions of a causal LM's train.pte between two give-backs of the mapped pages they read (SmolLM2's runs
+// 5,938 per micro-batch: a give-back every 256 holds about a layer's frozen weights at a time).
+constexpr size_t kReleaseEvery = 256;
+
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
@@ -65,12 +69,18 @@ Trainer::Trainer(const Args& args) : args_(args), manifest_(read_manifest(args.o
   open_bottom();
   make_batch_tensors();
   print_plan();
-  if (chunks_) cache_bottom();  // and the bottom program is let go
   // What a step reads of the mapped files is given back after it (pages.h), so resident memory holds one step's.
-  std::vector<std::string> mapped = {manifest_.path(manifest_.train), args_.examples};
+  std::vector<std::string> mapped = {manifest_.path(manifest_.train), args_.examples, state_.path};
   if (bottom_) mapped.push_back(manifest_.path(manifest_.bottom));
-  if (bottom_cache_) mapped.push_back(bottom_cache_->path());
   file_pages_ = std::make_unique<FilePages>(mapped);
+  // The bottom runs before the optimizer's slots and the gradient sums exist, and with the pages that loading
+  // train.pte and the state read given back: its memory and the training's are not held at once.
+  if (chunks_) {
+    cache_bottom();  // and the bottom program is let go
+    mapped.push_back(bottom_cache_->path());
+    file_pages_ = std::make_unique<FilePages>(mapped);
+  }
+  load_slots();
 }
 
 // Steps per epoch and the step to stop at; the order's seed.
@@ -168,8 +178,12 @@ void Trainer::bind_params() {
       throw Refusal(state_.path + ": '" + p.name + "' has shape " + shape_str(state_.tensor(p.name).shape) +
                     ", the program's is " + shape_str(p.shape));
   }
+  for (Param& p : params_) std::memcpy(p.data, state_.tensor(p.name).data, p.numel * sizeof(float));
+}
+
+// The optimizer's slots (the state's, or zeros) and, with micro-batches, the gradient sums; the state is unmapped.
+void Trainer::load_slots() {
   for (Param& p : params_) {
-    std::memcpy(p.data, state_.tensor(p.name).data, p.numel * sizeof(float));
     for (const std::string& slot : slot_names_) {
       p.slots.emplace_back(static_cast<size_t>(p.numel), 0.f);
       if (const safetensors::Tensor* held = state_.slot(slot, p.name))
@@ -298,7 +312,10 @@ void Trainer::run_programs() {
       case Role::Labels: set_input(*fwd_, i, EValue(*labels_), "train.pte"); break;
     }
   }
-  train_->execute();
+  if (chunks_)  // a causal LM: its frozen bf16 blocks and the embedding are read a layer at a time (program.h)
+    train_->execute_in_steps(kReleaseEvery, [this] { file_pages_->release(); });
+  else
+    train_->execute();
 }
 
 // Micro-batch `part`'s gradients: used in place for one micro-batch, else summed (and averaged after the last).

@@ -46,6 +46,10 @@ class Program {
   executorch::runtime::MethodMeta forward_meta() const;
   executorch::runtime::Method& forward() { return *method_; }
   void execute();
+  // "forward" one instruction at a time, calling `between` after every `every` of them (the trainer gives back
+  // the mapped pages the instructions read, so the frozen weights of a causal LM's program are resident a few
+  // layers at a time rather than all at once); the same instructions as execute(), in the same order.
+  void execute_in_steps(size_t every, const std::function<void()>& between);
 
   size_t planned_bytes() const { return planned_bytes_; }
   // Whether [p, p + n) lies inside one of the planned buffers (memory this process owns and may write).

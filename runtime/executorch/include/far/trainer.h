@@ -71,6 +71,7 @@ class Trainer {
   void open_programs();
   void bind_inputs();
   void bind_params();
+  void load_slots();
   void open_bottom();
   void make_batch_tensors();
   void print_plan() const;
