@@ -12,11 +12,9 @@ import math
 from collections.abc import Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from far.architectures import FFNSpec
 from far.config import AUTO, UNSET, FARConfig, as_config
-from far.freezing import find_layers, layer_index
 
 # freeze_layers="auto" freezes the largest bottom stack of layers that together moved less than this
 # fraction of all the change priming measured (each layer's change: the mean score of its nodes). Layers
@@ -154,19 +152,6 @@ def layer_changes(scores: Mapping[str, Tensor], layer_of: Mapping[str, int] | No
         total[layers[name]] += s.double().sum()
         nodes[layers[name]] += s.numel()
     return total / nodes.clamp(min=1)  # wide and narrow layers weigh alike
-
-
-def layer_change_shares(
-    model: nn.Module, scores: Mapping[str, Tensor], spec: FFNSpec | None = None
-) -> list[float] | None:
-    """Each of `model`'s layers' share of the change priming measured (`layer_changes`, summing to 1), rounded to
-    4 places; None where the FFNs are outside a numbered stack of layers (no depth to report)."""
-    try:
-        layer_of = layer_index(scores, find_layers(model, spec))
-    except ValueError:
-        return None
-    change = layer_changes(scores, layer_of)  # (L,)
-    return [round(float(share), 4) for share in change / change.sum().clamp(min=1e-30)]
 
 
 def auto_freeze_layers(scores: Mapping[str, Tensor], layer_of: Mapping[str, int] | None = None) -> int:

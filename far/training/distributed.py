@@ -35,8 +35,6 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from far.architectures import FFNSpec
-from far.freezing import find_layers
 from far.seeds import derive_seed
 from far.training.sharding import gather_, is_sharded, shard_
 
@@ -148,14 +146,14 @@ class Parallel:
         if self.active and self.shard:
             check_shardable(optimizers, micro_batches)
 
-    def wrap(self, model: nn.Module, spec: FFNSpec | None = None) -> nn.Module:
+    def wrap(self, model: nn.Module, layers: Callable[[], Sequence[str]] = tuple) -> nn.Module:
         """What the steps run `model` through: the model itself in one process, else its DDP wrapper, or with
-        `shard` the model itself sharded per layer (`spec` finds the layers). Call again after a surgery: DDP's
+        `shard` the model itself sharded per layer (`layers()` names them). Call again after a surgery: DDP's
         reducer is bound to the tensors it wrapped, and FSDP's shards to the tensors it sharded."""
         if not self.active or not any(p.requires_grad for p in model.parameters()):
             return model
         if self.shard:
-            return shard_(model, find_layers(model, spec))
+            return shard_(model, layers())
         device = next(model.parameters()).device
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -165,7 +163,7 @@ class Parallel:
         return gather_(model, optimizer) if self.shard else model
 
     @contextlib.contextmanager
-    def gathered(self, model: nn.Module, optimizer: Any, spec: FFNSpec | None = None) -> Iterator[None]:
+    def gathered(self, model: nn.Module, optimizer: Any, layers: Callable[[], Sequence[str]] = tuple) -> Iterator[None]:
         """Inside: `model` and `optimizer` plain, whole tensors (to write or load a checkpoint); sharded again after,
         if they were."""
         sharded = self.shard and is_sharded(model)
@@ -173,7 +171,7 @@ class Parallel:
             gather_(model, optimizer)
         yield
         if sharded:
-            shard_(model, find_layers(model, spec), optimizer)
+            shard_(model, layers(), optimizer)
 
     def evaluate(self, fn: Callable[[nn.Module], T], model: nn.Module) -> T:
         """`fn(model)`: by the first process, its result handed to all; sharded, by every process (each forward

@@ -15,14 +15,16 @@ at a time, so the whole pass peaks a little above inference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from far.architectures import FFNSpec, find_attention, find_ffns
 from far.config import UNSET, FARConfig, as_config
+from far.freezing import find_layers, layer_index
 from far.layers import INPUT, OUTPUT, node_rows
+from far.selection import layer_changes
 from far.surgery.reconfigure import reconfigure
 from far.surgery.state import is_reconfigured
 from far.training.memory import to_private_memory
@@ -180,3 +182,16 @@ def prime_and_reconfigure(
     ffn_scores, head_scores = split_scores(model, scores, spec, heads=heads)
     reconfigure(model, config, scores=ffn_scores, head_scores=head_scores, spec=spec)
     return scores
+
+
+def layer_change_shares(
+    model: nn.Module, scores: Mapping[str, Tensor], spec: FFNSpec | None = None
+) -> list[float] | None:
+    """Each of `model`'s layers' share of the change priming measured (`layer_changes`, summing to 1), rounded to
+    4 places; None where the FFNs are outside a numbered stack of layers (no depth to report)."""
+    try:
+        layer_of = layer_index(scores, find_layers(model, spec))
+    except ValueError:
+        return None
+    change = layer_changes(scores, layer_of)  # (L,)
+    return [round(float(share), 4) for share in change / change.sum().clamp(min=1e-30)]

@@ -15,12 +15,11 @@ from torch import Tensor, nn
 
 from far.architectures import FFNSpec
 from far.config import AUTO
-from far.freezing import freeze_layers, frozen_depth
+from far.freezing import find_layers, freeze_layers, frozen_depth
 from far.hardware import peak_rss_bytes
 from far.priming import Primer, freeze_embeddings
 from far.saving.shared_layout import apply_layout
 from far.seeds import derive_seed
-from far.selection import layer_change_shares
 from far.surgery.reconfigure import freeze_ffns, reconfigure
 from far.surgery.state import learners, node_groups
 from far.training.batches import BatchStream, to_device
@@ -34,7 +33,7 @@ from far.training.checkpoint import (
 from far.training.distributed import Parallel
 from far.training.engine import Cadence, Start, train
 from far.training.frozen_bottom import FrozenBottom
-from far.training.gradient_priming import gradient_scores, split_scores
+from far.training.gradient_priming import gradient_scores, layer_change_shares, split_scores
 from far.training.losses import EvalFn, LossFn
 from far.training.mezo import MeZO
 from far.training.optim import build_optimizer, trainable_parameters
@@ -149,7 +148,7 @@ class Loop:
         state.update(layer_change=self.layer_change, learner_shares=self.learner_shares)
         primer = None if self.primer is None else self.primer.state()  # during priming: its snapshot
         written = (self.output_dir, done, self.model, self.optimizer, self.scheduler, state, plan.keep_checkpoints)
-        with self.parallel.gathered(self.model, self.optimizer, self.spec):  # whole tensors, whatever the processes
+        with self.parallel.gathered(self.model, self.optimizer, self._layers):  # whole tensors, whatever the processes
             # Written once; the other processes wait for it.
             self.checkpoint = self.parallel.on_main(save_checkpoint, *written, primer=primer)
 
@@ -207,7 +206,7 @@ class Loop:
             self.primer.load_state(load_primer_state(checkpoint))
         load_model_state(self.model, checkpoint, self.spec)
         self._build(checkpoint.step)
-        with self.parallel.gathered(self.model, self.optimizer, self.spec):
+        with self.parallel.gathered(self.model, self.optimizer, self._layers):
             load_training_state(checkpoint, self.optimizer, self.scheduler)
         self.seconds.update(checkpoint.trainer_state["seconds"])
         self.metrics = dict(checkpoint.trainer_state.get("metrics", {}))
@@ -273,7 +272,7 @@ class Loop:
         plan = self.plan
         name = plan.optimizer_at(step)
         # Wrapped again over the tensors the surgery made (MeZO's steps have no gradients to meet).
-        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model, self.spec)
+        self.wrapped = self.model if name == "mezo" else self.parallel.wrap(self.model, self._layers)
         self.optimizer = build_optimizer(
             name,
             self.model,
@@ -287,6 +286,9 @@ class Loop:
         # MeZO compares two losses of one batch, so no dropout noise between them (as MeZO's own code does).
         self.model.train(name != "mezo")
         self.frozen = self._frozen_bottom()
+
+    def _layers(self) -> list[str]:
+        return find_layers(self.model, self.spec)
 
     def _frozen_bottom(self) -> FrozenBottom | None:
         """The cache of this phase's frozen bottom; None without one (priming before an "auto" depth is known)."""

@@ -29,8 +29,6 @@ from torch import Tensor, nn
 from torch.distributed._composable.contract import REGISTRY_KEY, STATE_KEY
 from torch.distributed._composable_state import _module_state_mapping
 
-from far.layers import SplitLinear
-
 
 def _torch() -> tuple[types.ModuleType, types.ModuleType]:
     """torch's FSDP2 and DTensor modules, imported on first use: they bring sympy with them (as torch._dynamo does,
@@ -80,8 +78,9 @@ def gather_(model: nn.Module, optimizer: Any = None) -> nn.Module:
     for unit in units:
         _detach(unit)
     for module in model.modules():
-        if isinstance(module, SplitLinear):  # FAR's learner and frozen parts back in one storage
-            module.rejoin_()
+        rejoin = getattr(module, "rejoin_", None)  # FAR's SplitLinear: learner and frozen parts in one storage
+        if rejoin is not None:
+            rejoin()
     for module in model.modules():
         for attribute in ("_is_fsdp_managed_module", "_fsdp_use_orig_params"):
             module.__dict__.pop(attribute, None)
