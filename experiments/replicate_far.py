@@ -173,8 +173,24 @@ def task_args(task: str, extra_data_dir: Path | None = None) -> list[str]:
     spec = TASKS[task]
     if not spec.get("extra_data"):
         return spec["args"]
-    folder = extra_data_dir or Path(os.environ.get(EXTRA_DATA_ENV) or DEFAULT_EXTRA_DATA)
-    return [*spec["args"], "--data-dir", str(folder)]
+    return [*spec["args"], "--data-dir", str(extra_data_folder(extra_data_dir))]
+
+
+def extra_data_folder(extra_data_dir: Path | None = None) -> Path:
+    """Where the `extra_data` tasks' files are: `extra_data_dir`, else $FAR_EXTRA_DATA_DIR, else `extra_data` beside
+    the checkout."""
+    return extra_data_dir or Path(os.environ.get(EXTRA_DATA_ENV) or DEFAULT_EXTRA_DATA)
+
+
+def add_extra_data_argument(parser: argparse.ArgumentParser, tasks: dict[str, dict]) -> None:
+    """`--extra-data-dir`, the data root of those of `tasks` marked `extra_data` (`extra_data_folder`)."""
+    parser.add_argument(
+        "--extra-data-dir",
+        type=Path,
+        default=None,
+        help=f"data root (glue/<Task>/) of {', '.join(t for t, spec in tasks.items() if spec.get('extra_data'))} "
+        f"(default: ${EXTRA_DATA_ENV}, else {DEFAULT_EXTRA_DATA.name}/ beside the checkout)",
+    )
 
 
 def run_one(
@@ -354,13 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--summarize-only", action="store_true", help="summarize the runs there are; run none that is missing"
     )
-    parser.add_argument(
-        "--extra-data-dir",
-        type=Path,
-        default=None,
-        help=f"data root (glue/<Task>/) of {', '.join(t for t, spec in TASKS.items() if spec.get('extra_data'))} "
-        f"(default: ${EXTRA_DATA_ENV}, else {DEFAULT_EXTRA_DATA.name}/ beside the checkout)",
-    )
+    add_extra_data_argument(parser, TASKS)
     add_output_argument(parser, results_dir(__file__), "the grid's folder: runs/ and the summary")
     parser.add_argument(
         "--name", default="replication", help="summary file stem: grids with other methods share <output>/runs"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 
 from harness import children_cpu_seconds, command_line, machine, write_report
-from replicate_far import DEFAULT_EXTRA_DATA, EXTRA_DATA_ENV
+from replicate_far import add_extra_data_argument, extra_data_folder
 
 import far.selection
 
@@ -84,7 +83,7 @@ def task_args(task: str, extra_data_dir: Path | None) -> list[str]:
     args = TASKS[task]["args"].split()
     if not TASKS[task].get("extra_data"):
         return args
-    return [*args, "--data-dir", str(extra_data_dir or Path(os.environ.get(EXTRA_DATA_ENV) or DEFAULT_EXTRA_DATA))]
+    return [*args, "--data-dir", str(extra_data_folder(extra_data_dir))]
 
 
 def one_run(
@@ -164,13 +163,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "retain_mass")
     parser.add_argument("--full-reference", action="store_true", help="also run full fine-tuning on the same split")
     parser.add_argument("--name", default=None)
-    parser.add_argument(
-        "--extra-data-dir",
-        type=Path,
-        default=None,
-        help=f"data root (glue/<Task>/) of {', '.join(t for t, spec in TASKS.items() if spec.get('extra_data'))} "
-        f"(default: ${EXTRA_DATA_ENV}, else {DEFAULT_EXTRA_DATA.name}/ beside the checkout)",
-    )
+    add_extra_data_argument(parser, TASKS)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="further `far` arguments for every run")
     args = parser.parse_args()
     masses = [*args.masses, *([None] if args.full_reference else [])]

@@ -35,7 +35,7 @@ def timed(work: Callable[[], Any], device: torch.device, *, grad: bool = True) -
         return time.perf_counter() - began
 
 
-def padded_tokens(batch: Any) -> int | None:
+def collated_tokens(batch: Any) -> int | None:
     """Tokens a collated batch computes on (its `input_ids`' elements); None for another kind of batch."""
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     return ids.numel() if isinstance(ids, Tensor) else None
@@ -46,7 +46,7 @@ def steps_seconds(
 ) -> float:
     """The `left` steps' seconds from the timed piece's, the first micro-batch of `step` (the first step's
     batches, each as its micro-batches), whose batches are `stream`'s from number `first_batch` on."""
-    tokens = padded_tokens(step[0][0].batch)
+    tokens = collated_tokens(step[0][0].batch)
     if stream.group_by_length and tokens:
         return piece_seconds * sum(stream.padded_tokens(first_batch, left * len(step))) / tokens
     return piece_seconds * sum(map(len, step)) * left
