@@ -16,6 +16,7 @@ from torch import Tensor
 
 from far.llm.backprop import LearnerGradients
 from far.llm.lean_model import LeanCausalLM
+from far.llm.owned_adamw import OwnedAdamW
 from far.llm.prefix import PrefixCache
 from far.llm.zo import CompactMeZO
 from far.llm.zo_batched import CompactBatchedZO
@@ -79,7 +80,13 @@ class TextSteps:
             self.zeroth_order = CompactBatchedZO(model, lr, eps, directions, seed=seed, weight_decay=weight_decay)
         else:
             self.gradients = LearnerGradients(model)
-            self.adamw = FusedAdamW(self.gradients.parameters(), lr=lr, weight_decay=weight_decay)
+            trained = self.gradients.parameters()
+            # Sharded (--distributed fsdp): each trained tensor's moments in one process (far.llm.owned_adamw).
+            self.owned = self.parallel.active and self.parallel.shard
+            if self.owned:
+                self.adamw: FusedAdamW | OwnedAdamW = OwnedAdamW(trained, self.parallel, lr, weight_decay)
+            else:
+                self.adamw = FusedAdamW(trained, lr=lr, weight_decay=weight_decay)
 
     def state(self) -> dict:
         """What a checkpoint keeps: MeZO's step counters (its directions' seeds), AdamW's moments."""
@@ -126,8 +133,8 @@ class TextSteps:
                 with self.gradients.stepping(self._step_one) if last else contextlib.nullcontext():
                     loss.backward()
                 total += float(loss.detach())
-        for group in self.adamw.param_groups:  # the norm gains, whose gradients autograd fills
-            for p in group["params"]:
+        if not self.owned:  # the norm gains, whose gradients autograd fills (an owner sums its own)
+            for p in self.gradients.parameters():
                 if p.grad is not None:
                     parallel.sum_(p.grad)
         self.adamw.step()
@@ -150,6 +157,8 @@ class TextSteps:
         return seconds
 
     def _step_one(self, param: Tensor) -> None:
-        """A learner block's step, its gradient summed over the processes first (in one process: as it is)."""
-        self.parallel.sum_(param.grad)
+        """A learner block's step, its gradient summed over the processes first (in one process: as it is; sharded:
+        into its owner, `OwnedAdamW.step_one`)."""
+        if not self.owned:
+            self.parallel.sum_(param.grad)
         self.adamw.step_one(param)

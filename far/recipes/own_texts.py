@@ -251,8 +251,9 @@ def own_texts_run(
     training = _training(settings, hparams, len(chunks.train), layout, plan)
     total_steps, steps_per_epoch = training.total_steps, training.steps_per_epoch
     memory.mark("data")
-    # Under torchrun: every process trains on its share of each batch, the first one writes the run's files.
-    parallel = Parallel.from_environment()
+    # Under torchrun: every process trains on its share of each batch, the first one writes the run's files; with
+    # --distributed fsdp each holds AdamW's state of its own share of the trained tensors (far.llm.owned_adamw).
+    parallel = Parallel.from_environment(shard=settings.shards)
     out = parallel.on_main(settings.claim_output, texts.name)
     out.mkdir(parents=True, exist_ok=True)  # each process's scratch file of the frozen bottom's states goes there
 
@@ -276,6 +277,8 @@ def own_texts_run(
     shipped = SHIPPED_DTYPE if settings.save_model and total_steps else None
     final, trained_precision = runner.final_scores(shipped)
     bottom = runner.close_bottom()
+    if parallel.active:  # each process's own peak (the first one's is metrics.json's)
+        logger.info("process %d of %d: peak RSS %.1f MiB", parallel.rank, parallel.world_size, peak_rss_bytes() / 2**20)
     if not main:  # the first process saves, writes and reports
         parallel.close()
         return None

@@ -29,7 +29,7 @@ from far.recipes.outputs import check_output_dir, claim_output_dir
 from far.saving.layout_file import SharedLayout, read_shared_layout
 from far.saving.safetensors_file import DTYPES
 from far.training.budget import ENCODERS_ONLY
-from far.training.distributed import NOT_SHARDED_LM, check_shardable, writes_outputs
+from far.training.distributed import check_shardable, writes_outputs
 from far.training.options import LEARNING_RATES, TrainOptions, check_int
 
 # "zo-batched" (the batched one-sided zeroth-order estimator, far.llm.zo_batched) trains causal LMs on texts only.
@@ -188,8 +188,6 @@ class RunSettings:
         if self.distributed not in DISTRIBUTED:
             raise ValueError(f"distributed must be one of {', '.join(DISTRIBUTED)}, got {self.distributed!r}")
         if self.shards:
-            if is_causal_lm(self.model):
-                raise ValueError(NOT_SHARDED_LM)
             check_shardable({self.optimizer}, micro_batches=self.memory_budget is not None)
         counts = ("grad_accum", "eval_batch_size", "eval_every", "max_train_samples", "max_eval_samples")
         for name in (*counts, "checkpoint_every"):

@@ -11,7 +11,9 @@ does not know. What is written once (checkpoints, logs, the run's files) is writ
 With `shard=True` (`far ... --distributed fsdp`) each process holds a share of every tensor instead of a replica
 (FSDP2, `far.training.sharding`): the model is sharded per layer for the steps and gathered whole, into the same
 plain modules, where whole tensors are read (the switch's surgery, a checkpoint, the end of the run); every process
-then evaluates, as each forward gathers the layers' shares from all of them.
+then evaluates, as each forward gathers the layers' shares from all of them. A lean causal LM, which steps inside
+backward, keeps its trained values whole in every process and shares out AdamW's state instead, each trained
+tensor's moments in one process (`far.llm.owned_adamw`, ZeRO's stage 2).
 
 A run of one process (no WORLD_SIZE, or 1) gets `Parallel()`: no process group, and every method below is the
 plain one-process operation.
@@ -55,13 +57,6 @@ def writes_outputs() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-# What a sharded run cannot train, said wherever it is refused.
-NOT_SHARDED_LM = (
-    "--distributed fsdp shards an encoder's layers; a GGUF causal LM's lean runtime steps each learner block inside "
-    "backward, which FSDP2's gathering of whole layers does not follow: train it with --distributed ddp (the default)"
-)
-
-
 def check_shardable(optimizers: set[str], micro_batches: bool) -> None:
     """Raise what a sharded run (FSDP2) cannot do that a replicated one (DDP) can: MeZO (`optimizers` holds the run's
     optimizers) and a memory budget's micro-batches."""
@@ -85,7 +80,8 @@ class Parallel:
     Args:
         rank: This process's number, 0 to `world_size - 1`; 0 writes the run's files.
         world_size: How many processes share each global batch.
-        shard: Shard the model over the processes (FSDP2) instead of replicating it (DDP).
+        shard: Shard the model over the processes (FSDP2) instead of replicating it (DDP); a lean causal LM shards
+            its AdamW state and gradients (`far.llm.owned_adamw`).
     """
 
     rank: int = 0
