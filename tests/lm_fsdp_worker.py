@@ -9,13 +9,13 @@ holds, the optimizer state its `state()` gives (whole in the first process), and
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 import torch
-from test_lm_train import chunks, lean_and_hf  # this script's folder, tests/, is on the path
+from ddp_worker import exit_now  # this script's folder, tests/, is on the path
+from test_lm_train import chunks, lean_and_hf
 
 from far.llm.compact import CompactWeight
 from far.llm.lean_far import set_trainable
@@ -69,9 +69,7 @@ def main(out: str, whole_state: str) -> NoReturn:
     report["held_after_load"] = loaded.adamw.held_values()
     torch.save(report, Path(out) / f"rank-{parallel.rank}.pt")
     torch.distributed.barrier()  # every process is done: the files are written
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no teardown of the process group: see ddp_worker.exit_now
+    exit_now(0)
 
 
 if __name__ == "__main__":

@@ -314,8 +314,8 @@ def _add_run_outputs(parser: argparse.ArgumentParser) -> None:
         choices=DISTRIBUTED,
         default="ddp",
         help="under torchrun: ddp keeps a whole replica of the model in every process; fsdp shards each layer's "
-        "tensors over the processes (FSDP2: an encoder, AdamW, no --memory-budget); one process trains unsharded "
-        "(default: ddp; docs/distributed.md)",
+        "tensors over the processes (FSDP2) for an encoder, AdamW's moments and gradients for a GGUF causal LM "
+        "(AdamW, no --memory-budget); one process trains unsharded (default: ddp; docs/distributed.md)",
     )
     parser.add_argument(
         "--overwrite",
