@@ -15,8 +15,9 @@ from test_lm_train import write_tiny_gguf
 from test_lm_train_ddp import trained
 
 from far.cli.main import main
-from far.llm.owned_adamw import owners
+from far.llm.owned_adamw import OwnedAdamW, owners
 from far.recipes.settings import RunSettings
+from far.training.adamw import FusedAdamW
 from far.training.distributed import Parallel
 
 WORKER = Path(__file__).with_name("lm_fsdp_worker.py")
@@ -33,6 +34,19 @@ def test_owners_balance_the_values_and_agree_everywhere():
     assert owners([10, 40, 30, 20], 2) == [0, 0, 1, 1]  # 40 + 10 against 30 + 20
     assert owners([5, 5, 5], 1) == [0, 0, 0]
     assert owners([7], 3) == [0]
+
+
+def test_a_process_loads_the_moments_of_its_own_tensors_only():
+    params = [torch.zeros(n) for n in (6, 2, 3)]  # owners [0, 1, 1] over 2 processes
+    whole = FusedAdamW(params, lr=1e-2)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    whole.step()
+    for rank, held in ((0, [0]), (1, [1, 2])):
+        adamw = OwnedAdamW(params, Parallel(rank, 2), lr=1e-2)  # loading exchanges nothing: no process group
+        adamw.load_state_dict(whole.state_dict())
+        assert [i for i, p in enumerate(params) if p in adamw.adamw.state] == held
+        assert adamw.held_values() == 2 * sum(params[i].numel() for i in held)
 
 
 def test_the_command_line_shards_a_causal_lm_with_adamw_and_refuses_mezo_with_the_reason():
@@ -103,10 +117,13 @@ def test_far_train_sharded_on_texts_ends_as_one_process_and_resumes_across_proce
     for i, entry in moments[0]["state"].items():
         torch.testing.assert_close(moments[1]["state"][i]["exp_avg"], entry["exp_avg"], rtol=1e-3, atol=1e-7)
 
-    # A one-process checkpoint resumed sharded, and a sharded one resumed in one process: the same weights.
+    # A one-process checkpoint resumed sharded, a sharded one resumed sharded and in one process: the same weights.
     resumed = go_back_to(tmp_path / "one", tmp_path / "resumed", 3)
     torchrun("-m", "far.cli.main", *sharded, "--resume", "--output-dir", str(resumed), cwd=tmp_path)
     assert gap(one, trained(resumed, 6)) <= TOLERANCE
+    again = go_back_to(tmp_path / "two", tmp_path / "again", 3)
+    torchrun("-m", "far.cli.main", *sharded, "--resume", "--output-dir", str(again), cwd=tmp_path)
+    assert gap(one, trained(again, 6)) <= TOLERANCE
     back = go_back_to(tmp_path / "two", tmp_path / "back", 3)
     assert main([*arguments, "--resume", "--output-dir", str(back)]) == 0
     assert gap(one, trained(back, 6)) <= TOLERANCE

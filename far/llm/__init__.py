@@ -2,7 +2,8 @@
 
 GGUF files as cached Hugging Face folders (`far.llm.gguf`), the GGUF reader and the lean model
 (`gguf_file`, `lean_model`, `lean_config`), FAR on it (`lean_far`), MeZO for it (`zo`), its prefix
-cache and its saving, and what runs it in the training engine (`text_runner`, `prompt_runner`).
+cache and its saving, and what runs it in the training engine (`text_runner`, `prompt_runner`), with AdamW's
+state shared out over torchrun's processes under `--distributed fsdp` (`owned_adamw`).
 What transformers causal LMs use (gradient priming, resident-memory control) is in `far.training`;
 the causal-LM run of a GLUE task is `far.recipes.causal_lm`, of a user's texts `far.recipes.own_texts`.
 
