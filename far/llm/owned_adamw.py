@@ -3,11 +3,12 @@
 This is ZeRO's stage 2 (optimizer state and gradients partitioned), not FSDP's stage 3: every process keeps the
 trained values whole, since its forward and backward read them, and the lean runtime steps each learner block
 inside backward (`far.llm.backprop`), while FSDP2 gathers and frees whole layers around them. What is partitioned
-is what a replicated run holds on top of the values: AdamW's two moments (twice the trained values, fp32) and the
-step's gradients. Each trained tensor belongs to one process (`owners`: the largest first, each to the least
-loaded process). As backward completes a block's gradient, it is summed into its owner alone (`reduce`, the
-others drop theirs), the owner steps it and holds its moments, and the new values go from the owner to every
-process (`broadcast`), so every forward reads the same weights. The bytes exchanged are DDP's all-reduce's.
+is what a replicated run holds on top of the values: AdamW's two moments (twice the trained values, fp32); the
+gradients are held one learner block at a time anyway. Each trained tensor belongs to one process (`owners`: the
+largest first, each to the least loaded process). As backward completes a block's gradient, it is summed into its
+owner alone (`reduce`, the others drop theirs), the owner steps it and holds its moments, and the new values go
+from the owner to every process (`broadcast`), so every forward reads the same weights: about the bytes of DDP's
+all-reduce, in two collectives.
 
 A checkpoint holds AdamW's state whole, as one process writes it: `state_dict` brings every owner's moments to the
 first process. `load_state_dict` keeps this process's share of a whole state, so a checkpoint of any number of
