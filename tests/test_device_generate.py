@@ -9,21 +9,27 @@ file) is the export's model exactly, so the tokens after training compare too.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from test_device_runner import runner  # noqa: F401  (the session's far_train build, far_generate beside it)
 from test_lm_texts import char_tokenizer
 from test_lm_train import write_tiny_gguf
 
 from far.cli.main import main
 from far.device.lm_generate import greedy_ids
-from far.device.manifest import GENERATE, NEXT_TOKEN, read_manifest
-from far.device.state import read_state
+from far.device.manifest import GENERATE, MANIFEST, NEXT_TOKEN, read_manifest
+from far.device.state import read_state, write_state
 from far.llm.generate import GenerationConfig, generate
+from far.llm.gguf import CACHE_ENV
 from far.llm.gguf_file import load_lean_model
+from far.llm.lean_learners import load_learners
 
 PROMPT, NEW_TOKENS, CACHE = "the cat", 8, 24
 
@@ -116,3 +122,101 @@ def test_the_program_gives_the_lean_runtimes_logits_and_tokens(generating):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     lean = generate(model, prompt_ids(), GenerationConfig(max_new_tokens=NEW_TOKENS), eos_token_id=1)
     assert greedy_ids(step, prompt_ids(), NEW_TOKENS, 1, CACHE) == lean
+
+
+# --- far_generate, the C++ runner's generation (built with far_train) ---
+
+
+@pytest.fixture(scope="module")
+def far_generate(runner) -> Path:  # noqa: F811
+    return runner.parent / "far_generate"
+
+
+def run_far_generate(binary: Path, out: Path, state: Path, ids: list[int], *extra: str) -> subprocess.CompletedProcess:
+    cmd = [str(binary), str(out), "--state", str(state), "--prompt-ids", ",".join(map(str, ids)), "--threads", "1"]
+    return subprocess.run([*cmd, "--max-new-tokens", str(NEW_TOKENS), *extra], capture_output=True, text=True)
+
+
+def written(done: subprocess.CompletedProcess) -> tuple[list[int], str]:
+    """far_generate's written ids and their text."""
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.match(r"ids=([\d,]+)\ntext:\n(.*)\n\Z", done.stdout, re.S)
+    assert found, done.stdout
+    return [int(i) for i in found[1].split(",")], found[2]
+
+
+def far_generate_text(export: GenerateExport, capsys, *learners: str) -> str:
+    """What `far generate` prints for the prompt (with a learners file, if given)."""
+    capsys.readouterr()
+    argv = ["generate", "--model", str(export.gguf), "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(export.gguf.parent / "cache"))  # the tiny model's tokenizer
+        assert main([*argv, *(["--learners", *learners] if learners else [])]) == 0
+    return capsys.readouterr().out.removesuffix("\n")
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_far_generate_writes_far_generates_tokens_before_and_after_training(generating, far_generate, tmp_path, capsys):
+    lean = generate(load_lean_model(generating.gguf), prompt_ids(), GenerationConfig(NEW_TOKENS), eos_token_id=1)
+    ids, text = written(
+        run_far_generate(far_generate, generating.out, generating.out / "state.safetensors", prompt_ids())
+    )
+    assert ids == lean and text == far_generate_text(generating, capsys)
+    # Trained on the runner, then the state both ways: far_generate reads it as it is; far generate as the learners
+    # file of its float32 values (the base then loads in float32: the export's bf16 weights exactly).
+    state = tmp_path / "user.safetensors"
+    shutil.copy(generating.out / "state.safetensors", state)
+    chunks = generating.out / "text.safetensors"
+    train = [str(runner_of(far_generate)), str(generating.out), "--examples", str(chunks), "--state", str(state)]
+    done = subprocess.run([*train, "--epochs", "3", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    learners = tmp_path / "l.safetensors"
+    convert = [
+        "export",
+        "--from-executorch",
+        str(generating.out),
+        "--state",
+        str(state),
+        "--model",
+        str(generating.gguf),
+    ]
+    assert main([*convert, "--learners-only", str(learners), "--values-dtype", "float32"]) == 0
+    trained = load_learners(load_lean_model(generating.gguf, torch.float32), learners)
+    lean_trained = generate(trained, prompt_ids(), GenerationConfig(NEW_TOKENS), eos_token_id=1)
+    ids_trained, text_trained = written(run_far_generate(far_generate, generating.out, state, prompt_ids()))
+    assert ids_trained == lean_trained and text_trained == far_generate_text(generating, capsys, str(learners))
+    assert ids_trained != ids  # the trained tensors are the state's, not the export's
+
+
+def runner_of(binary: Path) -> Path:
+    return binary.parent / "far_train"
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_far_generate_refuses_before_generating(generating, far_generate, tmp_path):
+    manifest, state = generating.manifest, generating.out / "state.safetensors"
+    other = tmp_path / "other.safetensors"  # a state of another export: its training program differs
+    programs = {**manifest["programs"], "train": {**manifest["programs"]["train"], "sha256": "0" * 64}}
+    write_state(other, read_state(state, manifest), {**manifest, "programs": programs})
+    no_generate = tmp_path / "no_generate"
+    shutil.copytree(generating.out, no_generate)
+    edited = {k: v for k, v in manifest.items() if k != "generate"}  # an export without --generate
+    edited["programs"] = {k: v for k, v in manifest["programs"].items() if k != "generate"}
+    (no_generate / MANIFEST).write_text(json.dumps(edited))
+    cases = [
+        (generating.out, other, prompt_ids(), "was written for another training program"),
+        (
+            generating.out,
+            state,
+            list(range(2, 2 + CACHE)),
+            f"need {CACHE + NEW_TOKENS - 1} positions; generate.pte keeps",
+        ),
+        (generating.out, state, [*prompt_ids(), 10_000], "10000 is not a token id of this vocabulary"),
+        (no_generate, state, prompt_ids(), "has no generate program (generate.pte); export it with far export"),
+    ]
+    for out, state_path, ids, message in cases:
+        done = run_far_generate(far_generate, out, state_path, ids)
+        assert done.returncode == 2 and message in done.stderr, (message, done.stderr)
+        assert "ids=" not in done.stdout
