@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_device_lm import reconfigured
 from test_device_runner import runner  # noqa: F401  (the session's far_train build, far_generate beside it)
 from test_lm_texts import char_tokenizer
 from test_lm_train import write_tiny_gguf
 
 from far.cli.main import main
-from far.device.lm_generate import greedy_ids
+from far.device.lm_generate import LMDecoder, greedy_ids
 from far.device.manifest import GENERATE, MANIFEST, NEXT_TOKEN, read_manifest
 from far.device.state import read_state, write_state
 from far.llm.generate import GenerationConfig, generate
@@ -60,16 +61,17 @@ def export_generating(folder: Path, model_type: str):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--checkpoint", "x", "--generate"], "use it with --model NAME --executorch OUT"),
-        (["--model", "tiny.gguf", "--generate", "1"], "2 to 65536 positions"),
-        (["--model", "tiny.gguf", "--generate", "many"], "invalid int value"),
+        (["--executorch", "out", "--checkpoint", "x", "--generate"], "use it with --model NAME --executorch OUT"),
+        (["--executorch", "out", "--model", "tiny.gguf", "--generate", "1"], "2 to 65536 positions"),
+        (["--executorch", "out", "--model", "tiny.gguf", "--generate", "many"], "invalid int value"),
+        (["--from-executorch", "out", "--learners-only", "l.safetensors", "--generate"], "--generate: not used with"),
     ],
 )
 def test_the_command_refuses_a_generate_program_it_cannot_write_before_loading(
     tmp_path, capsys, monkeypatch, flags, message
 ):
     monkeypatch.chdir(tmp_path)
-    assert main(["export", "--executorch", "out", *flags]) == 2
+    assert main(["export", *flags]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert not (tmp_path / "out").exists()
@@ -80,6 +82,25 @@ def test_a_prompt_longer_than_the_cache_is_refused_before_any_call():
     with pytest.raises(ValueError, match="need 12 positions; the generate program keeps 8"):
         greedy_ids(lambda *a: calls.append(a), list(range(5)), 8, None, 8)
     assert not calls
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3"])
+def test_the_decoding_view_gives_the_lean_runtimes_logits_and_greedy_tokens(model_type):
+    """The generate program's module in eager torch (no executorch): the lean model's logits at every position."""
+    model = reconfigured(model_type)
+    with torch.no_grad():  # trained values away from the stock ones, as after training
+        for weight in model.trainable_weights():
+            weight.stored.add_(0.05 * torch.randn(weight.stored.shape, generator=torch.Generator().manual_seed(1)))
+    decoder = LMDecoder(model, CACHE).eval()
+    cache, ids = model.new_cache(), [5, 17, 33, 2, 40, 41, 7, 9, 60, 3]  # past gemma's sliding window of 4
+    for position, token in enumerate(ids):
+        expected = model.next_token_logits(torch.tensor([[token]]), cache)
+        with torch.no_grad():
+            got = decoder(torch.tensor([[token]]), torch.tensor([position]))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    decoder = LMDecoder(model, CACHE).eval()  # a fresh cache
+    lean = generate(model, ids[:4], GenerationConfig(max_new_tokens=NEW_TOKENS), eos_token_id=1)
+    assert greedy_ids(decoder, ids[:4], NEW_TOKENS, 1, CACHE) == lean
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])

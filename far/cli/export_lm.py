@@ -296,6 +296,7 @@ def check_state_args(args: argparse.Namespace) -> tuple[dict, str]:
         )
     given = [f for f, v in (("--checkpoint", args.checkpoint), ("--learners", args.learners)) if v is not None]
     given += [f for f, v in (("--train-file", args.train_file), ("--base-out", args.base_out)) if v is not None]
+    given += ["--generate"] if args.generate is not None else []
     if given:
         raise ValueError(f"{', '.join(given)}: not used with --from-executorch OUT --state FILE; drop it")
     if args.state is None or not args.state.is_file():
