@@ -24,7 +24,7 @@ from test_lm_texts import char_tokenizer
 from test_lm_train import write_tiny_gguf
 
 from far.cli.main import main
-from far.device.lm_generate import LMDecoder, greedy_ids
+from far.device.lm_generate import LMDecoder, generation_program, greedy_ids
 from far.device.manifest import GENERATE, MANIFEST, NEXT_TOKEN, read_manifest
 from far.device.state import read_state, write_state
 from far.llm.generate import GenerationConfig, generate
@@ -241,3 +241,17 @@ def test_far_generate_refuses_before_generating(generating, far_generate, tmp_pa
         done = run_far_generate(far_generate, out, state_path, ids)
         assert done.returncode == 2 and message in done.stderr, (message, done.stderr)
         assert "ids=" not in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_the_program_holds_its_cache_as_zeros():
+    """ExecuTorch serializes only the shape of a buffer the program updates, unless asked: the cache's memory would
+    start as the runtime finds it, and a masked position's NaN would still reach the output (0 * NaN)."""
+    pytest.importorskip("executorch")
+    model = reconfigured("llama")
+    decoder = LMDecoder(model, CACHE)
+    plan = generation_program(decoder, list(decoder.trained())).executorch_program.execution_plan[0]
+    tensors = [v.val for v in plan.values if type(v.val).__name__ == "Tensor"]
+    initialized = [t for t in tensors if t.allocation_info is not None and t.data_buffer_idx > 0]
+    assert len(initialized) == 2 * len(model.layers)  # each layer's keys and values, planned and with a value

@@ -31,6 +31,7 @@ from far.llm.lean_config import LeanConfig
 from far.llm.lean_model import LeanCausalLM, tied_logits
 
 GENERATE_INPUTS = ("token", "position")  # then the trained tensors
+CACHE = ("cache_keys_", "cache_values_")  # the cache's buffers, in the graph's names (b_decoder_cache_keys_0)
 
 
 class StaticKVCache(nn.Module):
@@ -138,7 +139,10 @@ def generation_program(decoder: LMDecoder, names: Sequence[str]):
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", UserWarning)
         # The trained tensors are read where the runner keeps them (the state file): no copy into planned memory.
-        return forward_program(_TrainedAsInputs(decoder, names), inputs, xnnpack=False, planned_inputs=False)
+        # The cache starts as zeros, serialized: a masked position's value still meets a zero weight (0 * NaN).
+        return forward_program(
+            _TrainedAsInputs(decoder, names), inputs, xnnpack=False, planned_inputs=False, initialized_buffers=CACHE
+        )
 
 
 @torch.no_grad()
