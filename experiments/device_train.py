@@ -55,7 +55,7 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   positions) under /usr/bin/time -v, then `far_generate` (one thread) on a fixed prompt with the export's state,
   32 new tokens, and `far generate` (the lean runtime, one thread) on the same prompt, each under /usr/bin/time
   -v: the export's seconds and sizes, far_generate's tokens per second (it prints them) and both peak RSS, and
-  whether both wrote the same text.
+  whether both wrote the same text; the lean runtime's tokens per second after its first token, in this process.
 - bound: in this process, the bytes torch's autograd keeps for backward on the reconfigured model (eval mode, eager
   attention: the programs' explicit softmax) at 64 tokens and batches of 32, 8 and 4 (step_memory's
   saved-tensors count), the trained layers' frozen weights and the trainable tensors' bytes. Needs no runner.
@@ -490,6 +490,24 @@ def part_lm_memory(work: Path, out: Path, runner: Path, label: str) -> None:
     )
 
 
+def lean_decoding(model: str, ids: list[int], new_tokens: int) -> dict:
+    """The lean runtime's greedy decoding here, one thread: the prompt with its first token, then the rest."""
+    import torch
+
+    from far.llm.generate import GenerationConfig, generate
+    from far.models import load_lean_lm
+
+    torch.set_num_threads(1)
+    lm = load_lean_lm(model)[0]
+    start = time.perf_counter()
+    generate(lm, ids, GenerationConfig(max_new_tokens=1))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    generate(lm, ids, GenerationConfig(max_new_tokens=new_tokens))
+    decode = time.perf_counter() - start - first
+    return {"prompt_and_first_token_s": round(first, 3), "tokens_per_s": round((new_tokens - 1) / decode, 2)}
+
+
 def part_lm_generate(work: Path, model: str, prompt: str, new_tokens: int) -> None:
     from tokenizers import Tokenizer
 
@@ -519,6 +537,7 @@ def part_lm_generate(work: Path, model: str, prompt: str, new_tokens: int) -> No
     if lean.returncode:
         raise SystemExit(lean.stderr[-3000:])
     manifest = json.loads((out / "manifest.json").read_text())
+    lean_speed = lean_decoding(model, ids, new_tokens)
     write_result(
         f"lm_generate_{model}",
         {
@@ -544,6 +563,7 @@ def part_lm_generate(work: Path, model: str, prompt: str, new_tokens: int) -> No
                 "text": lean.stdout.removesuffix("\n"),
                 "peak_rss_mib": peak_rss_mib(lean.stderr),
                 "cpu_s": round(cpu_seconds(lean.stderr), 1),
+                **lean_speed,
             },
             "same_text": text == lean.stdout.removesuffix("\n"),
         },

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from far.device.lm_view import EagerAttention, decoding_twins
 from far.device.lowering import forward_program, quietly
+from far.llm.compact import CompactLinear
 from far.llm.lean_config import LeanConfig
 from far.llm.lean_model import LeanCausalLM, tied_logits
 
@@ -67,6 +68,21 @@ class CacheAt:
         return seen if window is None else seen & (self.position - slots < window)
 
 
+class DecodingLinear(CompactLinear):
+    """A `CompactLinear` for a few tokens as `W @ x^T`: ExecuTorch's `linear` copies its weight transposed on every
+    call (4x the time of a SmolLM2-sized step). Blocks of output rows multiply one by one (no concatenated copy);
+    blocks of input columns are concatenated, as the lean runtime multiplies them.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.shape[-1]).t()  # (in, T)
+        if self.node_dim == 0:
+            y = torch.cat([part.value() @ rows for part in self.parts], dim=0)  # (out, T)
+        else:
+            y = self.weight_value() @ rows  # blocks of input columns: one product, as the lean runtime's
+        return y.t().reshape(*x.shape[:-1], -1)
+
+
 class CachedAttention(EagerAttention):
     """The lean attention on one token at a position, its keys and values kept in a `StaticKVCache`."""
 
@@ -83,7 +99,7 @@ class LMDecoder(nn.Module):
 
     def __init__(self, model: LeanCausalLM, cache_length: int) -> None:
         super().__init__()
-        self.embed_tokens, self.layers, self.norm = decoding_twins(model, CachedAttention)
+        self.embed_tokens, self.layers, self.norm = decoding_twins(model, CachedAttention, DecodingLinear)
         self.cache = StaticKVCache(model.config, cache_length)
         self.embed_scale, self.vocab_size = model.embed_scale, model.config.vocab_size
 

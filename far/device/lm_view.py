@@ -73,15 +73,20 @@ def _weight(weight: CompactWeight, trainable: bool) -> CompactWeight:
     return twin
 
 
-def _view(module: nn.Module, trainable: bool, attention: type[Attention] = EagerAttention) -> nn.Module:
+def _view(
+    module: nn.Module,
+    trainable: bool,
+    attention: type[Attention] = EagerAttention,
+    linear: type[CompactLinear] = PlainLinear,
+) -> nn.Module:
     """A twin of `module` whose parts torch.export can trace and differentiate (module docstring), its attention
-    an `attention`.
+    an `attention` and its linear layers `linear`s.
     """
     if isinstance(module, CompactWeight):
         return _weight(module, trainable)
-    children = {name: _view(child, trainable, attention) for name, child in module._modules.items()}
+    children = {name: _view(child, trainable, attention, linear) for name, child in module._modules.items()}
     if isinstance(module, CompactLinear):
-        return PlainLinear(list(children["parts"]), module.node_dim)
+        return linear(list(children["parts"]), module.node_dim)
     kind = attention if type(module) is Attention else type(module)
     twin = kind.__new__(kind)
     twin.__dict__ = {**module.__dict__, "_modules": children}
@@ -138,9 +143,12 @@ def lm_views(model: LeanCausalLM, depth: int) -> tuple[LMBottom, LMTop]:
     return LMBottom(model, depth, embedding).eval(), LMTop(model, depth, embedding).train()
 
 
-def decoding_twins(model: LeanCausalLM, attention: type[Attention]) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+def decoding_twins(
+    model: LeanCausalLM, attention: type[Attention], linear: type[CompactLinear]
+) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
     """The embedding, every layer and the final norm of `model` as export twins for decoding: each trainable weight
-    its own parameter (named as in the model), the frozen tensors shared, the attention an `attention`.
+    its own parameter (named as in the model), the frozen tensors shared, the attention an `attention`, the linear
+    layers `linear`s.
     """
-    layers = nn.ModuleList(_view(layer, True, attention) for layer in model.layers)
+    layers = nn.ModuleList(_view(layer, True, attention, linear) for layer in model.layers)
     return _embedding(model.embed_tokens), layers, _view(model.norm, True)
