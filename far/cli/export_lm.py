@@ -259,7 +259,7 @@ def add_generate_arguments(group: argparse._ArgumentGroup) -> None:
         metavar="POSITIONS",
         help="with --model: also write generate.pte, greedy decoding over a KV cache of POSITIONS tokens (the prompt "
         "and the written ones; default --max-length) with the state's trained tensors, run by far_generate; it holds "
-        "the frozen weights again (about the size of bottom.pte and train.pte together)",
+        "the frozen weights again (212 MB for SmolLM2, beside 311 MB for bottom.pte and train.pte)",
     )
 
 

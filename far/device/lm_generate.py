@@ -70,8 +70,8 @@ class CacheAt:
 
 class DecodingLinear(CompactLinear):
     """A `CompactLinear` for a few tokens as `W @ x^T`: ExecuTorch's `linear` copies its weight transposed on every
-    call (4x the time of a SmolLM2-sized step). Blocks of output rows multiply one by one (no concatenated copy);
-    blocks of input columns are concatenated, as the lean runtime multiplies them.
+    call (a step of six SmolLM2-wide layers took 133 ms that way, 56 ms this way). Blocks of output rows multiply
+    one by one (no concatenated copy); blocks of input columns are concatenated, as the lean runtime multiplies them.
     """
 
     def forward(self, x: Tensor) -> Tensor:
