@@ -1,6 +1,6 @@
 #include "far/tokenizer.h"
 
-#include <array>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -79,7 +79,9 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 
 // "<0xAB>" -> 0xAB; -1 for any other token.
 int byte_token(const std::string& t) {
-  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !std::isxdigit(static_cast<unsigned char>(t[3])) ||
+      !std::isxdigit(static_cast<unsigned char>(t[4])))
+    return -1;
   return static_cast<int>(std::stoul(t.substr(3, 2), nullptr, 16));
 }
 

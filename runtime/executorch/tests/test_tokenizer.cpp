@@ -27,12 +27,13 @@ void byte_level() {
 void gemma_sequence() {
   const std::string decoder = R"({"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"},
       "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]})";
-  const far::Tokenizer t(with_decoder(R"({"<s>": 0, "▁the": 1, "▁cat": 2, "<0xE2>": 3, "<0x82>": 4, "<0xAC>": 5})",
+  const far::Tokenizer t(with_decoder(R"({"<s>": 0, "▁the": 1, "▁cat": 2, "<0xE2>": 3, "<0x82>": 4, "<0xAC>": 5, "<0xZZ>": 6})",
                                       decoder),
                          "gemma.json");
   CHECK(t.decode({0, 1, 2}) == " the cat");
   CHECK(t.decode({1, 3, 4, 5}) == " the€");
   CHECK(t.decode({3, 4}) == "\xEF\xBF\xBD\xEF\xBF\xBD");  // an invalid run: U+FFFD a byte
+  CHECK(t.decode({6}) == "<0xZZ>");  // not a byte: kept as text
 }
 
 void no_decoder_and_refusals() {
