@@ -9,6 +9,7 @@
     python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
     python experiments/device_train.py --part lm-memory --export-dir OUT   # far_train on a causal LM's export
     python experiments/device_train.py --part lm-plan --layers 4   # what train.pte's memory plan holds, by kind
+    python experiments/device_train.py --part lm-generate   # far_generate against far generate, SmolLM2
 
 The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
 and the bottom 2 layers frozen (so the export has a forward-only bottom.pte and a train.pte over layers
@@ -50,6 +51,11 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   it out), its training program lowered at one chunk of 256 tokens with and without recomputation in backward
   (far.device.recompute): the planned bytes and, at the instruction where most memory is live, the live
   tensors by the operator that made them (views, which share their base's memory, left out).
+- lm-generate: `far export --executorch OUT --model smollm2-135m --generate` (a cache of --max-length 256
+  positions) under /usr/bin/time -v, then `far_generate` (one thread) on a fixed prompt with the export's state,
+  32 new tokens, and `far generate` (the lean runtime, one thread) on the same prompt, each under /usr/bin/time
+  -v: the export's seconds and sizes, far_generate's tokens per second (it prints them) and both peak RSS, and
+  whether both wrote the same text; the lean runtime's tokens per second after its first token, in this process.
 - bound: in this process, the bytes torch's autograd keeps for backward on the reconfigured model (eval mode, eager
   attention: the programs' explicit softmax) at 64 tokens and batches of 32, 8 and 4 (step_memory's
   saved-tensors count), the trained layers' frozen weights and the trainable tensors' bytes. Needs no runner.
@@ -484,6 +490,86 @@ def part_lm_memory(work: Path, out: Path, runner: Path, label: str) -> None:
     )
 
 
+def lean_decoding(model: str, ids: list[int], new_tokens: int) -> dict:
+    """The lean runtime's greedy decoding here, one thread: the prompt with its first token, then the rest."""
+    import torch
+
+    from far.llm.generate import GenerationConfig, generate
+    from far.models import load_lean_lm
+
+    torch.set_num_threads(1)
+    lm = load_lean_lm(model)[0]
+    start = time.perf_counter()
+    generate(lm, ids, GenerationConfig(max_new_tokens=1))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    generate(lm, ids, GenerationConfig(max_new_tokens=new_tokens))
+    decode = time.perf_counter() - start - first
+    return {"prompt_and_first_token_s": round(first, 3), "tokens_per_s": round((new_tokens - 1) / decode, 2)}
+
+
+def part_lm_generate(work: Path, model: str, prompt: str, new_tokens: int) -> None:
+    from tokenizers import Tokenizer
+
+    out = work / f"{model}-generate"
+    shutil.rmtree(out, ignore_errors=True)
+    far = shutil.which("far") or str(Path(sys.executable).with_name("far"))
+    env = {**os.environ, "FAR_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    timed = lambda cmd: subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env)  # noqa: E731
+    export = [far, "export", "--executorch", str(out), "--model", model, "--generate"]
+    start = time.perf_counter()
+    done = timed(export)
+    export_wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"{' '.join(export)} failed:\n{done.stderr[-3000:]}")
+    export_record = {"wall_s": round(export_wall, 1), "cpu_s": round(cpu_seconds(done.stderr), 1)}
+    export_record["peak_rss_mib"] = peak_rss_mib(done.stderr)
+    ids = Tokenizer.from_file(str(out / "tokenizer.json")).encode(prompt).ids
+    generate = [str(RUNNER.with_name("far_generate")), str(out), "--state", str(out / "state.safetensors")]
+    generate += ["--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(new_tokens), "--threads", "1"]
+    device = timed(generate)
+    if device.returncode:
+        raise SystemExit(device.stdout + device.stderr[-3000:])
+    written, text = re.match(r"ids=([\d,]+)\ntext:\n(.*)\n\Z", device.stdout, re.S).groups()
+    timing = r"prompt (\d+) tokens in (\S+) s; (\d+) tokens written in (\S+) s \((\S+) tokens/s\)"
+    speed = re.search(timing, device.stderr)
+    lean = timed([far, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens", str(new_tokens)])
+    if lean.returncode:
+        raise SystemExit(lean.stderr[-3000:])
+    manifest = json.loads((out / "manifest.json").read_text())
+    lean_speed = lean_decoding(model, ids, new_tokens)
+    write_result(
+        f"lm_generate_{model}",
+        {
+            "export": " ".join(export[1:]),
+            "export_run": export_record,
+            "sizes_bytes": {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()},
+            "planned_bytes": {role: p["planned_bytes"] for role, p in manifest["programs"].items()},
+            "cache_length": manifest["generate"]["cache_length"],
+            "prompt": prompt,
+            "prompt_ids": ids,
+            "far_generate": {
+                "command": " ".join(generate),
+                "ids": [int(i) for i in written.split(",")],
+                "text": text,
+                "prompt_s": float(speed[2]),
+                "decode_s": float(speed[4]),
+                "tokens_per_s": float(speed[5]),
+                "peak_rss_mib": peak_rss_mib(device.stderr),
+                "cpu_s": round(cpu_seconds(device.stderr), 1),
+            },
+            "lean_far_generate": {
+                "command": f"far generate --model {model} --prompt {prompt!r} --max-new-tokens {new_tokens}",
+                "text": lean.stdout.removesuffix("\n"),
+                "peak_rss_mib": peak_rss_mib(lean.stderr),
+                "cpu_s": round(cpu_seconds(lean.stderr), 1),
+                **lean_speed,
+            },
+            "same_text": text == lean.stdout.removesuffix("\n"),
+        },
+    )
+
+
 def live_at_peak(program) -> dict:
     """Planned bytes, and the tensors live where the most are, by the operator that wrote them."""
     specs = {}
@@ -662,8 +748,10 @@ def part_bound() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--part", choices=("step", "memory", "metric", "lm-export", "lm-memory", "lm-plan", "lowering", "bound")
+        "--part",
+        choices=("step", "memory", "metric", "lm-export", "lm-memory", "lm-plan", "lm-generate", "lowering", "bound"),
     )
+    parser.add_argument("--prompt", default="The best thing about mornings is", help="lm-generate: the prompt")
     parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
     parser.add_argument("--export-dir", type=Path, help="lm-memory: a causal LM's export folder with its texts")
@@ -702,6 +790,10 @@ def main() -> None:
     if args.part == "lm-export":
         args.work.mkdir(parents=True, exist_ok=True)
         part_lm_export(args.work, args.model)
+        return
+    if args.part == "lm-generate":
+        args.work.mkdir(parents=True, exist_ok=True)
+        part_lm_generate(args.work, args.model, args.prompt, 32)
         return
     if args.part == "lm-memory":
         if args.export_dir is None:

@@ -171,12 +171,17 @@ def tiny_gguf(tmp_path, monkeypatch) -> Path:
     return write_tiny_gguf(tmp_path, monkeypatch)
 
 
-def write_tiny_gguf(tmp_path: Path, monkeypatch, model_type: str = "llama") -> Path:
+def write_tiny_gguf(tmp_path: Path, monkeypatch, model_type: str = "llama", bf16_exact: bool = False) -> Path:
     """A tiny Llama (or Gemma-3) GGUF file whose tokenizer (a token per character) waits in far's cache, as a
-    converted one would."""
+    converted one would; with `bf16_exact`, its weights are bf16 values (the same model loaded in bf16 or fp32)."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     path = tmp_path / ("tiny.gguf" if model_type == "llama" else f"tiny-{model_type}.gguf")
-    write_gguf(tiny_hf(model_type), path)
+    model = tiny_hf(model_type)
+    if bf16_exact:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.bfloat16().float())
+    write_gguf(model, path)
     folder = Path(f"{gguf_cache_path(path)}-tokenizer")
     folder.mkdir(parents=True)
     char_tokenizer().tokenizer.save(str(folder / TOKENIZER_FILE))

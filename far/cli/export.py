@@ -24,6 +24,7 @@ import far.recipes as recipes  # lazy: the predictor (and datasets) load only fo
 from far.cli.export_lm import (
     Default,
     DefaultText,
+    add_generate_arguments,
     add_state_arguments,
     check_lm_args,
     check_state_args,
@@ -125,7 +126,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_state_arguments(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace an OUT folder that holds files")
-    _add_executorch_arguments(parser.add_argument_group("ExecuTorch (--executorch)"))
+    group = parser.add_argument_group("ExecuTorch (--executorch)")
+    _add_executorch_arguments(group)
+    add_generate_arguments(group)
     parser.set_defaults(func=run)
 
 
@@ -238,6 +241,10 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.train_file is not None and args.model is None:
         raise ValueError("--train-file chooses a causal LM's learners from your texts: use it with --model NAME")
+    if args.generate is not None and (args.model is None or args.executorch is None):
+        raise ValueError(
+            "--generate adds a causal LM's decoding program to its export: use it with --model NAME --executorch OUT"
+        )
     if args.model is not None:
         return check_lm_args(args)
     if args.base_out is not None:

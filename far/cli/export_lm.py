@@ -1,6 +1,7 @@
 """`far export --model NAME`: a GGUF causal LM exported with FAR's layout for text, or a user's file as a PEFT adapter.
 
 far export --model smollm2-135m --executorch OUT/ --train-file notes/
+far export --model smollm2-135m --executorch OUT/ --train-file notes/ --generate 512
 far export --model smollm2-135m --executorch OUT/ --learners runs/notes/ --train-file more-notes/
 far export --from-executorch OUT/ --state user.safetensors --learners-only notes-learners.safetensors
 far export --model smollm2-135m --learners alice.safetensors --peft alice-lora/ --base-out smollm2-hf/
@@ -23,6 +24,7 @@ from far.device.lm_export import (
     reconfigure_for_export,
     reconfigure_from_learners,
 )
+from far.device.lm_generate import check_cache_length
 from far.device.lm_learners import lm_to_learners
 from far.device.manifest import NEXT_TOKEN, read_manifest
 from far.device.state import read_state
@@ -39,6 +41,9 @@ from far.training.options import LEARNING_RATES
 
 def _size(n_bytes: int) -> str:
     return f"{n_bytes:,} bytes ({n_bytes / 2**20:.2f} MiB)"
+
+
+_MAX_LENGTH = object()  # --generate without a number: a cache of --max-length positions (argparse converts a str)
 
 
 class Default(int):
@@ -85,6 +90,8 @@ def check_lm_args(args: argparse.Namespace) -> None:
         return _check_peft_args(args)
     if args.base_out is not None:
         raise ValueError("--base-out writes the base of a PEFT adapter: use it with --peft OUT")
+    if args.generate is not None:
+        check_cache_length(generate_length(args))
     if args.learners is not None:
         learners_file(args.learners)
     refused = [
@@ -211,6 +218,7 @@ def export_lm(args: argparse.Namespace) -> int:
         far_config=config,
         overwrite=args.overwrite,
         texts=texts,
+        generate_length=generate_length(args),
     )
     print(f"wrote ExecuTorch programs to {result.out_dir} in {sum(result.seconds.values()):.0f} s:")
     for name, size in result.sizes.items():
@@ -241,6 +249,25 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_generate_arguments(group: argparse._ArgumentGroup) -> None:
+    """`--generate [POSITIONS]`: a causal LM's export also writes generate.pte (greedy decoding on the device)."""
+    group.add_argument(
+        "--generate",
+        nargs="?",
+        type=int,
+        const=_MAX_LENGTH,
+        metavar="POSITIONS",
+        help="with --model: also write generate.pte, greedy decoding over a KV cache of POSITIONS tokens (the prompt "
+        "and the written ones; default --max-length) with the state's trained tensors, run by far_generate; it holds "
+        "the frozen weights again (212 MB for SmolLM2, beside 311 MB for bottom.pte and train.pte)",
+    )
+
+
+def generate_length(args: argparse.Namespace) -> int | None:
+    """The generate program's cache length `--generate` asks for (None: no generate program)."""
+    return args.max_length if args.generate is _MAX_LENGTH else args.generate
+
+
 def _stock_model(args: argparse.Namespace, manifest: dict) -> str:
     """The export's base GGUF model: --model, or the alias whose GGUF file the manifest names."""
     if args.model is not None:
@@ -269,6 +296,7 @@ def check_state_args(args: argparse.Namespace) -> tuple[dict, str]:
         )
     given = [f for f, v in (("--checkpoint", args.checkpoint), ("--learners", args.learners)) if v is not None]
     given += [f for f, v in (("--train-file", args.train_file), ("--base-out", args.base_out)) if v is not None]
+    given += ["--generate"] if args.generate is not None else []
     if given:
         raise ValueError(f"{', '.join(given)}: not used with --from-executorch OUT --state FILE; drop it")
     if args.state is None or not args.state.is_file():

@@ -19,6 +19,8 @@
     lm_programs.py  a causal LM export's programs through the Python bindings (bottom, then a step)
     lm_text.py    a user's texts as packed chunks in one file (text.safetensors), for every runtime
     lm_learners.py  `lm_to_learners`: a causal LM export's state as the lean learners file of its stock GGUF
+    lm_generate.py  generate.pte (`--generate`): greedy decoding over a KV cache the program keeps, the trained
+                  tensors read from a state (runtime/executorch's far_generate runs it)
 
 >>> far.device.export_executorch(model, tokenizer, "OUT", batch_size=32, max_length=64, optimizer="adamw", lr=1e-4)
 >>> far.device.write_examples("train.csv", tokenizer, "OUT", "OUT/train.safetensors")

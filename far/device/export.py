@@ -21,14 +21,13 @@ from torch import nn
 
 from far.device.lowering import lower_views, xnnpack_level
 from far.device.manifest import (
-    BOTTOM,
     CLASSIFICATION,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    PROGRAM_FILES,
     STATE,
     TOKENIZER,
-    TRAIN,
     sha256_file,
     tensor_spec,
     write_json_into,
@@ -137,7 +136,7 @@ def write_programs(tmp: Path, manifest: dict, programs: Mapping[str, tuple]) -> 
     """
     manifest["programs"] = {}
     for role, (lowered, delegated, inputs, outputs) in programs.items():
-        file = TRAIN if role == "train" else BOTTOM
+        file = PROGRAM_FILES[role]
         (tmp / file).write_bytes(lowered.buffer)
         manifest["programs"][role] = {
             "file": file,

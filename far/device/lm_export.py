@@ -6,6 +6,8 @@ The folder is `far.device.manifest`'s, with objective "next_token":
                       vocabulary in slices (`far.device.lm_view.LMTop`): inputs (hidden (B, T, hidden),
                       input_ids (B, T)), outputs loss, hits, then the gradients and the trainable tensors
     bottom.pte        the embedding and the frozen bottom layers, forward only: input_ids -> hidden
+    generate.pte      on request (`generate_length`): greedy decoding over a KV cache, a token a call, its trained
+                      tensors taken from the state (`far.device.lm_generate`)
     tokenizer.json    the GGUF model's tokenizer; chunks are packed, max_length tokens, no padding
     text.safetensors  with `texts`: the user's texts as packed training and held-out chunks (`far.device.lm_text`)
     manifest.json     the shapes, the layout (learners, frozen_layers), the optimizer, the base GGUF file
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +33,7 @@ from torch import Tensor
 from far.config import FARConfig
 from far.data.texts import DEFAULT_HOLDOUT, TextChunks, load_text_chunks
 from far.device.export import ExportResult, check_out_dir, micro_batch, write_folder
+from far.device.lm_generate import GENERATE_INPUTS, LMDecoder, check_cache_length, generation_program
 from far.device.lm_text import CHUNKS, write_chunks
 from far.device.lm_view import lm_views
 from far.device.lowering import lower_views
@@ -191,6 +195,7 @@ def export_causal_lm(
     bottom_xnnpack: bool = False,
     overwrite: bool = False,
     texts: TextChunks | None = None,
+    generate_length: int | None = None,
 ) -> ExportResult:
     """Write a FAR-reconfigured lean causal LM as ExecuTorch programs that train it on packed text, atomically.
 
@@ -211,6 +216,9 @@ def export_causal_lm(
         overwrite: Replace a folder that holds files already.
         texts: The user's texts as packed chunks (`load_texts`) of `max_length` tokens, written as
             text.safetensors for the runtimes to train on (`far.device.lm_text`).
+        generate_length: Also write generate.pte, greedy decoding over a KV cache of this many positions (the
+            prompt and the written tokens), its trained tensors read from the state (`far.device.lm_generate`);
+            None: none. It holds the frozen weights again (212 MB for SmolLM2, 311 MB for the other two programs).
 
     Returns:
         An `ExportResult`: the folder, the files' sizes and the stages' seconds.
@@ -225,6 +233,8 @@ def export_causal_lm(
     )
     check_out_dir(out_dir, overwrite)
     depth = plan_lm_export(model, max_length)
+    if generate_length is not None:
+        check_cache_length(generate_length)
     if texts is not None and texts.train.shape[1] != max_length:
         length = texts.train.shape[1]
         raise ValueError(f"texts are packed in chunks of {length} tokens; pack them in max_length={max_length} tokens")
@@ -239,6 +249,10 @@ def export_causal_lm(
     program, order, bottom_program, seconds = lower_views(
         top, (hidden, ids), bottom, (ids,), xnnpack="none", bottom_xnnpack=bottom_xnnpack, recompute=True
     )
+    if generate_length is not None:
+        start = time.perf_counter()
+        generate_program = generation_program(LMDecoder(model, generate_length), order)
+        seconds["generate"] = time.perf_counter() - start
     values = {n: p.detach() for n, p in top.named_parameters() if p.requires_grad}
     manifest = {
         "format": FORMAT,
@@ -270,6 +284,13 @@ def export_causal_lm(
         "train": (program, "none", [tensor_spec("hidden", hidden.shape, "float32"), ids_spec], ["loss", "hits"]),
         "bottom": (bottom_program, "all" if bottom_xnnpack else "none", [ids_spec], ["hidden"]),
     }
+    if generate_length is not None:
+        token, position = (tensor_spec(n, s, "int64") for n, s in zip(GENERATE_INPUTS, ((1, 1), (1,)), strict=True))
+        programs["generate"] = (generate_program, "none", [token, position], ["logits"])
+        manifest["generate"] = {
+            "cache_length": generate_length,
+            "trained_inputs": "after token and position, the trainable tensors in this manifest's order",
+        }
     fields = {
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,

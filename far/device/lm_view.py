@@ -73,14 +73,21 @@ def _weight(weight: CompactWeight, trainable: bool) -> CompactWeight:
     return twin
 
 
-def _view(module: nn.Module, trainable: bool) -> nn.Module:
-    """A twin of `module` whose parts torch.export can trace and differentiate (module docstring)."""
+def _view(
+    module: nn.Module,
+    trainable: bool,
+    attention: type[Attention] = EagerAttention,
+    linear: type[CompactLinear] = PlainLinear,
+) -> nn.Module:
+    """A twin of `module` whose parts torch.export can trace and differentiate (module docstring), its attention
+    an `attention` and its linear layers `linear`s.
+    """
     if isinstance(module, CompactWeight):
         return _weight(module, trainable)
-    children = {name: _view(child, trainable) for name, child in module._modules.items()}
+    children = {name: _view(child, trainable, attention, linear) for name, child in module._modules.items()}
     if isinstance(module, CompactLinear):
-        return PlainLinear(list(children["parts"]), module.node_dim)
-    kind = EagerAttention if type(module) is Attention else type(module)
+        return linear(list(children["parts"]), module.node_dim)
+    kind = attention if type(module) is Attention else type(module)
     twin = kind.__new__(kind)
     twin.__dict__ = {**module.__dict__, "_modules": children}
     twin._parameters, twin._buffers = dict(module._parameters), dict(module._buffers)
@@ -134,3 +141,14 @@ def lm_views(model: LeanCausalLM, depth: int) -> tuple[LMBottom, LMTop]:
     """The bottom (layers below `depth`, forward only) and the trained top of `model`, sharing its frozen tensors."""
     embedding = _embedding(model.embed_tokens)
     return LMBottom(model, depth, embedding).eval(), LMTop(model, depth, embedding).train()
+
+
+def decoding_twins(
+    model: LeanCausalLM, attention: type[Attention], linear: type[CompactLinear]
+) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+    """The embedding, every layer and the final norm of `model` as export twins for decoding: each trainable weight
+    its own parameter (named as in the model), the frozen tensors shared, the attention an `attention`, the linear
+    layers `linear`s.
+    """
+    layers = nn.ModuleList(_view(layer, True, attention, linear) for layer in model.layers)
+    return _embedding(model.embed_tokens), layers, _view(model.norm, True)

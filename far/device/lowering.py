@@ -148,8 +148,19 @@ def training_program(
     return edge.to_executorch(), names
 
 
-def forward_program(module: nn.Module, inputs: tuple, *, xnnpack: bool = True):
-    """The ExecuTorch program of `module`'s forward pass (no gradients), delegated to XNNPACK if asked."""
+def forward_program(
+    module: nn.Module,
+    inputs: tuple,
+    *,
+    xnnpack: bool = True,
+    planned_inputs: bool = True,
+    initialized_buffers: tuple[str, ...] = (),
+):
+    """The ExecuTorch program of `module`'s forward pass (no gradients), delegated to XNNPACK if asked. Without
+    `planned_inputs`, the runtime reads each input where the caller keeps it (no copy into planned memory).
+    Buffers the program updates in place start from their values at export where their graph names contain one of
+    `initialized_buffers` (ExecuTorch otherwise serializes only their shape: memory as the runtime finds it).
+    """
     exir = _exir()
     with torch.no_grad():
         exported = torch.export.export(module.eval(), inputs, strict=False)
@@ -157,7 +168,14 @@ def forward_program(module: nn.Module, inputs: tuple, *, xnnpack: bool = True):
         edge = exir.to_edge_transform_and_lower(exported, partitioner=[_xnnpack_partitioner()])
     else:
         edge = exir.to_edge(exported, compile_config=_edge_config(exir)).transform([_addmm_to_mm_add()])
-    return edge.to_executorch()
+    if planned_inputs and not initialized_buffers:
+        return edge.to_executorch()
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    planning = MemoryPlanningPass(alloc_graph_input=planned_inputs)
+    passes = [InitializedMutableBufferPass(list(initialized_buffers))]
+    return edge.to_executorch(exir.ExecutorchBackendConfig(passes=passes, memory_planning_pass=planning))
 
 
 def lower_views(

@@ -3,6 +3,7 @@
 OUT/manifest.json       this file's `read_manifest` format (docs/device.md has every field)
 OUT/train.pte           the training program: forward, backward, gradients and trainable tensors
 OUT/bottom.pte          the frozen bottom, forward only (present when the manifest says "bottom")
+OUT/generate.pte        a causal LM's greedy decoding step over a KV cache (present when the manifest says "generate")
 OUT/tokenizer.json      the model's tokenizer (Hugging Face tokenizers format)
 OUT/state.safetensors   the trainable tensors at step 0 (`far.device.state`)
 
@@ -32,6 +33,8 @@ MANIFEST, TRAIN, BOTTOM, TOKENIZER, STATE = (
     "tokenizer.json",
     "state.safetensors",
 )
+GENERATE = "generate.pte"  # a causal LM's decoding step, written on request (far.device.lm_generate)
+PROGRAM_FILES = {"train": TRAIN, "bottom": BOTTOM, "generate": GENERATE}
 
 
 # What an export's programs train, and where such a folder comes from (for the refusal of the wrong one).

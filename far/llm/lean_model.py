@@ -84,18 +84,26 @@ class Attention(nn.Module):
         if config.is_gemma:
             self.q_norm, self.k_norm = norm("q_norm"), norm("k_norm")
 
-    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, heads, T, head_dim), keys and values (B, kv_heads, T, head_dim) of `x` (B, T, hidden) at
+        `positions` (T,), rotated.
+        """
         c = self.config
         b, t, _ = x.shape
-        start = 0 if cache is None else cache.seen(self.layer)  # x's first position
         q = self.q_proj(x).view(b, t, c.num_heads, c.head_dim)
         k = self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
         v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         if c.is_gemma:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, heads, T, head_dim)
-        cos, sin = rotary(torch.arange(start, start + t), c.head_dim, self.theta)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        cos, sin = rotary(positions, c.head_dim, self.theta)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        c = self.config
+        b, t, _ = x.shape
+        start = 0 if cache is None else cache.seen(self.layer)  # x's first position
+        q, k, v = self.project(x, torch.arange(start, start + t))
         if cache is not None:
             k, v = cache.extend(self.layer, k, v)  # (B, kv_heads, start + t, head_dim)
         # Rows are padded on the right, so under a causal mask a real token never sees padding.
@@ -173,6 +181,15 @@ class _Builder:
         # Norm weights stay fp32: a few thousand values, and MeZO may train them.
         weight = CompactWeight(self.tensors(f"{name}.weight"), torch.float32, False, self.perturbation)
         return RMSNorm(weight, self.config.rms_eps, self.config.is_gemma)
+
+
+def tied_logits(last: Tensor, embedding: nn.Module, vocab_size: int) -> Tensor:
+    """Logits over the vocabulary (B, vocab) of final-norm outputs `last` (B, hidden), by the tied embedding."""
+    # The tied head dequantised a slice at a time: whole, it would be an fp32 copy of the embedding
+    # (113 MB for SmolLM2, 671 MB for Gemma-3-270M); in slices it is also faster (cache-sized).
+    slices = range(0, vocab_size, VOCAB_SLICE)
+    rows = (embedding.rows(torch.arange(s, min(s + VOCAB_SLICE, vocab_size))) for s in slices)
+    return torch.cat([last @ r.t() for r in rows], dim=1)
 
 
 class LeanCausalLM(nn.Module):
@@ -341,12 +358,7 @@ class LeanCausalLM(nn.Module):
         h = self.embed(input_ids)
         for layer in self.layers:
             h = layer(h, cache)
-        last = self.norm(h[:, -1])  # (B, hidden)
-        # The tied head dequantised a slice at a time: whole, it would be an fp32 copy of the embedding
-        # (113 MB for SmolLM2, 671 MB for Gemma-3-270M); in slices it is also faster (cache-sized).
-        slices = range(0, self.config.vocab_size, VOCAB_SLICE)
-        rows = (self.embed_tokens.rows(torch.arange(s, min(s + VOCAB_SLICE, self.config.vocab_size))) for s in slices)
-        return torch.cat([last @ r.t() for r in rows], dim=1)
+        return tied_logits(self.norm(h[:, -1]), self.embed_tokens, self.config.vocab_size)
 
     def logits(self, input_ids: Tensor) -> Tensor:
         """Full (B, T, vocab) logits, for tests and checks only (the vocabulary is large)."""

@@ -103,6 +103,8 @@ void read_programs(const Reader& root, Manifest& m) {
       }
     } else if (key == "bottom") {
       m.bottom = file;
+    } else if (key == "generate") {
+      m.generate = file;
     }
   }
   if (m.train.file.empty()) throw root.fail("\"programs\" has no \"train\" program");
@@ -172,7 +174,15 @@ Manifest parse_manifest(const std::string& text, const std::string& dir) {
   m.batch_size = root.integer("micro_batch_size", true);
   m.accumulate = root.integer("accumulate", true);
   m.max_length = root.integer("max_length", true);
-  if (const Json* tok = root.find("tokenizer")) m.pad_token_id = Reader(*tok, "\"tokenizer\".", path).integer("pad_token_id", false, 0);
+  if (const Json* tok = root.find("tokenizer")) {
+    const Reader t(*tok, "\"tokenizer\".", path);
+    m.pad_token_id = t.integer("pad_token_id", false, 0);
+    m.eos_token_id = t.integer("eos_token_id", false, -1);
+  }
+  if (const Json* generate = root.find("generate")) {
+    m.cache_length = Reader(*generate, "\"generate\".", path).integer("cache_length", true);
+    if (m.cache_length <= 0 || m.cache_length > (1 << 16)) throw root.fail("\"generate\".cache_length must be 1 to 65536");
+  }
   if (m.batch_size <= 0 || m.accumulate <= 0 || m.max_length <= 0)
     throw root.fail("micro_batch_size, accumulate and max_length must be positive");
   // Compared as a quotient: micro_batch_size x accumulate may not fit in 64 bits.

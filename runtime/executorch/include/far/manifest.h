@@ -59,6 +59,10 @@ struct Manifest {
   std::vector<std::string> labels;  // the class names in id order; empty: not recorded
   bool next_token = false;          // "objective": "next_token": a causal LM trained on chunks of text
   int64_t vocab_size = 0, hidden_size = 0;  // recorded for next_token
+  // A causal LM's greedy decoding step (far export --generate): "programs": {"generate": {...}} and
+  // "generate": {"cache_length": 256}; "tokenizer": {"eos_token_id": 2}. Empty, 0 and -1 without them.
+  ProgramFile generate;
+  int64_t cache_length = 0, eos_token_id = -1;
 
   std::string path(const ProgramFile& p) const { return dir + "/" + p.file; }
   bool has_bottom() const { return !bottom.file.empty(); }
