@@ -3,7 +3,8 @@
 Training: `torch.export.export(strict=False)`, `_export_forward_backward` (the joint graph: loss,
 gradients, trainable tensors as outputs), `to_edge` without the IR validity check (the joint graph holds
 ops outside the edge dialect), `addmm` rewritten as `mm` + `add` (the wheel has an optimized `mm` but only
-the portable `addmm`, about 4x slower on a BERT step), optionally XNNPACK, `to_executorch`.
+the portable `addmm`, about 4x slower on a BERT step), and `mm` of a transposed weight as `linear` (ExecuTorch's
+transposes are copies), optionally XNNPACK, `to_executorch`.
 
 XNNPACK on the joint graph works only op by op (`per_op_mode`: a whole partition fails on outputs that
 pass inputs through), with linear weights as runtime inputs (`force_non_static_weights_for_f32_linear`)
@@ -85,6 +86,38 @@ def _addmm_to_mm_add():
     return AddmmToMmAdd()
 
 
+def _linear_products(graph_module):
+    """An edge pass: mm(a, permute_copy(w, [1, 0])) -> linear(a, w). ExecuTorch's permute_copy writes the
+    transposed weight out before each product (a fifth of a causal LM's step, measured in
+    experiments/device_train.py's lm-step part), where its optimized `linear` reads `w` as it lies.
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import PassResult
+
+    mm, permute, linear = (
+        exir_ops.edge.aten.mm.default,
+        exir_ops.edge.aten.permute_copy.default,
+        exir_ops.edge.aten.linear.default,
+    )
+    graph, changed = graph_module.graph, False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != mm:
+            continue
+        a, b = node.args
+        if getattr(b, "target", None) != permute or list(b.args[1]) != [1, 0]:
+            continue
+        with graph.inserting_before(node):
+            product = graph.call_function(linear, (a, b.args[0]))
+        product.meta = dict(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        if not b.users:
+            graph.erase_node(b)
+        changed = True
+    graph_module.recompile()
+    return PassResult(graph_module, changed)
+
+
 def _dense_empties(program) -> None:
     """Rewrite, in place, an identity-order `empty_permuted` (SiLU's backward makes one) as `empty`: the same
     tensor, and an operator the runtime's kernels have.
@@ -144,7 +177,7 @@ def training_program(
         edge = exir.to_edge_transform_and_lower(joint, partitioner=[partitioner], compile_config=_edge_config(exir))
     else:
         edge = exir.to_edge(joint, compile_config=_edge_config(exir))
-    edge = edge.transform([_addmm_to_mm_add()])
+    edge = edge.transform([_addmm_to_mm_add(), _linear_products])
     return edge.to_executorch(), names
 
 
