@@ -8,6 +8,7 @@
     python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level: export, step
     python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
     python experiments/device_train.py --part lm-memory --export-dir OUT   # far_train on a causal LM's export
+    python experiments/device_train.py --part lm-step --export-dir OUT --rounds 2 --steps 3   # vs the lean step
     python experiments/device_train.py --part lm-plan --layers 4   # what train.pte's memory plan holds, by kind
 
 The configuration: all-MiniLM-L6-v2 (the embedded package), FAR r=0.2 with the embeddings
@@ -46,6 +47,14 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   the least as the manifest counts it (the training program's planned memory, the optimizer's two moments,
   the micro-batches' gradient sum, the training program's file less the trained tensors' initial values,
   which are read once). `--label` names the result file (lm_memory_LABEL.json).
+- lm-step: on an export folder with its texts, far_train (`--runner`) and the lean runtime's AdamW step
+  (far.llm.text_steps.TextSteps, a child process with OMP_NUM_THREADS=1, on the stock GGUF model laid out as the
+  export says: far.device.lm_to_learners of its state, then reconfigure_from_learners) on the same first
+  `batch_size * --steps` training chunks, the same batches (far.device's order) and micro-batches, the frozen
+  bottom's output of every chunk computed before the first step by both; alternating, `--rounds` each; a
+  micro-batch's wall and CPU seconds (far_train's `cpu_s`, the lean child's thread time), medians of the steps
+  after each run's first, their ratio, and the first step's loss on both. `--label` names the result file
+  (lm_step_LABEL.json).
 - lm-plan: SmolLM2-135M cut to its first `--layers` layers (the bottom two thirds frozen, as the export lays
   it out), its training program lowered at one chunk of 256 tokens with and without recomputation in backward
   (far.device.recompute): the planned bytes and, at the instruction where most memory is live, the live
@@ -789,8 +798,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
     parser.add_argument("--export-dir", type=Path, help="lm-memory: a causal LM's export folder with its texts")
-    parser.add_argument("--runner", type=Path, default=RUNNER, help="lm-memory: the far_train binary")
-    parser.add_argument("--label", default="smollm2-135m", help="lm-memory: the result file's label")
+    parser.add_argument("--runner", type=Path, default=RUNNER, help="lm-memory, lm-step: the far_train binary")
+    parser.add_argument("--label", default="smollm2-135m", help="lm-memory, lm-step: the result file's label")
     parser.add_argument("--layers", type=int, default=4, help="lm-plan: SmolLM2's first N layers")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
