@@ -76,7 +76,8 @@ from tables_steps import (
 # device_train.py's lm-step result files, by what their train.pte lowered its matrix products to.
 LM_STEP = {
     "lm_step_smollm2-135m-transposes": "`mm` of each weight transposed first (`permute_copy`)",
-    "lm_step_smollm2-135m": "`linear` on each weight as it lies (`far export`'s programs)",
+    "lm_step_smollm2-135m-linear": "`linear` on each weight as it lies",
+    "lm_step_smollm2-135m": "and transposes of transposes dropped (`far export`'s programs)",
 }
 
 
