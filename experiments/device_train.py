@@ -8,6 +8,7 @@
     python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level: export, step
     python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
     python experiments/device_train.py --part lm-memory --export-dir OUT   # far_train on a causal LM's export
+    python experiments/device_train.py --part lm-step --export-dir OUT --rounds 2 --steps 3   # vs the lean step
     python experiments/device_train.py --part lm-plan --layers 4   # what train.pte's memory plan holds, by kind
     python experiments/device_train.py --part lm-generate   # far_generate against far generate, SmolLM2
 
@@ -47,6 +48,14 @@ experiments/results/device_train/<part>[_<task>].json with the machine's lscpu f
   the least as the manifest counts it (the training program's planned memory, the optimizer's two moments,
   the micro-batches' gradient sum, the training program's file less the trained tensors' initial values,
   which are read once). `--label` names the result file (lm_memory_LABEL.json).
+- lm-step: on an export folder with its texts, far_train (`--runner`) and the lean runtime's AdamW step
+  (far.llm.text_steps.TextSteps, a child process with OMP_NUM_THREADS=1, on the stock GGUF model laid out as the
+  export says: far.device.lm_to_learners of its state, then reconfigure_from_learners) on the same first
+  `batch_size * --steps` training chunks, the same batches (far.device's order) and micro-batches, the frozen
+  bottom's output of every chunk computed before the first step by both; alternating, `--rounds` each; a
+  micro-batch's wall and CPU seconds (far_train's `cpu_s`, the lean child's thread time), medians of the steps
+  after each run's first, their ratio, and the first step's loss on both. `--label` names the result file
+  (lm_step_LABEL.json).
 - lm-plan: SmolLM2-135M cut to its first `--layers` layers (the bottom two thirds frozen, as the export lays
   it out), its training program lowered at one chunk of 256 tokens with and without recomputation in backward
   (far.device.recompute): the planned bytes and, at the instruction where most memory is live, the live
@@ -570,6 +579,127 @@ def part_lm_generate(work: Path, model: str, prompt: str, new_tokens: int) -> No
     )
 
 
+def lean_step_child(out: Path, chunks: Path, steps: int) -> None:
+    """Child process: the lean runtime's AdamW steps on an export's trained set and batches; one JSON line.
+
+    The stock GGUF model laid out as the export says, with its state's values (`lm_to_learners`, then
+    `reconfigure_from_learners`: the export's learners, frozen depth and trained tensors, in fp32); the frozen
+    bottom's output of every chunk computed before the first step (the runner reads it from its cache); then
+    far train's step (`far.llm.text_steps.TextSteps`: forward from the bottom's output, backward, AdamW) on
+    the runner's batches (far.device's order), in the export's micro-batches.
+    """
+    import tempfile
+
+    import torch
+
+    from far.device.lm_export import reconfigure_from_learners
+    from far.device.lm_learners import lm_to_learners
+    from far.device.lm_text import read_chunks
+    from far.device.manifest import NEXT_TOKEN, read_manifest
+    from far.device.order import batch_indices
+    from far.llm.prefix import PrefixCache
+    from far.llm.text_steps import TextSteps
+    from far.models import MODEL_ALIASES, load_lean_lm
+
+    torch.set_num_threads(1)
+    manifest = read_manifest(out, objective=NEXT_TOKEN)
+    alias = next(a for a, known in MODEL_ALIASES.items() if known.gguf_file == manifest["base"]["gguf"])
+    with tempfile.TemporaryDirectory() as tmp:
+        learners = lm_to_learners(out, out / "state.safetensors", load_lean_lm(alias)[0], Path(tmp) / "l.safetensors")
+        model, _ = load_lean_lm(alias)
+        depth = reconfigure_from_learners(model, learners)
+    train, _, _ = read_chunks(chunks, manifest)
+    cache = PrefixCache(model)
+    for row in train.split(1):  # every chunk's bottom output first, as the runner's cache holds them
+        cache.hidden(row, torch.ones_like(row))
+    opt = manifest["optimizer"]
+    step = TextSteps(model, "adamw", opt["lr"], cache, weight_decay=opt["weight_decay"])
+    batch, micro = manifest["batch_size"], manifest["micro_batch_size"]
+    times, cpu, losses = [], [], []
+    for s in range(steps):
+        ids = train[torch.from_numpy(batch_indices(0, 0, s, len(train), batch))]
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        losses.append(step([ids[i : i + micro] for i in range(0, batch, micro)]))
+        times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+    print(
+        json.dumps(
+            {
+                "depth": depth,
+                "trained_values": sum(w.stored.numel() for w in model.trainable_weights()),
+                "time_s": times,
+                "cpu_s": cpu,
+                "losses": losses,
+            }
+        )
+    )
+
+
+def part_lm_step(work: Path, out: Path, runner: Path, rounds: int, steps: int, label: str) -> None:
+    from far.data.texts import TextChunks
+    from far.device.lm_text import CHUNKS, read_chunks, write_chunks
+    from far.device.manifest import NEXT_TOKEN, read_manifest
+
+    manifest = read_manifest(out, objective=NEXT_TOKEN)
+    batch, accumulate = manifest["batch_size"], manifest["accumulate"]
+    train, held_out, _ = read_chunks(out / CHUNKS, manifest)
+    if len(train) < batch * steps:
+        raise SystemExit(f"{out / CHUNKS} holds {len(train)} training chunks; --steps {steps} needs {batch * steps}")
+    chunks = work / "step-chunks.safetensors"
+    write_chunks(TextChunks(train[: batch * steps], held_out[:1]), chunks, manifest)
+    state = work / "step-state.safetensors"
+    cmd = ["/usr/bin/time", "-v", str(runner), str(out), "--examples", str(chunks), "--state", str(state)]
+    cmd += ["--epochs", "1", "--threads", "1"]
+    lean_cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--lean-child", str(out), "--chunks", str(chunks)]
+    lean_cmd += ["--steps", str(steps)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    runs: dict[str, list] = {"runner": [], "lean": []}
+    for _ in range(rounds):  # alternating, so that both see the same machine
+        shutil.copy(out / "state.safetensors", state)  # the bottom cache beside it is reused: not timed either way
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(done.stdout + done.stderr[-3000:])
+        lines = [dict(w.split("=") for w in ln.split()) for ln in done.stdout.splitlines() if ln.startswith("step=")]
+        runs["runner"].append(
+            {
+                "time_s": [float(s["time_s"]) for s in lines],
+                "cpu_s": [float(s["cpu_s"]) for s in lines],
+                "losses": [float(s["loss"]) for s in lines],
+                "peak_rss_mib": peak_rss_mib(done.stderr),
+            }
+        )
+        done = subprocess.run(lean_cmd, capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise SystemExit(done.stdout + done.stderr[-3000:])
+        lean = json.loads(done.stdout.strip().splitlines()[-1])
+        runs["lean"].append({**lean, "peak_rss_mib": peak_rss_mib(done.stderr)})
+        print(json.dumps({k: v[-1] for k, v in runs.items()}), flush=True)
+
+    def per_micro_batch(side: str, key: str) -> float:  # the steps after each run's first, over the rounds
+        return round(statistics.median(t for r in runs[side] for t in r[key][1:]) / accumulate, 3)
+
+    first = {side: runs[side][0]["losses"][0] for side in runs}
+    rows = {side: {"wall_s": per_micro_batch(side, "time_s"), "cpu_s": per_micro_batch(side, "cpu_s")} for side in runs}
+    write_result(
+        f"lm_step_{label}",
+        {
+            "runner": " ".join(cmd[2:]),
+            "lean": " ".join(lean_cmd[2:]),
+            "export": str(out),
+            "shape": {k: manifest[k] for k in ("batch_size", "micro_batch_size", "accumulate", "max_length")},
+            "layers": {"frozen": manifest["frozen_layers"], "all": manifest["num_layers"]},
+            "trained_values": runs["lean"][0]["trained_values"],
+            "rounds": rounds,
+            "steps": steps,
+            "per_micro_batch": rows,
+            "runner_over_lean": {k: round(rows["runner"][k] / rows["lean"][k], 2) for k in ("wall_s", "cpu_s")},
+            "first_loss": first,
+            "first_loss_difference": abs(first["runner"] - first["lean"]),
+            "runs": runs,
+        },
+    )
+
+
 def live_at_peak(program) -> dict:
     """Planned bytes, and the tensors live where the most are, by the operator that wrote them."""
     specs = {}
@@ -749,14 +879,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--part",
-        choices=("step", "memory", "metric", "lm-export", "lm-memory", "lm-plan", "lm-generate", "lowering", "bound"),
+        choices=(
+            "step",
+            "memory",
+            "metric",
+            "lm-export",
+            "lm-memory",
+            "lm-step",
+            "lm-plan",
+            "lm-generate",
+            "lowering",
+            "bound",
+        ),
     )
     parser.add_argument("--prompt", default="The best thing about mornings is", help="lm-generate: the prompt")
     parser.add_argument("--model", default="smollm2-135m", help="lm-export: the GGUF causal LM")
     parser.add_argument("--work", type=Path, default=Path("/tmp/far_device_train"))
     parser.add_argument("--export-dir", type=Path, help="lm-memory: a causal LM's export folder with its texts")
-    parser.add_argument("--runner", type=Path, default=RUNNER, help="lm-memory: the far_train binary")
-    parser.add_argument("--label", default="smollm2-135m", help="lm-memory: the result file's label")
+    parser.add_argument("--runner", type=Path, default=RUNNER, help="lm-memory, lm-step: the far_train binary")
+    parser.add_argument("--label", default="smollm2-135m", help="lm-memory, lm-step: the result file's label")
     parser.add_argument("--layers", type=int, default=4, help="lm-plan: SmolLM2's first N layers")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
@@ -777,10 +918,15 @@ def main() -> None:
         help="metric: the device stage alone, from the host run that this --work and the result file hold",
     )
     parser.add_argument("--eager-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--lean-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--chunks", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.eager_child:
         eager_child(args.eager_child, args.batch)
+        return
+    if args.lean_child:
+        lean_step_child(args.lean_child, args.chunks, args.steps)
         return
     if args.export_child:
         export_child(args.export_child, args.xnnpack)
@@ -800,6 +946,12 @@ def main() -> None:
             parser.error("--part lm-memory needs --export-dir OUT (far export --executorch OUT --train-file DIR)")
         args.work.mkdir(parents=True, exist_ok=True)
         part_lm_memory(args.work, args.export_dir, args.runner, args.label)
+        return
+    if args.part == "lm-step":
+        if args.export_dir is None:
+            parser.error("--part lm-step needs --export-dir OUT (far export --executorch OUT --train-file DIR)")
+        args.work.mkdir(parents=True, exist_ok=True)
+        part_lm_step(args.work, args.export_dir, args.runner, args.rounds, args.steps, args.label)
         return
     if args.part == "lm-plan":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

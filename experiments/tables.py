@@ -18,11 +18,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from table_sources import ROOT, copied
+from table_sources import ROOT, copied, load, source, table
 from tables_llm import (
     clock_curve,
     device_bound,
     device_lowering,
+    device_machine,
     device_memory,
     device_metric,
     device_step,
@@ -72,6 +73,31 @@ from tables_steps import (
     roofline_rates,
 )
 
+# device_train.py's lm-step result files, by what their train.pte lowered its matrix products to.
+LM_STEP = {
+    "lm_step_smollm2-135m-transposes": "`mm` of each weight transposed first (`permute_copy`)",
+    "lm_step_smollm2-135m-linear": "`linear` on each weight as it lies",
+    "lm_step_smollm2-135m": "and transposes of transposes dropped (`far export`'s programs)",
+}
+
+
+def device_lm_step() -> str:
+    rows, records = [], {}
+    for name, programs in LM_STEP.items():
+        record = records[name] = load(f"device_train/{name}.json")
+        runner, lean = record["per_micro_batch"]["runner"], record["per_micro_batch"]["lean"]
+        ratio = record["runner_over_lean"]
+        rows.append([programs, f"{runner['cpu_s']:.2f} ({runner['wall_s']:.2f})",
+                     f"{lean['cpu_s']:.2f} ({lean['wall_s']:.2f})", f"**{ratio['cpu_s']:.2f}** ({ratio['wall_s']:.2f})",
+                     f"{record['first_loss']['runner']:.6f} / {record['first_loss']['lean']:.6f}"])  # fmt: skip
+    header = ["train.pte's products", "far_train: CPU s (wall s) a micro-batch", "lean runtime: CPU s (wall s)",
+              "far_train / lean: CPU (wall)", "first step's loss, far_train / lean"]  # fmt: skip
+    last = records[next(reversed(LM_STEP))]
+    files = [f"device_train/{name}.json" for name in LM_STEP]
+    commands = [f"python {records[name]['command']}" for name in LM_STEP]
+    return table(header, rows) + "\n" + source(files, device_machine(last), commands)
+
+
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 MARKED = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
@@ -88,6 +114,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "device-bound": device_bound,
     "device-metric": device_metric,
     "device-lowering": device_lowering,
+    "device-lm-step": device_lm_step,
     "lora-sources": lora_sources,
     "far-or-lora": far_or_lora,
     "fewshot": fewshot,

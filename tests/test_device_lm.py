@@ -266,6 +266,17 @@ def test_the_loss_in_graph_is_the_sliced_loss_with_its_gradient(monkeypatch):
     assert int(hits) == int((hidden @ embedding.weight.t()).argmax(1).eq(targets).sum())
 
 
+def weight_transposes(program) -> int:
+    """The matrix products in a lowered program whose second operand is a transpose written out first, and the
+    transposes of a transpose (ExecuTorch's transposes are copies)."""
+    nodes = program.exported_program().graph_module.graph.nodes
+    calls = [n for n in nodes if n.op == "call_function"]
+    products = [n for n in calls if str(n.target).endswith("aten.mm.out")]
+    transposes = [n for n in calls if str(n.target).endswith("permute_copy.out")]
+    read = lambda n, i: str(getattr(n.args[i], "target", "")).endswith("permute_copy.out")  # noqa: E731
+    return sum(read(n, 1) for n in products) + sum(read(n, 0) for n in transposes)
+
+
 @pytest.mark.slow
 def test_recomputing_in_backward_plans_less_and_gives_the_same_outputs_bit_for_bit(monkeypatch):
     pytest.importorskip("executorch")
@@ -283,6 +294,7 @@ def test_recomputing_in_backward_plans_less_and_gives_the_same_outputs_bit_for_b
     for recompute in (False, True):
         program, _ = training_program(top, (hidden, ids), recompute=recompute)
         planned[recompute] = sum(program.executorch_program.execution_plan[0].non_const_buffer_sizes)
+        assert weight_transposes(program) == 0  # products read their weights as they lie (`linear`)
         module = portable_lib._load_for_executorch_from_buffer(program.buffer)
         outputs[recompute] = [t.clone() for t in module.run_method("forward", [hidden, ids])]
     # the tiny model's one trained layer: its activations and its weights' fp32 reads are no longer planned

@@ -140,7 +140,7 @@ def train(runner: Path, exported: Exported, state: Path, *extra: str) -> subproc
 
 
 def losses(stdout: str) -> list[float]:
-    """The losses far_train printed, one per step (`step=3 epoch=0 loss=1.039350 time_s=0.000`)."""
+    """The losses far_train printed, one per step (`step=3 epoch=0 loss=1.039350 time_s=0.000 cpu_s=0.000`)."""
     fields = (dict(w.split("=") for w in line.split()) for line in stdout.splitlines() if line.startswith("step="))
     return [float(f["loss"]) for f in fields]
 

@@ -3,7 +3,8 @@
 Training: `torch.export.export(strict=False)`, `_export_forward_backward` (the joint graph: loss,
 gradients, trainable tensors as outputs), `to_edge` without the IR validity check (the joint graph holds
 ops outside the edge dialect), `addmm` rewritten as `mm` + `add` (the wheel has an optimized `mm` but only
-the portable `addmm`, about 4x slower on a BERT step), optionally XNNPACK, `to_executorch`.
+the portable `addmm`, about 4x slower on a BERT step), `mm` of a transposed weight as `linear` and a transpose
+of a transpose as the tensor itself (ExecuTorch's transposes are copies), optionally XNNPACK, `to_executorch`.
 
 XNNPACK on the joint graph works only op by op (`per_op_mode`: a whole partition fails on outputs that
 pass inputs through), with linear weights as runtime inputs (`force_non_static_weights_for_f32_linear`)
@@ -85,6 +86,55 @@ def _addmm_to_mm_add():
     return AddmmToMmAdd()
 
 
+def _fewer_transposes(graph_module):
+    """An edge pass: mm(a, permute_copy(w, [1, 0])) -> linear(a, w), and a transpose of a transpose -> the
+    tensor itself. ExecuTorch's permute_copy writes each transposed weight out before its product (a fifth of a
+    causal LM's step, measured by experiments/device_train.py's lm-step part), and backward transposes the
+    forward's transposed weight back; its optimized `linear` reads `w` as it lies.
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import PassResult
+
+    mm, permute, linear = (
+        exir_ops.edge.aten.mm.default,
+        exir_ops.edge.aten.permute_copy.default,
+        exir_ops.edge.aten.linear.default,
+    )
+
+    def transpose_of(node):
+        """What `node` transposes (a permute_copy of [1, 0]), else None."""
+        if getattr(node, "op", None) == "call_function" and node.target == permute and list(node.args[1]) == [1, 0]:
+            return node.args[0]
+        return None
+
+    graph, changed = graph_module.graph, False
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target == mm and transpose_of(node.args[1]) is not None:
+            a, b = node.args
+            with graph.inserting_before(node):
+                product = graph.call_function(linear, (a, transpose_of(b)))
+            product.meta = dict(node.meta)
+            node.replace_all_uses_with(product)
+            graph.erase_node(node)
+        elif transpose_of(node) is not None and transpose_of(transpose_of(node)) is not None:
+            inner = transpose_of(transpose_of(node))
+            returned = lambda n: any(user.op == "output" for user in n.users)  # noqa: E731
+            if returned(node) and (inner.op != "call_function" or returned(inner)):
+                continue  # an output that would alias an input or another output: kept as its own tensor
+            node.replace_all_uses_with(inner)
+            graph.erase_node(node)
+        else:
+            continue
+        changed = True
+    for node in reversed(list(graph.nodes)):  # the transposes nothing reads any more
+        if transpose_of(node) is not None and not node.users:
+            graph.erase_node(node)
+    graph_module.recompile()
+    return PassResult(graph_module, changed)
+
+
 def _dense_empties(program) -> None:
     """Rewrite, in place, an identity-order `empty_permuted` (SiLU's backward makes one) as `empty`: the same
     tensor, and an operator the runtime's kernels have.
@@ -144,7 +194,7 @@ def training_program(
         edge = exir.to_edge_transform_and_lower(joint, partitioner=[partitioner], compile_config=_edge_config(exir))
     else:
         edge = exir.to_edge(joint, compile_config=_edge_config(exir))
-    edge = edge.transform([_addmm_to_mm_add()])
+    edge = edge.transform([_addmm_to_mm_add(), _fewer_transposes])
     return edge.to_executorch(), names
 
 

@@ -1,6 +1,7 @@
 #include "far/trainer.h"
 
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -244,12 +245,22 @@ void Trainer::print_plan() const {
 
 // ---- training ----
 
+namespace {
+// The process's CPU seconds (every thread's): a step's share of a shared machine, which its wall time is not.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+}  // namespace
+
 void Trainer::train() {
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   if (chunks_) report_held_out("before");
   while (step_ < total_) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = process_cpu_seconds();
     const int64_t epoch = step_ / per_epoch_;
     if (epoch != order_epoch) {
       order = epoch_order(seed_, epoch, n_examples());
@@ -258,7 +269,9 @@ void Trainer::train() {
     const float loss = step_once(order);
     ++step_;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("step=%lld epoch=%lld loss=%.6f time_s=%.3f\n", (long long)step_, (long long)epoch, loss, secs);
+    const double cpu = process_cpu_seconds() - cpu0;
+    std::printf("step=%lld epoch=%lld loss=%.6f time_s=%.3f cpu_s=%.3f\n", (long long)step_, (long long)epoch, loss,
+                secs, cpu);
     if (args_.checkpoint_every > 0 && step_ % args_.checkpoint_every == 0 && step_ < total_) {
       checkpoint();
       std::printf("checkpoint step=%lld %s\n", (long long)step_, args_.state_out.c_str());
