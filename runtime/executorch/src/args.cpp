@@ -21,17 +21,13 @@ const char* const kUsage =
     "  --bottom-cache FILE  a causal LM's frozen bottom output per chunk, computed once and reused\n"
     "                      (default: STATE_OUT.bottom)\n";
 
-namespace {
-
-int64_t parse_int(const std::string& flag, const char* text, int64_t lo) {
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t lo) {
   char* end = nullptr;
-  const long long v = std::strtoll(text, &end, 10);
-  if (!*text || *end || v < lo)
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end || v < lo)
     throw Refusal(flag + " takes an integer >= " + std::to_string(lo) + ", not '" + text + "'");
   return v;
 }
-
-}  // namespace
 
 Args parse_args(int argc, const char* const* argv) {
   Args a;

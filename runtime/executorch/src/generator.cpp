@@ -24,18 +24,6 @@ const char* const kGenerateUsage =
     "  --threads T         ExecuTorch threadpool size (default: its own choice)\n"
     "Prints the written ids (ids=...), then text: and their text; timings go to stderr.\n";
 
-namespace {
-
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t lo) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end || v < lo)
-    throw Refusal(flag + " takes an integer >= " + std::to_string(lo) + ", not '" + text + "'");
-  return v;
-}
-
-}  // namespace
-
 GenerateArgs parse_generate_args(int argc, const char* const* argv) {
   GenerateArgs a;
   for (int i = 1; i < argc; ++i) {

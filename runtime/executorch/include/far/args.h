@@ -21,6 +21,9 @@ struct Args {
   uint64_t seed = 0;
 };
 
+// `text` as an integer >= `lo`; throws Refusal naming `flag` otherwise (the runner's and far_generate's flags).
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t lo);
+
 // Parse argv; throws Refusal naming the bad flag. `help` is set for -h/--help (the other fields may be empty).
 Args parse_args(int argc, const char* const* argv);
 
