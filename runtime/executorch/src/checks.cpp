@@ -4,16 +4,9 @@
 #include <unistd.h>
 
 #include "far/json.h"
-#include "far/sha256.h"
 #include "far/trainer.h"
 
 namespace far {
-
-namespace {
-
-bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
-
-}  // namespace
 
 Role role_of(const std::string& name) {
   if (name == "hidden" || name == "hidden_states") return Role::Hidden;
@@ -37,11 +30,7 @@ std::vector<Role> infer_roles(size_t n_inputs, bool has_bottom) {
 // The programs are the ones the manifest names, and STATE_OUT can be written.
 void Trainer::check_programs() const {
   for (const ProgramFile* p : {&manifest_.train, &manifest_.bottom}) {
-    if (p->file.empty()) continue;
-    if (!exists(manifest_.path(*p))) throw Refusal(args_.out_dir + " lacks its program " + p->file);
-    if (file_sha256(manifest_.path(*p)) != p->sha256)
-      throw Refusal(manifest_.path(*p) + " is not the program manifest.json records (its sha256 differs: changed or "
-                    "damaged since the export); export the folder again");
+    if (!p->file.empty()) manifest_.check_program(*p);
   }
   const std::string& out = args_.state_out;
   const std::string folder = out.find('/') == std::string::npos ? "." : out.substr(0, out.rfind('/') + 1);

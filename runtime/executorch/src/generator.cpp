@@ -1,12 +1,9 @@
 #include "far/generator.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 
 #include "far/args.h"
-#include "far/sha256.h"
 
 namespace far {
 
@@ -61,11 +58,7 @@ Generator::Generator(const GenerateArgs& args) : args_(args), manifest_(read_man
   if (!manifest_.next_token) throw Refusal(args_.out_dir + " is not a causal LM's export; " + how);
   if (manifest_.generate.file.empty() || manifest_.cache_length <= 0)
     throw Refusal(args_.out_dir + " has no generate program (generate.pte); " + how);
-  const std::string path = manifest_.path(manifest_.generate);
-  if (::access(path.c_str(), R_OK) != 0) throw Refusal(args_.out_dir + " lacks its program " + manifest_.generate.file);
-  if (file_sha256(path) != manifest_.generate.sha256)
-    throw Refusal(path + " is not the program manifest.json records (its sha256 differs: changed or damaged since "
-                  "the export); export the folder again");
+  manifest_.check_program(manifest_.generate);
   state_ = read_state(args_.state, manifest_);  // another export's or base model's state is refused here
   for (int64_t id : args_.prompt_ids)
     if (id >= manifest_.vocab_size)
@@ -79,7 +72,7 @@ Generator::Generator(const GenerateArgs& args) : args_(args), manifest_(read_man
                   ": shorten them, or export with a longer cache (far export --generate N)");
   tokenizer_ = std::make_unique<Tokenizer>(read_tokenizer(args_.out_dir + "/tokenizer.json"));
   if (args_.threads > 0) set_threads(static_cast<uint32_t>(args_.threads));
-  program_ = std::make_unique<Program>(path);
+  program_ = std::make_unique<Program>(manifest_.path(manifest_.generate));
   fwd_ = &program_->load_forward();
   bind_trained();
 }

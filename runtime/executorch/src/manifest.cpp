@@ -1,9 +1,13 @@
 #include "far/manifest.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <stdexcept>
 
+#include "far/args.h"
 #include "far/json.h"
+#include "far/sha256.h"
 
 namespace far {
 
@@ -219,6 +223,13 @@ Manifest parse_manifest(const std::string& text, const std::string& dir) {
   read_programs(root, m);
   read_optimizer(root, m);
   return m;
+}
+
+void Manifest::check_program(const ProgramFile& p) const {
+  if (::access(path(p).c_str(), F_OK) != 0) throw Refusal(dir + " lacks its program " + p.file);
+  if (file_sha256(path(p)) != p.sha256)
+    throw Refusal(path(p) + " is not the program manifest.json records (its sha256 differs: changed or damaged "
+                  "since the export); export the folder again");
 }
 
 Manifest read_manifest(const std::string& dir) {

@@ -65,6 +65,8 @@ struct Manifest {
   int64_t cache_length = 0, eos_token_id = -1;
 
   std::string path(const ProgramFile& p) const { return dir + "/" + p.file; }
+  // Refusal unless `p` is in the folder with the sha256 this manifest records (not changed or damaged since).
+  void check_program(const ProgramFile& p) const;
   bool has_bottom() const { return !bottom.file.empty(); }
 };
 
