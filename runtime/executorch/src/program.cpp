@@ -1,5 +1,7 @@
 #include "far/program.h"
 
+#include "far/kernels.h"
+
 #include <cstdio>
 #include <stdexcept>
 
@@ -73,7 +75,7 @@ et::Method& Program::load_forward() {
   }
   planned_alloc_ = std::make_unique<et::HierarchicalAllocator>(et::Span<et::Span<uint8_t>>(spans_.data(), spans_.size()));
   memory_ = std::make_unique<et::MemoryManager>(&method_alloc_, planned_alloc_.get(), &temp_alloc_);
-  auto m = program_->load_method("forward", memory_.get());
+  auto m = program_->load_method("forward", memory_.get(), nullptr, nullptr, nullptr, step_kernels());
   if (!m.ok()) fail("cannot load method \"forward\"", m.error());
   method_.emplace(std::move(m.get()));
   return *method_;

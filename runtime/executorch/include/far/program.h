@@ -41,7 +41,7 @@ class Program {
   int64_t meta_int(const char* name);
 
   // Load "forward" with its planned buffers allocated up front (not zeroed: pages become resident only when the
-  // program uses them).
+  // program uses them), its operators resolved to far's kernels where it has them (kernels.h), else the wheel's.
   executorch::runtime::Method& load_forward();
   executorch::runtime::MethodMeta forward_meta() const;
   executorch::runtime::Method& forward() { return *method_; }
