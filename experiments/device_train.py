@@ -5,7 +5,7 @@
     python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
     python experiments/device_train.py --part metric --task sst2
     python experiments/device_train.py --part lm-export  # far export --executorch --model smollm2-135m, once
-    python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level: export, step
+    python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level (--levels none: one)
     python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
     python experiments/device_train.py --part lm-memory --export-dir OUT   # far_train on a causal LM's export
     python experiments/device_train.py --part lm-step --export-dir OUT --rounds 2 --steps 3   # vs the lean step
@@ -653,21 +653,24 @@ def part_lm_step(work: Path, out: Path, runner: Path, rounds: int, steps: int, l
     lean_cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--lean-child", str(out), "--chunks", str(chunks)]
     lean_cmd += ["--steps", str(steps)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    runs: dict[str, list] = {"runner": [], "lean": []}
-    for _ in range(rounds):  # alternating, so that both see the same machine
-        shutil.copy(out / "state.safetensors", state)  # the bottom cache beside it is reused: not timed either way
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(done.stdout + done.stderr[-3000:])
-        lines = [dict(w.split("=") for w in ln.split()) for ln in done.stdout.splitlines() if ln.startswith("step=")]
-        runs["runner"].append(
-            {
-                "time_s": [float(s["time_s"]) for s in lines],
-                "cpu_s": [float(s["cpu_s"]) for s in lines],
-                "losses": [float(s["loss"]) for s in lines],
-                "peak_rss_mib": peak_rss_mib(done.stderr),
-            }
-        )
+    # far_train twice, on far's step kernels and with FAR_KERNELS=wheel on the executorch wheel's (one build)
+    sides = {"runner": {}, "runner_wheel_kernels": {"FAR_KERNELS": "wheel"}}
+    runs: dict[str, list] = {"runner": [], "runner_wheel_kernels": [], "lean": []}
+    for _ in range(rounds):  # alternating, so that all see the same machine
+        for side, extra in sides.items():
+            shutil.copy(out / "state.safetensors", state)  # the bottom cache beside it is reused: not timed either way
+            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **extra})
+            if done.returncode:
+                raise SystemExit(done.stdout + done.stderr[-3000:])
+            lines = [dict(w.split("=") for w in ln.split()) for ln in done.stdout.splitlines() if ln.startswith("step=")]
+            runs[side].append(
+                {
+                    "time_s": [float(s["time_s"]) for s in lines],
+                    "cpu_s": [float(s["cpu_s"]) for s in lines],
+                    "losses": [float(s["loss"]) for s in lines],
+                    "peak_rss_mib": peak_rss_mib(done.stderr),
+                }
+            )
         done = subprocess.run(lean_cmd, capture_output=True, text=True, env=env)
         if done.returncode:
             raise SystemExit(done.stdout + done.stderr[-3000:])
@@ -693,8 +696,12 @@ def part_lm_step(work: Path, out: Path, runner: Path, rounds: int, steps: int, l
             "steps": steps,
             "per_micro_batch": rows,
             "runner_over_lean": {k: round(rows["runner"][k] / rows["lean"][k], 2) for k in ("wall_s", "cpu_s")},
+            "runner_wheel_kernels_over_lean": {
+                k: round(rows["runner_wheel_kernels"][k] / rows["lean"][k], 2) for k in ("wall_s", "cpu_s")
+            },
             "first_loss": first,
             "first_loss_difference": abs(first["runner"] - first["lean"]),
+            "last_loss_difference": abs(runs["runner"][0]["losses"][-1] - runs["lean"][0]["losses"][-1]),
             "runs": runs,
         },
     )
@@ -800,11 +807,11 @@ def run_export(out: Path, xnnpack: str) -> dict:
     return info
 
 
-def part_lowering(work: Path, rounds: int, steps: int) -> None:
+def part_lowering(work: Path, rounds: int, steps: int, levels: list[str]) -> None:
     from far.device.lowering import XNNPACK_LEVELS
 
     rows = []
-    for level in XNNPACK_LEVELS:
+    for level in levels or XNNPACK_LEVELS:
         out = work / f"lowering-{level}"
         info = run_export(out, level)
         manifest = json.loads((out / "manifest.json").read_text())
@@ -831,11 +838,13 @@ def part_lowering(work: Path, rounds: int, steps: int) -> None:
             "eager_step_s": statistics.median(r["step_s"] for r in eager),
             "runner_peak_rss_MiB": max(r["peak_rss_MiB"] for r in runner),
             "load_average": os.getloadavg()[0],
+            "kernels": "wheel" if os.environ.get("FAR_KERNELS") == "wheel" else "far",  # far_train's (FAR_KERNELS)
             "runs": {"runner": runner, "first_step": first, "eager": eager},
         }
         print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
         rows.append(row)
-    write_result("lowering", {"batch": 32, "max_length": 64, "steps": steps, "rows": rows})
+    name = "lowering" if not levels or tuple(levels) == XNNPACK_LEVELS else "lowering_" + "_".join(levels)
+    write_result(name, {"batch": 32, "max_length": 64, "steps": steps, "rows": rows})
 
 
 def part_bound() -> None:
@@ -899,6 +908,7 @@ def main() -> None:
     parser.add_argument("--runner", type=Path, default=RUNNER, help="lm-memory, lm-step: the far_train binary")
     parser.add_argument("--label", default="smollm2-135m", help="lm-memory, lm-step: the result file's label")
     parser.add_argument("--layers", type=int, default=4, help="lm-plan: SmolLM2's first N layers")
+    parser.add_argument("--levels", help="lowering: the XNNPACK levels, comma-separated (default: all)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--task", choices=("cola", "sst2"), default="cola")
@@ -979,7 +989,7 @@ def main() -> None:
     elif args.part == "memory":
         part_memory(args.work, args.steps)
     elif args.part == "lowering":
-        part_lowering(args.work, args.rounds, args.steps)
+        part_lowering(args.work, args.rounds, args.steps, args.levels.split(",") if args.levels else [])
     else:
         part_metric(
             args.work,

@@ -73,29 +73,33 @@ from tables_steps import (
     roofline_rates,
 )
 
-# device_train.py's lm-step result files, by what their train.pte lowered its matrix products to.
-LM_STEP = {
-    "lm_step_smollm2-135m-transposes": "`mm` of each weight transposed first (`permute_copy`)",
-    "lm_step_smollm2-135m-linear": "`linear` on each weight as it lies",
-    "lm_step_smollm2-135m": "and transposes of transposes dropped (`far export`'s programs)",
-}
+# device_train.py's lm-step result files: what train.pte lowered its matrix products to, and which kernels
+# far_train ran them on (a file without a "runner_wheel_kernels" side timed the wheel's kernels under "runner").
+LM_STEP = [
+    ("lm_step_smollm2-135m-transposes", "runner", "`mm` of each weight transposed first (`permute_copy`)"),
+    ("lm_step_smollm2-135m-linear", "runner", "`linear` on each weight as it lies"),
+    ("lm_step_smollm2-135m", "runner_wheel_kernels", "and transposes of transposes dropped (`far export`'s programs)"),
+    ("lm_step_smollm2-135m", "runner", "the same programs on far's step kernels (`runtime/executorch/src/kernels.cpp`)"),
+]
 
 
 def device_lm_step() -> str:
     rows, records = [], {}
-    for name, programs in LM_STEP.items():
+    for name, side, programs in LM_STEP:
         record = records[name] = load(f"device_train/{name}.json")
-        runner, lean = record["per_micro_batch"]["runner"], record["per_micro_batch"]["lean"]
-        ratio = record["runner_over_lean"]
-        rows.append([programs, f"{runner['cpu_s']:.2f} ({runner['wall_s']:.2f})",
-                     f"{lean['cpu_s']:.2f} ({lean['wall_s']:.2f})", f"**{ratio['cpu_s']:.2f}** ({ratio['wall_s']:.2f})",
-                     f"{record['first_loss']['runner']:.6f} / {record['first_loss']['lean']:.6f}"])  # fmt: skip
-    header = ["train.pte's products", "far_train: CPU s (wall s) a micro-batch", "lean runtime: CPU s (wall s)",
-              "far_train / lean: CPU (wall)", "first step's loss, far_train / lean"]  # fmt: skip
-    last = records[next(reversed(LM_STEP))]
-    files = [f"device_train/{name}.json" for name in LM_STEP]
-    commands = [f"python {records[name]['command']}" for name in LM_STEP]
-    return table(header, rows) + "\n" + source(files, device_machine(last), commands)
+        runner, lean = record["per_micro_batch"][side], record["per_micro_batch"]["lean"]
+        kernels = "far's" if side == "runner" and "runner_wheel_kernels" in record["per_micro_batch"] else "the wheel's"
+        rows.append([programs, kernels, f"{runner['cpu_s']:.2f} ({runner['wall_s']:.2f})",
+                     f"{lean['cpu_s']:.2f} ({lean['wall_s']:.2f})",
+                     f"**{runner['cpu_s'] / lean['cpu_s']:.2f}** ({runner['wall_s'] / lean['wall_s']:.2f})",
+                     f"{record['runs'][side][0]['losses'][0]:.6f} / {record['first_loss']['lean']:.6f}"])  # fmt: skip
+    header = ["train.pte's products", "kernels", "far_train: CPU s (wall s) a micro-batch",
+              "lean runtime: CPU s (wall s)", "far_train / lean: CPU (wall)",
+              "first step's loss, far_train / lean"]  # fmt: skip
+    names = list(dict.fromkeys(name for name, _, _ in LM_STEP))
+    files = [f"device_train/{name}.json" for name in names]
+    commands = [f"python {records[name]['command']}" for name in names]
+    return table(header, rows) + "\n" + source(files, device_machine(records[names[-1]]), commands)
 
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

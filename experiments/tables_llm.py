@@ -175,25 +175,29 @@ def device_memory() -> str:
     )
 
 
-LOWERING_LEVELS = {
+LOWERING_LEVELS = {  # lowering.json's rows, with far_train on the wheel's kernels
     "none": "`none`: ExecuTorch's optimized + portable kernels",
     "matmul": "`matmul`: the matrix products in XNNPACK",
     "all": "`all`: every operator XNNPACK takes, op by op",
 }
 
 
+def lowering_row(label: str, row: dict) -> list[str]:
+    export = row["export"]
+    return [label, f"{export['cpu_s']:.0f} ({export['wall_s']:.0f})", f"{export['peak_rss_MiB']:.0f} MiB",
+            f"{export['sizes_bytes']['train.pte'] / 1e6:.1f} MB", f"{export['planned_bytes']['train'] / 1e6:.0f} MB",
+            f"{row['runner_step_cpu_s']:.2f}", f"{row['eager_step_cpu_s']:.2f}", f"**{row['runner_over_eager']:.2f}**",
+            f"{row['runner_peak_rss_MiB']:.0f} MiB"]  # fmt: skip
+
+
 def device_lowering() -> str:
     """docs/device.md: each XNNPACK level's export cost, program size and step, from device_train's lowering file."""
     record = load("device_train/lowering.json")
-    rows, levels = [], {row["xnnpack"]: row for row in record["rows"]}
-    for level, label in LOWERING_LEVELS.items():
-        row = levels[level]
-        export = row["export"]
-        rows.append([label, f"{export['cpu_s']:.0f} ({export['wall_s']:.0f})", f"{export['peak_rss_MiB']:.0f} MiB",
-                     f"{export['sizes_bytes']['train.pte'] / 1e6:.1f} MB",
-                     f"{export['planned_bytes']['train'] / 1e6:.0f} MB", f"{row['runner_step_cpu_s']:.2f}",
-                     f"{row['eager_step_cpu_s']:.2f}", f"**{row['runner_over_eager']:.2f}**",
-                     f"{row['runner_peak_rss_MiB']:.0f} MiB"])  # fmt: skip
+    levels = {row["xnnpack"]: row for row in record["rows"]}
+    rows = [lowering_row(label, levels[level]) for level, label in LOWERING_LEVELS.items()]
+    kernels = load("device_train/lowering_none.json")  # `none` again, far_train on far's kernels (FAR_KERNELS)
+    for row in kernels["rows"]:
+        rows.append(lowering_row(f"`{row['xnnpack']}`, far_train on far's kernels", row))
     header = ["training program (`--xnnpack`)", "export: CPU s (wall s)", "export peak RSS", "train.pte",
               "planned memory (train.pte)", "far_train step (CPU s)", "torch eager step (CPU s)", "far_train / eager",
               "far_train peak RSS"]  # fmt: skip
@@ -211,7 +215,8 @@ def device_lowering() -> str:
         + f"load average (1 minute) at the end of each level's export / steps: {loads}. far_train's loss at step "
         + f"{record['steps']} of "
         + f"the first round, on the same learners and batches: {losses}.\n\n"
-        + source(["device_train/lowering.json"], device_machine(record), [f"python {record['command']}"])
+        + source(["device_train/lowering.json", "device_train/lowering_none.json"], device_machine(record),
+                 [f"python {record['command']}", f"python {kernels['command']}"])
     )
 
 
