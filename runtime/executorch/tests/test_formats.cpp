@@ -39,6 +39,28 @@ void sha256_vectors(const std::string& dir) {
   CHECK_THROWS(std::runtime_error, far::file_sha256(path), "cannot open");
 }
 
+// The digests above with the CPU's SHA instructions and without, and the two on 100 KB of bytes fed in uneven
+// pieces (every length of update from 1 to 300, so whole blocks come straight from the buffer and from the
+// pending block alike).
+void sha256_both_ways(const std::string& dir) {
+  const bool cpu = far::sha256_cpu_instructions(true);
+  std::printf("sha256: this CPU's SHA instructions %s\n", cpu ? "used and checked" : "absent: portable code only");
+  std::string bytes(100000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
+  std::string digests[2];
+  for (bool on : {true, false}) {
+    far::sha256_cpu_instructions(on);
+    sha256_vectors(dir);
+    far::Sha256 h;
+    for (size_t at = 0, piece = 1; at < bytes.size(); at += piece, piece = piece % 300 + 1)
+      h.update(bytes.data() + at, std::min(piece, bytes.size() - at));
+    digests[on] = h.hexdigest();
+    CHECK(digests[on] == sha(bytes));
+  }
+  CHECK(digests[0] == digests[1]);
+  far::sha256_cpu_instructions(true);
+}
+
 // A safetensors file of `header` and `data_len` zero bytes of data.
 std::string with_header(const std::string& dir, const std::string& header, size_t data_len) {
   std::string bytes(8, '\0');
@@ -143,7 +165,7 @@ void manifests() {
 int main() {
   char tmpl[] = "/tmp/far_test_formats_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
-  sha256_vectors(dir);
+  sha256_both_ways(dir);
   safetensors_files(dir);
   json_limits();
   manifests();
