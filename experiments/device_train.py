@@ -843,7 +843,7 @@ def part_lowering(work: Path, rounds: int, steps: int, levels: list[str]) -> Non
         }
         print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
         rows.append(row)
-    name = "lowering" if not levels or tuple(levels) == XNNPACK_LEVELS else "lowering_" + "_".join(levels)
+    name = "lowering_" + "_".join(levels) if levels else "lowering"
     write_result(name, {"batch": 32, "max_length": 64, "steps": steps, "rows": rows})
 
 

@@ -100,12 +100,12 @@ def test_console_entry_point_reports_user_errors(tmp_path, capsys):
 @pytest.mark.parametrize(
     "given,micro,level",
     [
-        ([], 8, "matmul"),
-        (["--batch-size", "12"], 12, "matmul"),
+        ([], 8, "none"),
+        (["--batch-size", "12"], 12, "none"),
         (["--micro-batch-size", "4", "--xnnpack", "all"], 4, "all"),
     ],
 )
 def test_the_device_export_defaults_to_micro_batches_and_a_lowering_that_finishes(given, micro, level):
-    """Defaults that finish: XNNPACK on the matrix products (a minute or two, not ten) and passes of 8 examples."""
+    """Defaults that finish: no delegate (seconds to export, not ten minutes) and passes of 8 examples."""
     args = build_parser().parse_args(["export", "--checkpoint", "ckpt", "--executorch", "out", *given])
     assert (_micro_batch(args), args.xnnpack) == (micro, level)

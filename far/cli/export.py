@@ -179,10 +179,11 @@ def _add_executorch_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--xnnpack",
         choices=XNNPACK_LEVELS,
-        default=DefaultText("matmul"),
-        help="delegate the training program's operators to XNNPACK: matmul (default: the matrix products, about "
-        "half the plain step; a minute or two to export MiniLM), all (the fastest step; ten minutes or more to "
-        "export), none (seconds to export; the slowest step; --model: none only)",
+        default=DefaultText("none"),
+        help="delegate the training program's operators to XNNPACK: none (default: seconds to export, the least "
+        "memory; far_train runs its products on XNNPACK's kernels op by op), matmul (the matrix products "
+        "delegated: about the same step in a third more memory, a minute to export MiniLM), all (the fastest "
+        "step, the most memory; ten minutes or more to export; --model: none only)",
     )
 
 
@@ -192,10 +193,10 @@ def _add_executorch_arguments(group: argparse._ArgumentGroup) -> None:
 DEFAULT_MICRO_BATCH = 8
 # What each XNNPACK level costs to export and buys in steps (docs/device.md, "Speed and size").
 _LOWERING = {
-    "none": "seconds to export, the slowest step",
-    "matmul": "a minute or two to export MiniLM, about half the plain step (--xnnpack all: the fastest step, ten "
-    "minutes or more to export; none: seconds, the slowest step)",
-    "all": "ten minutes or more to export MiniLM, the fastest step (--xnnpack matmul: a minute or two)",
+    "none": "seconds to export, the least memory (--xnnpack all: a faster step in more memory, ten minutes or "
+    "more to export)",
+    "matmul": "a minute to export MiniLM, about none's step in more memory",
+    "all": "ten minutes or more to export MiniLM, the fastest step, the most memory (none: seconds)",
 }
 
 

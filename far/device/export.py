@@ -221,8 +221,8 @@ def export_executorch(
             memory (the program's planned memory grows with its batch). Default `batch_size`.
         xnnpack: Delegate the training program's operators to XNNPACK, one by one: True or "all"
             (every operator it takes: the fastest step, minutes to lower a 6-layer model), "matmul"
-            (the matrix products only: about half the plain step, a minute), False or "none" (the
-            default here, seconds; `far export --executorch` defaults to "all").
+            (the matrix products only, a minute: on far_train, about the plain step in more memory),
+            False or "none" (the default here and `far export --executorch`'s: seconds).
         bottom_xnnpack: Delegate the bottom program to XNNPACK (seconds to lower).
         overwrite: Replace a folder that holds files already (an earlier export and its state too).
 

@@ -8,9 +8,9 @@ of a transpose as the tensor itself (ExecuTorch's transposes are copies), option
 
 XNNPACK on the joint graph works only op by op (`per_op_mode`: a whole partition fails on outputs that
 pass inputs through), with linear weights as runtime inputs (`force_non_static_weights_for_f32_linear`)
-so that updates reach the delegates. `XNNPACK_LEVELS`: "none", "matmul" (about half the step in a fifth
-of "all"'s lowering time) and "all" (the fastest step, minutes to lower; docs/device.md). The forward-only
-bottom is delegated whole, in seconds.
+so that updates reach the delegates. `XNNPACK_LEVELS`: "none", "matmul" (the products delegated, a fifth
+of "all"'s lowering time; far_train's own kernels multiply as fast without the delegates' memory) and "all"
+(the fastest step, minutes to lower; docs/device.md). The forward-only bottom is delegated whole, in seconds.
 """
 
 from __future__ import annotations
