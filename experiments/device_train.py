@@ -5,7 +5,7 @@
     python experiments/device_train.py --part metric --task cola   # device-trained vs far glue, same settings
     python experiments/device_train.py --part metric --task sst2
     python experiments/device_train.py --part lm-export  # far export --executorch --model smollm2-135m, once
-    python experiments/device_train.py --part lowering --rounds 2 --steps 5   # each --xnnpack level (--levels none: one)
+    python experiments/device_train.py --part lowering --rounds 2 --steps 5   # every --xnnpack level (or --levels)
     python experiments/device_train.py --part bound      # the least a runtime must keep: torch's count, no runner
     python experiments/device_train.py --part lm-memory --export-dir OUT   # far_train on a causal LM's export
     python experiments/device_train.py --part lm-step --export-dir OUT --rounds 2 --steps 3   # vs the lean step
@@ -662,7 +662,8 @@ def part_lm_step(work: Path, out: Path, runner: Path, rounds: int, steps: int, l
             done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **extra})
             if done.returncode:
                 raise SystemExit(done.stdout + done.stderr[-3000:])
-            lines = [dict(w.split("=") for w in ln.split()) for ln in done.stdout.splitlines() if ln.startswith("step=")]
+            printed = done.stdout.splitlines()
+            lines = [dict(w.split("=") for w in ln.split()) for ln in printed if ln.startswith("step=")]
             runs[side].append(
                 {
                     "time_s": [float(s["time_s"]) for s in lines],
@@ -838,7 +839,7 @@ def part_lowering(work: Path, rounds: int, steps: int, levels: list[str]) -> Non
             "eager_step_s": statistics.median(r["step_s"] for r in eager),
             "runner_peak_rss_MiB": max(r["peak_rss_MiB"] for r in runner),
             "load_average": os.getloadavg()[0],
-            "kernels": "wheel" if os.environ.get("FAR_KERNELS") == "wheel" else "far",  # far_train's (FAR_KERNELS)
+            "kernels": "wheel" if os.environ.get("FAR_KERNELS") == "wheel" else "far",  # what far_train ran on
             "runs": {"runner": runner, "first_step": first, "eager": eager},
         }
         print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)

@@ -79,7 +79,7 @@ LM_STEP = [
     ("lm_step_smollm2-135m-transposes", "runner", "`mm` of each weight transposed first (`permute_copy`)"),
     ("lm_step_smollm2-135m-linear", "runner", "`linear` on each weight as it lies"),
     ("lm_step_smollm2-135m", "runner_wheel_kernels", "and transposes of transposes dropped (`far export`'s programs)"),
-    ("lm_step_smollm2-135m", "runner", "the same programs on far's step kernels (`runtime/executorch/src/kernels.cpp`)"),
+    ("lm_step_smollm2-135m", "runner", "the same programs on far's kernels (`runtime/executorch/src/kernels.cpp`)"),
 ]
 
 

@@ -190,6 +190,16 @@ def lowering_row(label: str, row: dict) -> list[str]:
             f"{row['runner_peak_rss_MiB']:.0f} MiB"]  # fmt: skip
 
 
+def all_pays_back(levels: dict) -> str:
+    """What `all` costs to export beyond `none`, what it saves a step, and the steps that win the export back."""
+    extra = levels["all"]["export"]["cpu_s"] - levels["none"]["export"]["cpu_s"]
+    saved = levels["none"]["runner_step_cpu_s"] - levels["all"]["runner_step_cpu_s"]
+    return (
+        f"costs {extra:.0f} CPU s more to export than `none` and saves {saved:.2f} CPU s a step: it pays from about "
+        f"{extra / saved:.0f} steps"
+    )
+
+
 def device_lowering() -> str:
     """docs/device.md: each XNNPACK level's export cost, program size and step, from device_train's lowering file."""
     record = load("device_train/lowering.json")
@@ -204,23 +214,21 @@ def device_lowering() -> str:
     sizes = levels["none"]["export"]["sizes_bytes"]
     files = ("bottom.pte", "state.safetensors", "tokenizer.json")
     others = ", ".join(f"{name} {sizes[name] / 1e6:.1f} MB" for name in files)
-    def pays(by_level: dict) -> str:  # what `all` costs to export beyond `none`, and the steps that win it back
-        extra = by_level["all"]["export"]["cpu_s"] - by_level["none"]["export"]["cpu_s"]
-        saved = by_level["none"]["runner_step_cpu_s"] - by_level["all"]["runner_step_cpu_s"]
-        return f"costs {extra:.0f} CPU s more to export than `none` and saves {saved:.2f} CPU s a step: it pays from about {extra / saved:.0f} steps"  # fmt: skip
-
     ours = {row["xnnpack"]: row for row in kernels["rows"]}
     loads = ", ".join(f"{row['export']['load_average']:.1f} / {row['load_average']:.1f}" for row in record["rows"])
     losses = ", ".join(f"`{level}` {levels[level]['runs']['runner'][0]['last_loss']:.6f}" for level in LOWERING_LEVELS)
     ours_losses = ", ".join(f"{row['runs']['runner'][0]['last_loss']:.6f}" for row in kernels["rows"])
     return (
         table(header, rows)
-        + f"\nThe other files are the same at every level: {others}. On the wheel's kernels `all` {pays(levels)}; on "
-        + f"far's, it {pays(ours)}. The load average (1 minute) at the end of each level's export / steps on the "
-        + f"wheel's kernels: {loads}. far_train's loss at step {record['steps']} of the first round, on the same "
-        + f"learners and batches: {losses}; on far's kernels {ours_losses}.\n\n"
-        + source(["device_train/lowering.json", "device_train/lowering_none_matmul_all.json"], device_machine(record),
-                 [f"python {record['command']}", f"python {kernels['command']}"])
+        + f"\nThe other files are the same at every level: {others}. On the wheel's kernels `all` "
+        + f"{all_pays_back(levels)}; on far's, it {all_pays_back(ours)}. The load average (1 minute) at the end of "
+        + f"each level's export / steps on the wheel's kernels: {loads}. far_train's loss at step {record['steps']} "
+        + f"of the first round, on the same learners and batches: {losses}; on far's kernels {ours_losses}.\n\n"
+        + source(
+            ["device_train/lowering.json", "device_train/lowering_none_matmul_all.json"],
+            device_machine(record),
+            [f"python {record['command']}", f"python {kernels['command']}"],
+        )
     )
 
 

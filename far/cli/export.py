@@ -181,9 +181,9 @@ def _add_executorch_arguments(group: argparse._ArgumentGroup) -> None:
         choices=XNNPACK_LEVELS,
         default=DefaultText("none"),
         help="delegate the training program's operators to XNNPACK: none (default: seconds to export, the least "
-        "memory; far_train runs its products on XNNPACK's kernels op by op), matmul (the matrix products "
-        "delegated: about the same step in a third more memory, a minute to export MiniLM), all (the fastest "
-        "step, the most memory; ten minutes or more to export; --model: none only)",
+        "memory; far_train runs its products on XNNPACK's kernels op by op; --model: none only), matmul (the "
+        "matrix products delegated: about the same step in a third more memory, a minute to export MiniLM), all "
+        "(the fastest step, the most memory; ten minutes or more to export)",
     )
 
 
