@@ -38,7 +38,8 @@ NOT_RUN = {
     "runtime/executorch/build/far_train": "the runner on the SmolLM2 export (tests/test_device_runner_lm.py runs it on "
     "a tiny causal LM's export: its steps, perplexity and resume)",
     "cp OUT/state.safetensors": "copies from the SmolLM2 export with its generate program, which is only parsed here",
-    "ids=$": "encodes the prompt with that export's tokenizer.json (tests/test_device_generate.py uses a tiny one's ids)",
+    "ids=$": "encodes the prompt with that export's tokenizer.json "
+    "(tests/test_device_generate.py uses a tiny one's ids)",
     "runtime/executorch/build/far_generate": "greedy decoding on that export (tests/test_device_generate.py runs it on "
     "tiny Llama and Gemma-3 exports against far generate's tokens)",
 }
