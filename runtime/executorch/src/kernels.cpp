@@ -74,6 +74,13 @@ bool contiguous(const Tensor& t) {
   return true;
 }
 
+bool same_sizes(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) != b.size(d)) return false;
+  return true;
+}
+
 bool dense_float(const et::EValue* v) {
   return v->isTensor() && v->toTensor().scalar_type() == ScalarType::Float && contiguous(v->toTensor());
 }
@@ -101,11 +108,11 @@ struct Operator {
   }
 };
 
-// out[rows, n] (row stride out_stride) = a[rows, k] (row stride a_stride) x w, where w is [n, k] (nk, a linear
-// layer's weight) or [k, n]; w is packed kPackBytes at a time: blocks of output columns for [n, k], blocks of
-// the reduction (summed into out through `partial`) for [k, n].
-bool product(const float* a, size_t a_stride, size_t rows, size_t k, const float* w, bool nk, size_t n,
-             const float* bias, float* out, size_t out_stride) {
+// out[rows, n] = a[rows, k] x w (all dense), where w is [n, k] (nk, a linear layer's weight) or [k, n]; w is
+// packed kPackBytes at a time: blocks of output columns for [n, k], blocks of the reduction (summed into out
+// through `partial`) for [k, n].
+bool product(const float* a, size_t rows, size_t k, const float* w, bool nk, size_t n, const float* bias,
+             float* out) {
   const float inf = std::numeric_limits<float>::infinity();
   auto run = [&](const float* in, size_t in_stride, size_t in_ch, size_t out_ch, const float* kernel,
                  const float* b, uint32_t flags, float* dst, size_t dst_stride) {
@@ -120,7 +127,7 @@ bool product(const float* a, size_t a_stride, size_t rows, size_t k, const float
   if (nk) {
     for (size_t c = 0; c < n; c += block) {
       const size_t cols = std::min(block, n - c);
-      if (!run(a, a_stride, k, cols, w + c * k, bias ? bias + c : nullptr, 0, out + c, out_stride)) return false;
+      if (!run(a, k, k, cols, w + c * k, bias ? bias + c : nullptr, 0, out + c, n)) return false;
     }
     return true;
   }
@@ -128,13 +135,13 @@ bool product(const float* a, size_t a_stride, size_t rows, size_t k, const float
   for (size_t r = 0; r < k; r += block) {
     const size_t depth = std::min(block, k - r);
     if (r == 0) {
-      if (!run(a, a_stride, depth, n, w, bias, kXnnTransposeWeights, out, out_stride)) return false;
+      if (!run(a, k, depth, n, w, bias, kXnnTransposeWeights, out, n)) return false;
       continue;
     }
     partial.resize(rows * n);
-    if (!run(a + r, a_stride, depth, n, w + r * n, nullptr, kXnnTransposeWeights, partial.data(), n)) return false;
+    if (!run(a + r, k, depth, n, w + r * n, nullptr, kXnnTransposeWeights, partial.data(), n)) return false;
     for (size_t i = 0; i < rows; ++i) {
-      float* o = out + i * out_stride;
+      float* o = out + i * n;
       const float* p = partial.data() + i * n;
       for (size_t j = 0; j < n; ++j) o[j] += p[j];
     }
@@ -155,8 +162,8 @@ void linear_out(et::KernelRuntimeContext& ctx, et::Span<et::EValue*> s) {
                         (s[2]->isNone() || static_cast<size_t>(s[2]->toTensor().numel()) == n);
     const float* bias = s[2]->isNone() ? nullptr : s[2]->toTensor().const_data_ptr<float>();
     if (shapes && rows >= kMinRows &&
-        product(x.const_data_ptr<float>(), k, rows, k, w.const_data_ptr<float>(), true, n, bias,
-                out.mutable_data_ptr<float>(), n))
+        product(x.const_data_ptr<float>(), rows, k, w.const_data_ptr<float>(), true, n, bias,
+                out.mutable_data_ptr<float>()))
       return own();
   }
   handed(wheel_linear, ctx, s);
@@ -170,8 +177,8 @@ void mm_out(et::KernelRuntimeContext& ctx, et::Span<et::EValue*> s) {
                         out.size(0) == a.size(0) && out.size(1) == b.size(1) && a.size(1) > 0;
     const size_t m = shapes ? a.size(0) : 0, k = shapes ? a.size(1) : 0, n = shapes ? b.size(1) : 0;
     if (shapes && m >= kMinRows && n >= kMinRows &&
-        product(a.const_data_ptr<float>(), k, m, k, b.const_data_ptr<float>(), false, n, nullptr,
-                out.mutable_data_ptr<float>(), n))
+        product(a.const_data_ptr<float>(), m, k, b.const_data_ptr<float>(), false, n, nullptr,
+                out.mutable_data_ptr<float>()))
       return own();
   }
   handed(wheel_mm, ctx, s);
@@ -237,8 +244,7 @@ void to_dim_order_copy_out(et::KernelRuntimeContext& ctx, et::Span<et::EValue*> 
                      s[0]->toTensor().scalar_type() == ScalarType::Char);
   if (from && dense_float(s[3])) {
     const Tensor &x = s[0]->toTensor(), &out = s[3]->toTensor();
-    bool ok = out.dim() == x.dim() && out.numel() == x.numel();
-    for (int64_t d = 0; ok && d < x.dim(); ++d) ok = out.size(d) == x.size(d);
+    bool ok = same_sizes(x, out);
     if (ok && s[2]->isIntList()) {
       const auto order = s[2]->toIntList();
       for (size_t d = 0; ok && d < order.size(); ++d) ok = order[d] == static_cast<int64_t>(d);
@@ -263,11 +269,10 @@ void to_dim_order_copy_out(et::KernelRuntimeContext& ctx, et::Span<et::EValue*> 
 bool unary(xnn_unary_operator op, const et::EValue* x, const et::EValue* out) {
   if (!dense_float(x) || !dense_float(out)) return false;
   const Tensor &a = x->toTensor(), &o = out->toTensor();
-  bool same = a.dim() == o.dim() && a.numel() > 0;
-  for (int64_t d = 0; same && d < a.dim(); ++d) same = a.size(d) == o.size(d);
-  return same && xnn_run_unary_elementwise_nc(op, xnn_datatype_fp32, xnn_datatype_fp32, nullptr, nullptr, nullptr, 0,
-                                              1, a.numel(), a.numel(), o.numel(), pool(), a.const_data_ptr(),
-                                              o.mutable_data_ptr()) == xnn_status_success;
+  return a.numel() > 0 && same_sizes(a, o) &&
+         xnn_run_unary_elementwise_nc(op, xnn_datatype_fp32, xnn_datatype_fp32, nullptr, nullptr, nullptr, 0, 1,
+                                      a.numel(), a.numel(), o.numel(), pool(), a.const_data_ptr(),
+                                      o.mutable_data_ptr()) == xnn_status_success;
 }
 
 // aten::exp.out(self, *, out): the attention's softmax and the vocabulary slices' log-sum-exp.
@@ -297,13 +302,7 @@ void where_out(et::KernelRuntimeContext& ctx, et::Span<et::EValue*> s) {
   if (s.size() >= 4 && s[0]->isTensor() && s[0]->toTensor().scalar_type() == ScalarType::Bool &&
       contiguous(s[0]->toTensor()) && dense_float(s[1]) && dense_float(s[2]) && dense_float(s[3])) {
     const Tensor &mask = s[0]->toTensor(), &a = s[1]->toTensor(), &b = s[2]->toTensor(), &out = s[3]->toTensor();
-    auto whole_or_one = [&](const Tensor& t) {
-      if (t.numel() == 1) return true;
-      if (t.dim() != out.dim()) return false;
-      for (int64_t d = 0; d < t.dim(); ++d)
-        if (t.size(d) != out.size(d)) return false;
-      return true;
-    };
+    auto whole_or_one = [&](const Tensor& t) { return t.numel() == 1 || same_sizes(t, out); };
     // The mask less its leading ones must be out's trailing dimensions: it then repeats every mask.numel() values.
     int64_t lead = 0;
     while (lead < mask.dim() && mask.size(lead) == 1) ++lead;

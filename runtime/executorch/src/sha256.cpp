@@ -29,8 +29,8 @@ constexpr uint32_t kRound[64] = {
 
 uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
-// FIPS 180-4's compression of `blocks` 64-byte blocks into h, one round at a time.
-void compress_portable(uint32_t* h_, const uint8_t* b, size_t blocks) {
+// FIPS 180-4's compression of `blocks` 64-byte blocks into `state`, one round at a time.
+void compress_portable(uint32_t* state, const uint8_t* b, size_t blocks) {
   for (; blocks; --blocks, b += 64) {
     uint32_t w[64];
     for (int i = 0; i < 16; ++i)
@@ -40,13 +40,15 @@ void compress_portable(uint32_t* h_, const uint8_t* b, size_t blocks) {
       const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
       w[i] = w[i - 16] + s0 + w[i - 7] + s1;
     }
-    uint32_t a = h_[0], bb = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+    uint32_t a = state[0], bb = state[1], c = state[2], d = state[3], e = state[4], f = state[5], g = state[6],
+             h = state[7];
     for (int i = 0; i < 64; ++i) {
       const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[i] + w[i];
       const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & bb) ^ (a & c) ^ (bb & c));
       h = g; g = f; f = e; e = d + t1; d = c; c = bb; bb = a; a = t1 + t2;
     }
-    h_[0] += a; h_[1] += bb; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+    state[0] += a; state[1] += bb; state[2] += c; state[3] += d;
+    state[4] += e; state[5] += f; state[6] += g; state[7] += h;
   }
 }
 

@@ -134,6 +134,16 @@ void permute(const std::vector<SizesType>& sizes, std::vector<int64_t> dims) {
   CHECK(gap(mine, theirs) == 0);
 }
 
+// `x` (bfloat16 or int8) read into float32 by far's kernel and by the wheel's: the same bits.
+void check_widened(const TensorPtr& x) {
+  const std::vector<SizesType> sizes(x->sizes().begin(), x->sizes().end());
+  auto mine = zeros(sizes), theirs = zeros(sizes);
+  Counted counted;
+  run_both("dim_order_ops::_to_dim_order_copy.out", {et::EValue(*x), et::EValue(false), et::EValue()}, mine, theirs);
+  CHECK(counted.are(1, 0));
+  CHECK(std::memcmp(mine->const_data_ptr(), theirs->const_data_ptr(), x->numel() * sizeof(float)) == 0);
+}
+
 void widen(const std::vector<SizesType>& sizes) {
   size_t n = 1;
   for (auto s : sizes) n *= s;
@@ -142,12 +152,7 @@ void widen(const std::vector<SizesType>& sizes) {
   for (auto& x : v) x = BFloat16(u(rng));
   v[0] = BFloat16(-0.f);
   v[n - 1] = BFloat16(std::numeric_limits<float>::infinity());
-  auto x = make_tensor_ptr(sizes, std::move(v));
-  auto mine = zeros(sizes), theirs = zeros(sizes);
-  Counted counted;
-  run_both("dim_order_ops::_to_dim_order_copy.out", {et::EValue(*x), et::EValue(false), et::EValue()}, mine, theirs);
-  CHECK(counted.are(1, 0));
-  CHECK(std::memcmp(mine->const_data_ptr(), theirs->const_data_ptr(), n * sizeof(float)) == 0);
+  check_widened(make_tensor_ptr(sizes, std::move(v)));
 }
 
 // An elementwise operator on `inputs` (then `scalars`, boxed as they are), out shaped like the first input.
@@ -181,12 +186,7 @@ void widen_int8(const std::vector<SizesType>& sizes) {
   for (auto s : sizes) n *= s;
   std::vector<int8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<int8_t>(static_cast<int>(i * 37) % 256 - 128);
-  auto x = make_tensor_ptr(sizes, std::move(v));
-  auto mine = zeros(sizes), theirs = zeros(sizes);
-  Counted counted;
-  run_both("dim_order_ops::_to_dim_order_copy.out", {et::EValue(*x), et::EValue(false), et::EValue()}, mine, theirs);
-  CHECK(counted.are(1, 0));
-  CHECK(gap(mine, theirs) == 0);
+  check_widened(make_tensor_ptr(sizes, std::move(v)));
 }
 
 }  // namespace
